@@ -1,0 +1,168 @@
+/*
+ * kiln.h - the one public header of libkiln.
+ *
+ *     kiln_model *m;
+ *     if (kiln_model_open("sd3/transformer", NULL, &m) != KILN_OK)
+ *         fprintf(stderr, "%s\n", kiln_last_error());
+ *     kiln_generate_opts o = kiln_generate_defaults();   // fill o.cond, o.latent_h/w ...
+ *     kiln_generate(m, &o, latents);  kiln_model_free(m);
+ *
+ * Every function that can fail returns a kiln_status and leaves a message for
+ * kiln_last_error() (per thread). Bad input never aborts the process.
+ * Handles are opaque; options are plain structs filled from *_defaults().
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_VERSION "0.1.0"
+#define KILN_MAX_DIMS 8
+
+typedef enum kiln_status {
+    KILN_OK = 0,
+    KILN_ERR_INVALID_ARG,  /* a caller passed something impossible */
+    KILN_ERR_IO,           /* open/read/write/mmap failed */
+    KILN_ERR_FORMAT,       /* a file is malformed (safetensors, JSON, ...) */
+    KILN_ERR_CONFIG,       /* a model config holds impossible values */
+    KILN_ERR_MISSING,      /* expected tensors/keys are absent */
+    KILN_ERR_UNEXPECTED,   /* tensors that the model does not know */
+    KILN_ERR_SHAPE,        /* a tensor or input has the wrong shape */
+    KILN_ERR_DTYPE,        /* a dtype that is known but not usable here */
+    KILN_ERR_RANGE,        /* a size outside what the model supports */
+    KILN_ERR_NOMEM,        /* allocation failed */
+    KILN_ERR_UNSUPPORTED,  /* a feature that this build does not have */
+} kiln_status;
+
+/* The message of the last failure on this thread ("" if none). */
+const char *kiln_last_error(void);
+/* A stable short name for a status ("format", "missing", ...). */
+const char *kiln_status_name(kiln_status s);
+
+/* Element types. The first ones are safetensors' names; kiln computes in f32. */
+typedef enum kiln_dtype {
+    KILN_DTYPE_INVALID = 0,
+    KILN_F32, KILN_F16, KILN_BF16, KILN_F64,
+    KILN_F8_E4M3, KILN_F8_E5M2,
+    KILN_I8, KILN_U8, KILN_I16, KILN_U16, KILN_I32, KILN_U32, KILN_I64, KILN_U64,
+    KILN_BOOL,
+    KILN_DTYPE_COUNT
+} kiln_dtype;
+
+const char *kiln_dtype_name(kiln_dtype t);  /* "F32", "BF16", ... */
+size_t kiln_dtype_size(kiln_dtype t);       /* bytes per element; 0 if invalid */
+
+/* ---- model ------------------------------------------------------------ */
+
+typedef struct kiln_model kiln_model;
+
+/* The architecture read from config.json (diffusers keys) or inferred from a
+ * single-file checkpoint. */
+typedef struct kiln_config {
+    int sample_size;
+    int patch_size;
+    int in_channels, out_channels;
+    int num_layers;
+    int attention_head_dim, num_attention_heads;
+    int joint_attention_dim;
+    int caption_projection_dim;
+    int pooled_projection_dim;
+    int pos_embed_max_size;
+    int qk_norm_rms;               /* qk_norm == "rms_norm" */
+    uint64_t dual_attention_mask;  /* bit i: block i has attn2 (SD3.5) */
+} kiln_config;
+
+typedef struct kiln_open_opts {
+    /* For a single-file checkpoint: a diffusers config.json to use instead of
+     * inferring the architecture from tensor shapes. NULL: infer. */
+    const char *config_path;
+} kiln_open_opts;
+
+/* Open a diffusers model folder (config.json + weights, sharded or not) or a
+ * single safetensors checkpoint (diffusers names or the original SD3 names).
+ * opts may be NULL. */
+kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out);
+void kiln_model_free(kiln_model *m);
+const kiln_config *kiln_model_config(const kiln_model *m);
+
+typedef struct kiln_model_info {
+    int64_t n_params;
+    int64_t n_tensors;
+    int64_t bytes_on_disk;           /* all weight files together */
+    int64_t n_by_dtype[KILN_DTYPE_COUNT]; /* tensors per stored dtype */
+    const char *layout;              /* "diffusers" or "sd3-single-file" */
+} kiln_model_info;
+kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
+
+/* One backbone call. Shapes: hidden [B,C,H,W], context [B,T,joint_attention_dim],
+ * pooled [B,pooled_projection_dim], timestep [B] (0..1000); out [B,out_channels,H,W].
+ * H and W must be multiples of patch_size and H/p, W/p <= pos_embed_max_size. */
+typedef struct kiln_forward_args {
+    int batch, height, width, context_len;
+    const float *hidden, *context, *pooled, *timestep;
+} kiln_forward_args;
+kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out);
+
+/* ---- sampler ---------------------------------------------------------- */
+
+typedef struct kiln_generate_opts {
+    int steps;                  /* default 28 */
+    double shift;               /* default 3.0 */
+    int num_train_timesteps;    /* default 1000 */
+    double guidance;            /* default 7.0; <= 1 turns CFG off (cond only) */
+    int latent_h, latent_w;     /* latent size (not pixels) */
+    uint64_t seed;              /* used when noise == NULL */
+    const float *noise;         /* [1,C,H,W] or NULL */
+    int context_len;            /* T */
+    const float *cond, *cond_pooled;      /* [1,T,J], [1,P] */
+    const float *uncond, *uncond_pooled;  /* needed when guidance > 1 */
+    /* Called after every step with the latent [1,C,H,W]; may be NULL. */
+    void (*on_step)(void *user, int step, int steps, double sigma, const float *latent);
+    void *user;
+} kiln_generate_opts;
+
+kiln_generate_opts kiln_generate_defaults(void);
+/* out: [1, in_channels, latent_h, latent_w]. */
+kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out);
+
+/* FlowMatchEulerDiscrete schedule exactly as diffusers computes it.
+ * timesteps: steps values; sigmas: steps + 1 values (the last is 0). */
+kiln_status kiln_flow_schedule(int steps, double shift, int num_train_timesteps,
+                               double *timesteps, double *sigmas);
+
+/* Standard normal noise from a seed (counter-based, reproducible across
+ * platforms and thread counts). */
+void kiln_noise(uint64_t seed, float *out, size_t n);
+
+/* ---- seeded models ---------------------------------------------------- */
+
+/* The embedded default of `kiln demo`: a tiny SD3.5-style model (RMS qk-norm,
+ * one dual-attention block, 16 latent channels, patch 2). */
+kiln_config kiln_config_demo(void);
+
+/* Write a diffusers model folder (config.json + diffusion_pytorch_model
+ * .safetensors) whose weights are seeded random values stored as dtype
+ * (F32, F16 or BF16) and whose pos_embed is diffusers' 2-D sin-cos table.
+ * The folder is created if needed; each file is written atomically. */
+kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uint64_t seed,
+                                    kiln_dtype dtype);
+
+/* ---- runtime ---------------------------------------------------------- */
+
+typedef enum { KILN_LOG_QUIET = 0, KILN_LOG_ERROR, KILN_LOG_WARN, KILN_LOG_INFO, KILN_LOG_DEBUG } kiln_log_level;
+void kiln_set_log_level(kiln_log_level l);  /* default WARN, or $KILN_LOG */
+
+/* The timing ledger: per category seconds and counts, printed at exit with
+ * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */
+void kiln_timings_print(void *file /* FILE* */);
+void kiln_timings_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

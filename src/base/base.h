@@ -1,0 +1,66 @@
+/* base.h - errors, logging, the timing ledger and small file-system helpers.
+ * Everything above src/base may use these; base knows nothing above it. */
+#ifndef KILN_BASE_H
+#define KILN_BASE_H
+
+#include "kiln.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define KB_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define KB_PRINTF(a, b)
+#endif
+
+/* ---- errors: set the thread's message and return the code -------------- */
+kiln_status kb_fail(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
+/* Prefix the current message with context ("loading x: <old message>"). */
+kiln_status kb_wrap(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
+void kb_clear_error(void);
+
+/* ---- logging (stderr) --------------------------------------------------- */
+void kb_log(kiln_log_level level, const char *fmt, ...) KB_PRINTF(2, 3);
+kiln_log_level kb_log_level(void);
+
+/* ---- timing ledger ------------------------------------------------------ */
+double kb_now(void); /* monotonic seconds */
+/* Add seconds to a category; note may be NULL or a short reason ("miss: ..."). */
+void kb_ledger_add(const char *category, double seconds, const char *note);
+
+/* ---- memory ------------------------------------------------------------- */
+void *kb_malloc(size_t n);              /* sets a NOMEM message on failure */
+void *kb_calloc(size_t n, size_t size); /* checks n*size overflow */
+char *kb_strdup(const char *s);
+char *kb_strfmt(const char *fmt, ...) KB_PRINTF(1, 2); /* malloc'd */
+/* 64-byte aligned allocation for tensors; free with kb_free_aligned. */
+void *kb_alloc_aligned(size_t n);
+void kb_free_aligned(void *p);
+/* a*b and a+b with overflow check: return 0 on overflow */
+int kb_mul_ok(size_t a, size_t b, size_t *out);
+
+/* ---- files -------------------------------------------------------------- */
+int kb_is_dir(const char *path);
+int kb_is_file(const char *path);
+char *kb_path_join(const char *a, const char *b); /* malloc'd */
+char *kb_dirname(const char *path);               /* malloc'd */
+/* Read a whole (small) file into a NUL-terminated buffer. */
+kiln_status kb_read_file(const char *path, char **out, size_t *len);
+/* Write a whole file atomically: tmp file in the same folder, fsync, rename. */
+kiln_status kb_write_file_atomic(const char *path, const void *data, size_t len);
+kiln_status kb_mkdir_p(const char *path);
+
+/* A read-only mapping of a whole file. */
+typedef struct kb_map {
+    const uint8_t *data;
+    size_t size;
+} kb_map;
+kiln_status kb_map_file(const char *path, kb_map *m);
+void kb_unmap(kb_map *m);
+
+/* Human-readable byte count, e.g. "1.5 GiB", into buf. */
+const char *kb_human_bytes(double bytes, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,53 @@
+/* error.c - per-thread error messages and status names. */
+#include "base.h"
+
+#include <string.h>
+
+static _Thread_local char g_msg[2048];
+
+const char *kiln_last_error(void) { return g_msg; }
+
+void kb_clear_error(void) { g_msg[0] = 0; }
+
+kiln_status kb_fail(kiln_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_msg, sizeof g_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+kiln_status kb_wrap(kiln_status code, const char *fmt, ...) {
+    char prefix[1024], old[sizeof g_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, g_msg, sizeof old);
+    /* prefix, ": ", old message; truncated to fit */
+    size_t lp = strnlen(prefix, sizeof g_msg - 3), lo = strnlen(old, sizeof old);
+    memcpy(g_msg, prefix, lp);
+    memcpy(g_msg + lp, ": ", 2);
+    if (lo > sizeof g_msg - lp - 3) lo = sizeof g_msg - lp - 3;
+    memcpy(g_msg + lp + 2, old, lo);
+    g_msg[lp + 2 + lo] = 0;
+    return code;
+}
+
+const char *kiln_status_name(kiln_status s) {
+    switch (s) {
+    case KILN_OK: return "ok";
+    case KILN_ERR_INVALID_ARG: return "invalid argument";
+    case KILN_ERR_IO: return "i/o";
+    case KILN_ERR_FORMAT: return "format";
+    case KILN_ERR_CONFIG: return "config";
+    case KILN_ERR_MISSING: return "missing";
+    case KILN_ERR_UNEXPECTED: return "unexpected";
+    case KILN_ERR_SHAPE: return "shape";
+    case KILN_ERR_DTYPE: return "dtype";
+    case KILN_ERR_RANGE: return "range";
+    case KILN_ERR_NOMEM: return "out of memory";
+    case KILN_ERR_UNSUPPORTED: return "unsupported";
+    }
+    return "unknown";
+}

@@ -1,0 +1,185 @@
+/* fs.c - small file-system helpers: whole-file read, atomic write, mmap. */
+#define _GNU_SOURCE
+#include "base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int kb_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int kb_is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+char *kb_path_join(const char *a, const char *b) {
+    size_t la = strlen(a);
+    if (la && a[la - 1] == '/') return kb_strfmt("%s%s", a, b);
+    return kb_strfmt("%s/%s", a, b);
+}
+
+char *kb_dirname(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return kb_strdup(".");
+    if (slash == path) return kb_strdup("/");
+    return kb_strfmt("%.*s", (int)(slash - path), path);
+}
+
+kiln_status kb_read_file(const char *path, char **out, size_t *len) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = kb_malloc(cap);
+    if (!buf) {
+        fclose(f);
+        return KILN_ERR_NOMEM;
+    }
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return kb_fail(KILN_ERR_NOMEM, "out of memory reading %s", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return kb_fail(KILN_ERR_IO, "error reading %s", path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return KILN_OK;
+}
+
+static kiln_status fsync_dir_of(const char *path) {
+    char *dir = kb_dirname(path);
+    if (!dir) return KILN_ERR_NOMEM;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    free(dir);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    return KILN_OK;
+}
+
+kiln_status kb_write_file_atomic(const char *path, const void *data, size_t len) {
+    char *tmp = kb_strfmt("%s.tmp.%ld", path, (long)getpid());
+    if (!tmp) return KILN_ERR_NOMEM;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        kiln_status s = kb_fail(KILN_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        free(tmp);
+        return s;
+    }
+    const uint8_t *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            kiln_status s = kb_fail(KILN_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+            close(fd);
+            unlink(tmp);
+            free(tmp);
+            return s;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        kiln_status s = kb_fail(KILN_ERR_IO, "cannot flush %s: %s", tmp, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return s;
+    }
+    if (rename(tmp, path) != 0) {
+        kiln_status s = kb_fail(KILN_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return s;
+    }
+    free(tmp);
+    return fsync_dir_of(path);
+}
+
+kiln_status kb_mkdir_p(const char *path) {
+    char *p = kb_strdup(path);
+    if (!p) return KILN_ERR_NOMEM;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            kiln_status st = kb_fail(KILN_ERR_IO, "cannot create folder %s: %s", p, strerror(errno));
+            free(p);
+            return st;
+        }
+        *s = '/';
+    }
+    kiln_status st = KILN_OK;
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        st = kb_fail(KILN_ERR_IO, "cannot create folder %s: %s", p, strerror(errno));
+    else if (!kb_is_dir(p))
+        st = kb_fail(KILN_ERR_IO, "%s exists and is not a folder", p);
+    free(p);
+    return st;
+}
+
+kiln_status kb_map_file(const char *path, kb_map *m) {
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return kb_fail(KILN_ERR_IO, "%s is not a regular file", path);
+    }
+    if (st.st_size == 0) { /* mmap of 0 bytes fails; an empty map is valid */
+        close(fd);
+        return KILN_OK;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return kb_fail(KILN_ERR_IO, "cannot map %s: %s", path, strerror(errno));
+    m->data = p;
+    m->size = (size_t)st.st_size;
+    return KILN_OK;
+}
+
+void kb_unmap(kb_map *m) {
+    if (m->data) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+const char *kb_human_bytes(double b, char *buf, size_t cap) {
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    if (i == 0) snprintf(buf, cap, "%.0f B", b);
+    else snprintf(buf, cap, "%.1f %s", b, u[i]);
+    return buf;
+}

@@ -1,0 +1,59 @@
+/* mem.c - allocation helpers that leave an error message on failure. */
+#include "base.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int kb_mul_ok(size_t a, size_t b, size_t *out) {
+    if (a && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+void *kb_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) kb_fail(KILN_ERR_NOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *kb_calloc(size_t n, size_t size) {
+    size_t total;
+    if (!kb_mul_ok(n, size, &total)) {
+        kb_fail(KILN_ERR_NOMEM, "allocation of %zu x %zu bytes overflows", n, size);
+        return NULL;
+    }
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) kb_fail(KILN_ERR_NOMEM, "out of memory allocating %zu bytes", total);
+    return p;
+}
+
+char *kb_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = kb_malloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+char *kb_strfmt(const char *fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *p = n >= 0 ? kb_malloc((size_t)n + 1) : NULL;
+    if (p) vsnprintf(p, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return p;
+}
+
+void *kb_alloc_aligned(size_t n) {
+    void *p = NULL;
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded < n || posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+        kb_fail(KILN_ERR_NOMEM, "out of memory allocating %zu bytes", n);
+        return NULL;
+    }
+    return p;
+}
+
+void kb_free_aligned(void *p) { free(p); }

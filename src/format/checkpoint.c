@@ -1,0 +1,333 @@
+/* checkpoint.c - diffusers folders and single-file checkpoints, renamed to
+ * diffusers names as zero-copy views. */
+#include "format/checkpoint.h"
+
+#include "base/base.h"
+#include "tensor/dtype.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    kc_tensor *t;
+    size_t n, cap;
+} tlist;
+
+static kiln_status tl_push(tlist *l, const char *name, const st_tensor *src) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        kc_tensor *nt = realloc(l->t, cap * sizeof *nt);
+        if (!nt) return kb_fail(KILN_ERR_NOMEM, "out of memory listing tensors");
+        l->t = nt;
+        l->cap = cap;
+    }
+    kc_tensor *t = &l->t[l->n];
+    memset(t, 0, sizeof *t);
+    t->name = kb_strdup(name);
+    if (!t->name) return KILN_ERR_NOMEM;
+    t->source_name = src->name;
+    t->dtype = src->dtype;
+    t->ndim = src->ndim;
+    memcpy(t->shape, src->shape, sizeof t->shape);
+    t->part[0] = src->data;
+    t->part_bytes[0] = src->nbytes;
+    l->n++;
+    return KILN_OK;
+}
+
+int64_t kc_numel(const kc_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* ---- original SD3 names --------------------------------------------------- */
+
+static const char k_prefix[] = "model.diffusion_model.";
+
+/* whole-name renames outside the joint blocks; swap = (shift, scale) -> (scale, shift) */
+static const struct {
+    const char *from, *to;
+    int swap;
+} k_top[] = {
+    {"x_embedder.proj.weight", "pos_embed.proj.weight", 0},
+    {"x_embedder.proj.bias", "pos_embed.proj.bias", 0},
+    {"pos_embed", "pos_embed.pos_embed", 0},
+    {"t_embedder.mlp.0.weight", "time_text_embed.timestep_embedder.linear_1.weight", 0},
+    {"t_embedder.mlp.0.bias", "time_text_embed.timestep_embedder.linear_1.bias", 0},
+    {"t_embedder.mlp.2.weight", "time_text_embed.timestep_embedder.linear_2.weight", 0},
+    {"t_embedder.mlp.2.bias", "time_text_embed.timestep_embedder.linear_2.bias", 0},
+    {"y_embedder.mlp.0.weight", "time_text_embed.text_embedder.linear_1.weight", 0},
+    {"y_embedder.mlp.0.bias", "time_text_embed.text_embedder.linear_1.bias", 0},
+    {"y_embedder.mlp.2.weight", "time_text_embed.text_embedder.linear_2.weight", 0},
+    {"y_embedder.mlp.2.bias", "time_text_embed.text_embedder.linear_2.bias", 0},
+    {"context_embedder.weight", "context_embedder.weight", 0},
+    {"context_embedder.bias", "context_embedder.bias", 0},
+    {"final_layer.linear.weight", "proj_out.weight", 0},
+    {"final_layer.linear.bias", "proj_out.bias", 0},
+    {"final_layer.adaLN_modulation.1.weight", "norm_out.linear.weight", 1},
+    {"final_layer.adaLN_modulation.1.bias", "norm_out.linear.bias", 1},
+};
+
+/* suffix renames inside joint_blocks.N.; qkv entries split in three */
+static const struct {
+    const char *from, *to;
+} k_block[] = {
+    {"x_block.attn.proj", "attn.to_out.0"},
+    {"context_block.attn.proj", "attn.to_add_out"},
+    {"x_block.attn.ln_q", "attn.norm_q"},
+    {"x_block.attn.ln_k", "attn.norm_k"},
+    {"context_block.attn.ln_q", "attn.norm_added_q"},
+    {"context_block.attn.ln_k", "attn.norm_added_k"},
+    {"x_block.attn2.proj", "attn2.to_out.0"},
+    {"x_block.attn2.ln_q", "attn2.norm_q"},
+    {"x_block.attn2.ln_k", "attn2.norm_k"},
+    {"x_block.mlp.fc1", "ff.net.0.proj"},
+    {"x_block.mlp.fc2", "ff.net.2"},
+    {"context_block.mlp.fc1", "ff_context.net.0.proj"},
+    {"context_block.mlp.fc2", "ff_context.net.2"},
+    {"x_block.adaLN_modulation.1", "norm1.linear"},
+    {"context_block.adaLN_modulation.1", "norm1_context.linear"},
+};
+
+static const struct {
+    const char *from;
+    const char *to[3];
+} k_qkv[] = {
+    {"x_block.attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
+    {"context_block.attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
+    {"x_block.attn2.qkv", {"attn2.to_q", "attn2.to_k", "attn2.to_v"}},
+};
+
+static const char *strip_prefix(const char *name) {
+    return strncmp(name, k_prefix, sizeof k_prefix - 1) ? name : name + sizeof k_prefix - 1;
+}
+
+static int is_sd3_original(const st_set *s) {
+    for (size_t i = 0; i < st_set_count(s); i++) {
+        const char *n = strip_prefix(st_set_at(s, i)->name);
+        if (!strncmp(n, "joint_blocks.", 13) || !strcmp(n, "x_embedder.proj.weight")) return 1;
+    }
+    return 0;
+}
+
+/* Swap the two halves along dim 0: bytes become part[1] ++ part[0]. */
+static kiln_status swap_halves(kc_tensor *t) {
+    size_t total = t->part_bytes[0];
+    if (t->ndim < 1 || t->shape[0] % 2)
+        return kb_fail(KILN_ERR_SHAPE, "%s: cannot swap (shift, scale) halves of an odd first dim",
+                       t->source_name);
+    size_t half = total / 2;
+    t->part[1] = t->part[0];
+    t->part_bytes[1] = half;
+    t->part[0] = t->part[0] + half;
+    t->part_bytes[0] = half;
+    return KILN_OK;
+}
+
+/* Split a fused qkv [3D, ...] into three tensors along dim 0. */
+static kiln_status split_qkv(tlist *l, const char *block, const char *const to[3],
+                             const char *suffix, const st_tensor *src) {
+    if (src->ndim < 1 || src->shape[0] % 3)
+        return kb_fail(KILN_ERR_SHAPE, "%s: fused qkv first dim %lld is not a multiple of 3",
+                       src->name, src->ndim ? (long long)src->shape[0] : 0LL);
+    size_t third = src->nbytes / 3;
+    for (int i = 0; i < 3; i++) {
+        char *name = kb_strfmt("transformer_blocks.%s.%s%s", block, to[i], suffix);
+        if (!name) return KILN_ERR_NOMEM;
+        kiln_status s = tl_push(l, name, src);
+        free(name);
+        if (s) return s;
+        kc_tensor *t = &l->t[l->n - 1];
+        t->shape[0] = src->shape[0] / 3;
+        t->part[0] = (const uint8_t *)src->data + third * (size_t)i;
+        t->part_bytes[0] = third;
+    }
+    return KILN_OK;
+}
+
+static kiln_status rename_sd3(const st_set *s, tlist *l) {
+    /* the last block (context_pre_only) is the one with the highest index */
+    long last = -1;
+    for (size_t i = 0; i < st_set_count(s); i++) {
+        const char *n = strip_prefix(st_set_at(s, i)->name);
+        if (!strncmp(n, "joint_blocks.", 13)) {
+            long b = strtol(n + 13, NULL, 10);
+            if (b > last) last = b;
+        }
+    }
+    for (size_t i = 0; i < st_set_count(s); i++) {
+        const st_tensor *src = st_set_at(s, i);
+        const char *n = strip_prefix(src->name);
+        kiln_status st = KILN_OK;
+        int done = 0;
+        for (size_t k = 0; k < sizeof k_top / sizeof k_top[0] && !done; k++) {
+            if (strcmp(n, k_top[k].from)) continue;
+            if ((st = tl_push(l, k_top[k].to, src))) return st;
+            if (k_top[k].swap && (st = swap_halves(&l->t[l->n - 1]))) return st;
+            done = 1;
+        }
+        if (done) continue;
+        if (strncmp(n, "joint_blocks.", 13)) {
+            /* unknown: keep its name so validation lists it as unexpected */
+            if ((st = tl_push(l, src->name, src))) return st;
+            continue;
+        }
+        const char *rest = n + 13;
+        char *end;
+        long b = strtol(rest, &end, 10);
+        if (end == rest || *end != '.') {
+            if ((st = tl_push(l, src->name, src))) return st;
+            continue;
+        }
+        char block[24];
+        snprintf(block, sizeof block, "%ld", b);
+        const char *tail = end + 1; /* e.g. x_block.attn.qkv.weight */
+        const char *dot = strrchr(tail, '.');
+        size_t stem = dot ? (size_t)(dot - tail) : strlen(tail);
+        const char *suffix = dot ? dot : "";
+        for (size_t k = 0; k < sizeof k_qkv / sizeof k_qkv[0] && !done; k++) {
+            if (strlen(k_qkv[k].from) != stem || strncmp(tail, k_qkv[k].from, stem)) continue;
+            if ((st = split_qkv(l, block, k_qkv[k].to, suffix, src))) return st;
+            done = 1;
+        }
+        for (size_t k = 0; k < sizeof k_block / sizeof k_block[0] && !done; k++) {
+            if (strlen(k_block[k].from) != stem || strncmp(tail, k_block[k].from, stem)) continue;
+            char *name = kb_strfmt("transformer_blocks.%s.%s%s", block, k_block[k].to, suffix);
+            if (!name) return KILN_ERR_NOMEM;
+            st = tl_push(l, name, src);
+            free(name);
+            if (st) return st;
+            /* diffusers swaps the last block's context modulation (pre-only) */
+            if (b == last && !strcmp(k_block[k].to, "norm1_context.linear") &&
+                (st = swap_halves(&l->t[l->n - 1])))
+                return st;
+            done = 1;
+        }
+        if (!done && (st = tl_push(l, src->name, src))) return st;
+    }
+    return KILN_OK;
+}
+
+/* ---- open ----------------------------------------------------------------- */
+
+static int cmp_tensor(const void *a, const void *b) {
+    return strcmp(((const kc_tensor *)a)->name, ((const kc_tensor *)b)->name);
+}
+
+static kiln_status find_weights(const char *dir, char **out) {
+    static const char *names[] = {
+        "diffusion_pytorch_model.safetensors.index.json",
+        "diffusion_pytorch_model.safetensors",
+        "model.safetensors.index.json",
+        "model.safetensors",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char *p = kb_path_join(dir, names[i]);
+        if (!p) return KILN_ERR_NOMEM;
+        if (kb_is_file(p)) {
+            *out = p;
+            return KILN_OK;
+        }
+        free(p);
+    }
+    return kb_fail(KILN_ERR_MISSING,
+                   "%s: no weights found (looked for diffusion_pytorch_model.safetensors and its "
+                   ".index.json)", dir);
+}
+
+kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **out) {
+    *out = NULL;
+    kc_checkpoint *c = kb_calloc(1, sizeof *c);
+    if (!c) return KILN_ERR_NOMEM;
+    kiln_status st = KILN_OK;
+    char *weights = NULL;
+    c->path = kb_strdup(path);
+    if (!c->path) {
+        st = KILN_ERR_NOMEM;
+        goto fail;
+    }
+    if (kb_is_dir(path)) {
+        if ((st = find_weights(path, &weights))) goto fail;
+        if (!config_path) {
+            char *cp = kb_path_join(path, "config.json");
+            if (!cp) {
+                st = KILN_ERR_NOMEM;
+                goto fail;
+            }
+            if (!kb_is_file(cp)) {
+                st = kb_fail(KILN_ERR_MISSING, "%s: no config.json in the model folder", path);
+                free(cp);
+                goto fail;
+            }
+            st = kb_read_file(cp, &c->config_json, NULL);
+            free(cp);
+            if (st) goto fail;
+        }
+    } else if (kb_is_file(path)) {
+        weights = kb_strdup(path);
+    } else {
+        st = kb_fail(KILN_ERR_IO, "%s: no such file or folder", path);
+        goto fail;
+    }
+    if (config_path && (st = kb_read_file(config_path, &c->config_json, NULL))) goto fail;
+    if ((st = st_set_open(weights, &c->set))) goto fail;
+    c->bytes_on_disk = st_set_bytes(c->set);
+
+    tlist l = {0};
+    if (is_sd3_original(c->set)) {
+        c->layout = "sd3-single-file";
+        st = rename_sd3(c->set, &l);
+    } else {
+        c->layout = "diffusers";
+        for (size_t i = 0; i < st_set_count(c->set) && !st; i++)
+            st = tl_push(&l, st_set_at(c->set, i)->name, st_set_at(c->set, i));
+    }
+    c->t = l.t;
+    c->n = l.n;
+    if (st) goto fail;
+    qsort(c->t, c->n, sizeof *c->t, cmp_tensor);
+    for (size_t i = 1; i < c->n; i++)
+        if (!strcmp(c->t[i].name, c->t[i - 1].name)) {
+            st = kb_fail(KILN_ERR_FORMAT, "%s: tensor %s appears twice (as %s and %s)", path,
+                         c->t[i].name, c->t[i - 1].source_name, c->t[i].source_name);
+            goto fail;
+        }
+    free(weights);
+    *out = c;
+    return KILN_OK;
+fail:
+    free(weights);
+    kc_close(c);
+    return st;
+}
+
+void kc_close(kc_checkpoint *c) {
+    if (!c) return;
+    for (size_t i = 0; i < c->n; i++) free(c->t[i].name);
+    free(c->t);
+    st_set_close(c->set);
+    free(c->config_json);
+    free(c->path);
+    free(c);
+}
+
+const kc_tensor *kc_find(const kc_checkpoint *c, const char *name) {
+    kc_tensor key = {.name = (char *)name};
+    return bsearch(&key, c->t, c->n, sizeof *c->t, cmp_tensor);
+}
+
+kiln_status kc_read_f32(const kc_tensor *t, float *out) {
+    size_t esz = kiln_dtype_size(t->dtype);
+    if (!kt_dtype_is_float_source(t->dtype))
+        return kb_fail(KILN_ERR_DTYPE, "%s: dtype %s cannot be used as weights (F32, F16, BF16)",
+                       t->source_name, kiln_dtype_name(t->dtype));
+    size_t done = 0;
+    for (int p = 0; p < 2; p++) {
+        if (!t->part_bytes[p]) continue;
+        kiln_status s = kt_to_f32(t->dtype, t->part[p], out + done, t->part_bytes[p] / esz);
+        if (s) return s;
+        done += t->part_bytes[p] / esz;
+    }
+    return KILN_OK;
+}

@@ -1,0 +1,300 @@
+/* graph.c - graph builders with shape checks. */
+#include "graph/graph.h"
+
+#include "base/base.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *k_op_names[KG_OP_COUNT] = {
+    "input", "weight", "linear", "add", "silu", "gelu_tanh", "layernorm", "rmsnorm_heads",
+    "modulate", "gate_add", "slice_cols", "concat_tokens", "slice_tokens", "attention",
+    "patchify", "unpatchify", "timestep_proj", "pos_crop",
+};
+
+const char *kg_op_name(kg_op op) { return op < KG_OP_COUNT ? k_op_names[op] : "?"; }
+
+void kg_init(kg_graph *g, kg_resolver resolve, void *user) {
+    memset(g, 0, sizeof *g);
+    g->resolve = resolve;
+    g->resolve_user = user;
+}
+
+void kg_free(kg_graph *g) {
+    for (int i = 0; i < g->n; i++) free((char *)g->nodes[i].name);
+    free(g->nodes);
+    memset(g, 0, sizeof *g);
+}
+
+int64_t kg_numel(const kg_node *n) {
+    int64_t e = 1;
+    for (int i = 0; i < n->ndim; i++) e *= n->shape[i];
+    return e;
+}
+
+/* Set the sticky error (first one wins) and return -1. */
+static kg_id fail(kg_graph *g, kiln_status code, const char *fmt, ...) KB_PRINTF(3, 4);
+static kg_id fail(kg_graph *g, kiln_status code, const char *fmt, ...) {
+    if (g->status == KILN_OK) {
+        char buf[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        g->status = kb_fail(code, "%s", buf);
+    }
+    return -1;
+}
+
+static kg_id push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg_id b,
+                  kg_id c) {
+    if (g->status != KILN_OK) return -1;
+    if (g->n == g->cap) {
+        int cap = g->cap ? g->cap * 2 : 256;
+        kg_node *nn = realloc(g->nodes, sizeof *nn * (size_t)cap);
+        if (!nn) return fail(g, KILN_ERR_NOMEM, "out of memory building the graph");
+        g->nodes = nn;
+        g->cap = cap;
+    }
+    kg_node *n = &g->nodes[g->n];
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return fail(g, KILN_ERR_SHAPE, "%s: negative dimension", kg_op_name(op));
+        n->shape[i] = shape[i];
+    }
+    n->src[0] = a;
+    n->src[1] = b;
+    n->src[2] = c;
+    return g->n++;
+}
+
+static const kg_node *node(const kg_graph *g, kg_id id) { return &g->nodes[id]; }
+
+/* True when every id is valid; otherwise an earlier builder already failed. */
+static int ok(const kg_graph *g, kg_id a, kg_id b, kg_id c) {
+    return g->status == KILN_OK && a >= 0 && b >= -1 && c >= -1;
+}
+
+kg_id kg_input(kg_graph *g, const char *name, int ndim, const int64_t *shape) {
+    kg_id id = push(g, KG_INPUT, ndim, shape, -1, -1, -1);
+    if (id < 0) return -1;
+    g->nodes[id].name = kb_strdup(name);
+    g->nodes[id].iparam[0] = g->n_inputs++;
+    return id;
+}
+
+kg_id kg_weight(kg_graph *g, const char *name) {
+    if (g->status != KILN_OK) return -1;
+    int ndim = 0;
+    int64_t shape[4] = {0};
+    const float *data = NULL;
+    if (!g->resolve || !g->resolve(g->resolve_user, name, &ndim, shape, &data))
+        return fail(g, KILN_ERR_MISSING, "weight %s is not in the weight table", name);
+    kg_id id = push(g, KG_WEIGHT, ndim, shape, -1, -1, -1);
+    if (id < 0) return -1;
+    g->nodes[id].name = kb_strdup(name);
+    g->nodes[id].data = data;
+    return id;
+}
+
+kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b) {
+    if (!ok(g, x, w, b) || w < 0) return -1;
+    const kg_node *X = node(g, x), *W = node(g, w);
+    int64_t K = X->shape[X->ndim - 1], M = W->shape[0], wk = 1;
+    for (int i = 1; i < W->ndim; i++) wk *= W->shape[i];
+    if (wk != K)
+        return fail(g, KILN_ERR_SHAPE, "linear %s: input has %lld features, weight wants %lld",
+                    W->name, (long long)K, (long long)wk);
+    if (b >= 0 && (node(g, b)->ndim != 1 || node(g, b)->shape[0] != M))
+        return fail(g, KILN_ERR_SHAPE, "linear %s: bias size does not match %lld outputs",
+                    W->name, (long long)M);
+    int64_t shape[4];
+    memcpy(shape, X->shape, sizeof shape);
+    shape[X->ndim - 1] = M;
+    return push(g, KG_LINEAR, X->ndim, shape, x, w, b);
+}
+
+kg_id kg_add(kg_graph *g, kg_id a, kg_id b) {
+    if (!ok(g, a, b, -1) || b < 0) return -1;
+    const kg_node *A = node(g, a), *Bn = node(g, b);
+    int same = A->ndim == Bn->ndim;
+    for (int i = 1; same && i < A->ndim; i++) same = A->shape[i] == Bn->shape[i];
+    if (!same || (Bn->shape[0] != A->shape[0] && Bn->shape[0] != 1))
+        return fail(g, KILN_ERR_SHAPE, "add: shapes do not match");
+    return push(g, KG_ADD, A->ndim, A->shape, a, b, -1);
+}
+
+static kg_id unary(kg_graph *g, kg_op op, kg_id x) {
+    if (!ok(g, x, -1, -1)) return -1;
+    return push(g, op, node(g, x)->ndim, node(g, x)->shape, x, -1, -1);
+}
+
+kg_id kg_silu(kg_graph *g, kg_id x) { return unary(g, KG_SILU, x); }
+kg_id kg_gelu_tanh(kg_graph *g, kg_id x) { return unary(g, KG_GELU_TANH, x); }
+
+kg_id kg_layernorm(kg_graph *g, kg_id x, float eps) {
+    kg_id id = unary(g, KG_LAYERNORM, x);
+    if (id >= 0) g->nodes[id].fparam = eps;
+    return id;
+}
+
+kg_id kg_rmsnorm_heads(kg_graph *g, kg_id x, kg_id w, int heads, float eps) {
+    if (!ok(g, x, w, -1) || w < 0) return -1;
+    const kg_node *X = node(g, x), *W = node(g, w);
+    if (heads <= 0 || X->shape[X->ndim - 1] % heads ||
+        W->ndim != 1 || W->shape[0] != X->shape[X->ndim - 1] / heads)
+        return fail(g, KILN_ERR_SHAPE, "rmsnorm %s: weight size does not match the head size",
+                    W->name);
+    kg_id id = push(g, KG_RMSNORM_HEADS, X->ndim, X->shape, x, w, -1);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = heads;
+        g->nodes[id].fparam = eps;
+    }
+    return id;
+}
+
+/* x [B,N,D] must pair with a per-batch vector [B,D] */
+static int is_batch_vec(const kg_node *X, const kg_node *v) {
+    return v->ndim == 2 && v->shape[0] == X->shape[0] && v->shape[1] == X->shape[2];
+}
+
+kg_id kg_modulate(kg_graph *g, kg_id x, kg_id shift, kg_id scale) {
+    if (!ok(g, x, shift, scale) || shift < 0 || scale < 0) return -1;
+    const kg_node *X = node(g, x);
+    if (X->ndim != 3 || !is_batch_vec(X, node(g, shift)) || !is_batch_vec(X, node(g, scale)))
+        return fail(g, KILN_ERR_SHAPE, "modulate: x must be [B,N,D] and shift, scale [B,D]");
+    return push(g, KG_MODULATE, 3, X->shape, x, shift, scale);
+}
+
+kg_id kg_gate_add(kg_graph *g, kg_id res, kg_id gate, kg_id y) {
+    if (!ok(g, res, gate, y) || gate < 0 || y < 0) return -1;
+    const kg_node *R = node(g, res), *G = node(g, gate), *Y = node(g, y);
+    if (R->ndim != 3 || Y->ndim != 3 || memcmp(R->shape, Y->shape, sizeof R->shape) ||
+        !is_batch_vec(R, G))
+        return fail(g, KILN_ERR_SHAPE, "gate_add: shapes do not match");
+    return push(g, KG_GATE_ADD, 3, R->shape, res, gate, y);
+}
+
+kg_id kg_slice_cols(kg_graph *g, kg_id x, int64_t off, int64_t len) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    if (X->ndim != 2 || off < 0 || len < 0 || off + len > X->shape[1])
+        return fail(g, KILN_ERR_SHAPE, "slice_cols: [%lld, %lld) outside %lld columns",
+                    (long long)off, (long long)(off + len), (long long)X->shape[1]);
+    int64_t shape[2] = {X->shape[0], len};
+    kg_id id = push(g, KG_SLICE_COLS, 2, shape, x, -1, -1);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = off;
+        g->nodes[id].iparam[1] = len;
+    }
+    return id;
+}
+
+kg_id kg_concat_tokens(kg_graph *g, kg_id a, kg_id b) {
+    if (!ok(g, a, b, -1) || b < 0) return -1;
+    const kg_node *A = node(g, a), *Bn = node(g, b);
+    if (A->ndim != 3 || Bn->ndim != 3 || A->shape[0] != Bn->shape[0] || A->shape[2] != Bn->shape[2])
+        return fail(g, KILN_ERR_SHAPE, "concat_tokens: shapes do not match");
+    int64_t shape[3] = {A->shape[0], A->shape[1] + Bn->shape[1], A->shape[2]};
+    return push(g, KG_CONCAT_TOKENS, 3, shape, a, b, -1);
+}
+
+kg_id kg_slice_tokens(kg_graph *g, kg_id x, int64_t off, int64_t len) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    if (X->ndim != 3 || off < 0 || len < 0 || off + len > X->shape[1])
+        return fail(g, KILN_ERR_SHAPE, "slice_tokens: range outside the sequence");
+    int64_t shape[3] = {X->shape[0], len, X->shape[2]};
+    kg_id id = push(g, KG_SLICE_TOKENS, 3, shape, x, -1, -1);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = off;
+        g->nodes[id].iparam[1] = len;
+    }
+    return id;
+}
+
+kg_id kg_attention(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads) {
+    if (!ok(g, q, k, v) || k < 0 || v < 0) return -1;
+    const kg_node *Q = node(g, q), *K = node(g, k), *V = node(g, v);
+    if (Q->ndim != 3 || K->ndim != 3 || memcmp(K->shape, V->shape, sizeof K->shape) ||
+        Q->shape[0] != K->shape[0] || Q->shape[2] != K->shape[2] || heads <= 0 ||
+        Q->shape[2] % heads)
+        return fail(g, KILN_ERR_SHAPE, "attention: q, k, v shapes do not match");
+    kg_id id = push(g, KG_ATTENTION, 3, Q->shape, q, k, v);
+    if (id >= 0) g->nodes[id].iparam[0] = heads;
+    return id;
+}
+
+kg_id kg_patchify(kg_graph *g, kg_id x, int p) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    if (X->ndim != 4 || p <= 0 || X->shape[2] % p || X->shape[3] % p)
+        return fail(g, KILN_ERR_SHAPE, "patchify: latent %lldx%lld is not a multiple of patch %d",
+                    (long long)X->shape[2], (long long)X->shape[3], p);
+    int64_t shape[3] = {X->shape[0], (X->shape[2] / p) * (X->shape[3] / p),
+                        X->shape[1] * p * p};
+    kg_id id = push(g, KG_PATCHIFY, 3, shape, x, -1, -1);
+    if (id >= 0) g->nodes[id].iparam[0] = p;
+    return id;
+}
+
+kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    if (X->ndim != 3 || X->shape[1] != h * w || X->shape[2] != (int64_t)p * p * c)
+        return fail(g, KILN_ERR_SHAPE, "unpatchify: input does not hold %lldx%lld patches",
+                    (long long)h, (long long)w);
+    int64_t shape[4] = {X->shape[0], c, h * p, w * p};
+    kg_id id = push(g, KG_UNPATCHIFY, 4, shape, x, -1, -1);
+    if (id >= 0) {
+        int64_t *ip = g->nodes[id].iparam;
+        ip[0] = p;
+        ip[1] = h;
+        ip[2] = w;
+        ip[3] = c;
+    }
+    return id;
+}
+
+kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim) {
+    if (!ok(g, t, -1, -1)) return -1;
+    const kg_node *T = node(g, t);
+    if (T->ndim != 1 || dim <= 0 || dim % 2)
+        return fail(g, KILN_ERR_SHAPE, "timestep_proj: timestep must be [B], dim even");
+    int64_t shape[2] = {T->shape[0], dim};
+    kg_id id = push(g, KG_TIMESTEP_PROJ, 2, shape, t, -1, -1);
+    if (id >= 0) g->nodes[id].iparam[0] = dim;
+    return id;
+}
+
+kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w) {
+    if (!ok(g, table, -1, -1)) return -1;
+    const kg_node *Tn = node(g, table);
+    if (Tn->ndim != 3 || Tn->shape[0] != 1 || Tn->shape[1] != max * max)
+        return fail(g, KILN_ERR_SHAPE, "pos_crop: table is not [1, %lld, D]", (long long)(max * max));
+    if (h <= 0 || w <= 0 || h > max || w > max)
+        return fail(g, KILN_ERR_RANGE,
+                    "latent of %lldx%lld patches does not fit the position table of %lldx%lld "
+                    "(pos_embed_max_size)", (long long)h, (long long)w, (long long)max,
+                    (long long)max);
+    int64_t shape[3] = {1, h * w, Tn->shape[2]};
+    kg_id id = push(g, KG_POS_CROP, 3, shape, table, -1, -1);
+    if (id >= 0) {
+        int64_t *ip = g->nodes[id].iparam;
+        ip[0] = max;
+        ip[1] = h;
+        ip[2] = w;
+    }
+    return id;
+}
+
+void kg_mark_output(kg_graph *g, kg_id x) {
+    if (!ok(g, x, -1, -1)) return;
+    if (g->n_outputs >= 4) {
+        fail(g, KILN_ERR_INVALID_ARG, "too many graph outputs");
+        return;
+    }
+    g->outputs[g->n_outputs++] = x;
+}

@@ -1,0 +1,98 @@
+/* graph.h - the op graph that the model definition builds and every executor
+ * consumes (eager now; planned and compiled executors later).
+ *
+ * Builders append nodes and return their id. Errors are sticky (ggml style):
+ * the first bad shape sets g->status and a message, every later builder that
+ * sees a negative id returns -1, and the caller checks g->status once.
+ * All activations are f32, row-major; ndim <= 4. */
+#ifndef KILN_GRAPH_H
+#define KILN_GRAPH_H
+
+#include "kiln.h"
+#include <stdint.h>
+
+typedef int kg_id; /* index into g->nodes; -1 = none */
+
+typedef enum kg_op {
+    KG_INPUT,          /* name, shape; iparam[0] = input slot */
+    KG_WEIGHT,         /* name, shape; data bound by the resolver */
+    KG_LINEAR,         /* x [..,K] . W[M,K]^T + b[M] -> [..,M]; W may be [M, a, b, ..] */
+    KG_ADD,            /* a + b; b may have batch 1 (broadcast over dim 0) */
+    KG_SILU,
+    KG_GELU_TANH,
+    KG_LAYERNORM,      /* over the last dim, no affine; fparam = eps */
+    KG_RMSNORM_HEADS,  /* x [B,N,H*Dh] per head * w[Dh]; iparam[0] = H; fparam = eps */
+    KG_MODULATE,       /* x [B,N,D] * (1 + scale[B,D]) + shift[B,D]; src = x, shift, scale */
+    KG_GATE_ADD,       /* res [B,N,D] + gate[B,D] * y [B,N,D]; src = res, gate, y */
+    KG_SLICE_COLS,     /* x [B,E] -> [B,len]; iparam = off, len */
+    KG_CONCAT_TOKENS,  /* [B,N1,D] ++ [B,N2,D] -> [B,N1+N2,D] */
+    KG_SLICE_TOKENS,   /* [B,N,D] -> [B,len,D]; iparam = off, len */
+    KG_ATTENTION,      /* q [B,Nq,H*Dh], k,v [B,Nk,H*Dh] -> [B,Nq,H*Dh]; iparam[0] = H */
+    KG_PATCHIFY,       /* [B,C,H,W] -> [B,(H/p)(W/p),C*p*p]; iparam[0] = p */
+    KG_UNPATCHIFY,     /* [B,h*w,p*p*C] -> [B,C,h*p,w*p]; iparam = p, h, w, C */
+    KG_TIMESTEP_PROJ,  /* t [B] -> [B,dim] (cos | sin); iparam[0] = dim */
+    KG_POS_CROP,       /* table [1,M*M,D] -> [1,h*w,D] centre crop; iparam = M, h, w */
+    KG_OP_COUNT
+} kg_op;
+
+const char *kg_op_name(kg_op op);
+
+typedef struct kg_node {
+    kg_op op;
+    int ndim;
+    int64_t shape[4];
+    kg_id src[3];
+    int64_t iparam[4];
+    float fparam;
+    const char *name;  /* INPUT/WEIGHT: owned by the graph */
+    const float *data; /* WEIGHT: bound f32 data (not owned) */
+} kg_node;
+
+/* Resolves a weight name to its shape and f32 data; returns 0 if unknown. */
+typedef int (*kg_resolver)(void *user, const char *name, int *ndim, int64_t shape[4],
+                           const float **data);
+
+typedef struct kg_graph {
+    kg_node *nodes;
+    int n, cap;
+    kg_id outputs[4];
+    int n_outputs;
+    int n_inputs;
+    kiln_status status; /* sticky first error */
+    kg_resolver resolve;
+    void *resolve_user;
+} kg_graph;
+
+void kg_init(kg_graph *g, kg_resolver resolve, void *user);
+void kg_free(kg_graph *g);
+int64_t kg_numel(const kg_node *n);
+
+kg_id kg_input(kg_graph *g, const char *name, int ndim, const int64_t *shape);
+kg_id kg_weight(kg_graph *g, const char *name);
+kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b /* -1: no bias */);
+kg_id kg_add(kg_graph *g, kg_id a, kg_id b);
+kg_id kg_silu(kg_graph *g, kg_id x);
+kg_id kg_gelu_tanh(kg_graph *g, kg_id x);
+kg_id kg_layernorm(kg_graph *g, kg_id x, float eps);
+kg_id kg_rmsnorm_heads(kg_graph *g, kg_id x, kg_id w, int heads, float eps);
+kg_id kg_modulate(kg_graph *g, kg_id x, kg_id shift, kg_id scale);
+kg_id kg_gate_add(kg_graph *g, kg_id res, kg_id gate, kg_id y);
+kg_id kg_slice_cols(kg_graph *g, kg_id x, int64_t off, int64_t len);
+kg_id kg_concat_tokens(kg_graph *g, kg_id a, kg_id b);
+kg_id kg_slice_tokens(kg_graph *g, kg_id x, int64_t off, int64_t len);
+kg_id kg_attention(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads);
+kg_id kg_patchify(kg_graph *g, kg_id x, int p);
+kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c);
+kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim);
+kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w);
+void kg_mark_output(kg_graph *g, kg_id x);
+
+/* ---- executors ---------------------------------------------------------- */
+struct kk_backend;
+/* Run every node in order with the backend's kernels. inputs[slot] point to
+ * the input tensors; outputs[i] receive the marked outputs (caller-allocated,
+ * kg_numel floats each). Intermediates are freed after their last use. */
+kiln_status kg_run_eager(const kg_graph *g, const struct kk_backend *be, const float *const *inputs,
+                         float *const *outputs);
+
+#endif

@@ -1,0 +1,140 @@
+/* ref.c - reference CPU kernels: the oracle. Loops are plain; sums are in
+ * double so they sit as close to diffusers' float64 goldens as f32 storage
+ * allows. OpenMP splits independent rows; no reduction crosses threads, so
+ * results do not depend on the thread count. */
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void ref_linear(const float *x, const float *w, const float *b, float *y, int64_t rows,
+                       int64_t K, int64_t M) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t m = 0; m < M; m++) {
+            const float *xr = x + r * K, *wm = w + m * K;
+            double acc = b ? (double)b[m] : 0.0;
+            for (int64_t k = 0; k < K; k++) acc += (double)xr[k] * (double)wm[k];
+            y[r * M + m] = (float)acc;
+        }
+}
+
+static void ref_silu(const float *x, float *y, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        y[i] = (float)(v / (1.0 + exp(-v)));
+    }
+}
+
+static void ref_gelu_tanh(const float *x, float *y, int64_t n) {
+    const double c = sqrt(2.0 / M_PI);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        y[i] = (float)(0.5 * v * (1.0 + tanh(c * (v + 0.044715 * v * v * v))));
+    }
+}
+
+static void ref_layernorm(const float *x, float *y, int64_t rows, int64_t D, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * D;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < D; i++) mean += xr[i];
+        mean /= (double)D;
+        for (int64_t i = 0; i < D; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        var /= (double)D;
+        double inv = 1.0 / sqrt(var + (double)eps);
+        for (int64_t i = 0; i < D; i++) y[r * D + i] = (float)((xr[i] - mean) * inv);
+    }
+}
+
+static void ref_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H,
+                              int64_t Dh, float eps) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *xh = x + (r * H + h) * Dh;
+            float *yh = y + (r * H + h) * Dh;
+            double ss = 0;
+            for (int64_t i = 0; i < Dh; i++) ss += (double)xh[i] * xh[i];
+            double inv = 1.0 / sqrt(ss / (double)Dh + (double)eps);
+            for (int64_t i = 0; i < Dh; i++) yh[i] = (float)(xh[i] * inv * w[i]);
+        }
+}
+
+static void ref_modulate(const float *x, const float *shift, const float *scale, float *y,
+                         int64_t B, int64_t N, int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++) {
+                int64_t i = (b * N + n) * D + d;
+                y[i] = (float)((double)x[i] * (1.0 + (double)scale[b * D + d]) + shift[b * D + d]);
+            }
+}
+
+static void ref_gate_add(const float *res, const float *gate, const float *v, float *y, int64_t B,
+                         int64_t N, int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++) {
+                int64_t i = (b * N + n) * D + d;
+                y[i] = (float)((double)res[i] + (double)gate[b * D + d] * v[i]);
+            }
+}
+
+static void ref_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
+                          int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+    const int64_t D = H * Dh;
+    const double scale = 1.0 / sqrt((double)Dh);
+#pragma omp parallel
+    {
+        double *p = malloc(sizeof(double) * (size_t)(Nk > 0 ? Nk : 1));
+        double *acc = malloc(sizeof(double) * (size_t)Dh);
+#pragma omp for collapse(3) schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < Nq; i++) {
+                    if (!p || !acc) continue; /* allocation failed: leave zeros */
+                    const float *qi = q + (b * Nq + i) * D + h * Dh;
+                    double mx = -INFINITY, sum = 0;
+                    for (int64_t j = 0; j < Nk; j++) {
+                        const float *kj = k + (b * Nk + j) * D + h * Dh;
+                        double s = 0;
+                        for (int64_t d = 0; d < Dh; d++) s += (double)qi[d] * kj[d];
+                        p[j] = s * scale;
+                        if (p[j] > mx) mx = p[j];
+                    }
+                    for (int64_t j = 0; j < Nk; j++) {
+                        p[j] = exp(p[j] - mx);
+                        sum += p[j];
+                    }
+                    for (int64_t d = 0; d < Dh; d++) acc[d] = 0;
+                    for (int64_t j = 0; j < Nk; j++) {
+                        const float *vj = v + (b * Nk + j) * D + h * Dh;
+                        for (int64_t d = 0; d < Dh; d++) acc[d] += p[j] * vj[d];
+                    }
+                    float *oi = o + (b * Nq + i) * D + h * Dh;
+                    for (int64_t d = 0; d < Dh; d++) oi[d] = (float)(acc[d] / sum);
+                }
+        free(p);
+        free(acc);
+    }
+}
+
+static const kk_backend k_ref = {
+    .name = "reference",
+    .linear = ref_linear,
+    .silu = ref_silu,
+    .gelu_tanh = ref_gelu_tanh,
+    .layernorm = ref_layernorm,
+    .rmsnorm_heads = ref_rmsnorm_heads,
+    .modulate = ref_modulate,
+    .gate_add = ref_gate_add,
+    .attention = ref_attention,
+};
+
+const kk_backend *kk_reference(void) { return &k_ref; }

@@ -1,0 +1,195 @@
+/* model.c - kiln_model: open a checkpoint, check it against the weights the
+ * config needs, convert them to f32 compute weights, and run forwards. */
+#include "base/base.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_weight(const void *a, const void *b) {
+    return strcmp(((const km_weight *)a)->name, ((const km_weight *)b)->name);
+}
+
+const km_weight *km_find(const kiln_model *m, const char *name) {
+    km_weight key = {.name = (char *)name};
+    return bsearch(&key, m->w, m->nw, sizeof *m->w, cmp_weight);
+}
+
+int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data) {
+    const km_weight *w = km_find(user, name);
+    if (!w) return 0;
+    *ndim = w->ndim;
+    memcpy(shape, w->shape, sizeof w->shape);
+    *data = w->data;
+    return 1;
+}
+
+/* Append "name, name, ..." (at most 12, then a count) to a message buffer. */
+static void list_names(char *buf, size_t cap, const char *const *names, size_t n) {
+    size_t len = strlen(buf);
+    for (size_t i = 0; i < n && i < 12; i++) {
+        snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", names[i]);
+        len = strlen(buf);
+    }
+    if (n > 12) snprintf(buf + len, cap - len, " ... and %zu more", n - 12);
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < ndim && len < cap; i++) {
+        snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "[", (long long)s[i]);
+        len = strlen(buf);
+    }
+    snprintf(buf + len, cap - len, ndim ? "]" : "[]");
+}
+
+/* Check the checkpoint holds exactly the expected tensors with exact shapes. */
+static kiln_status check_tensors(const kc_checkpoint *c, const sd3_spec *spec, size_t ns) {
+    const char **missing = malloc(sizeof(char *) * (ns + 1));
+    const char **unexpected = malloc(sizeof(char *) * (c->n + 1));
+    char *used = calloc(c->n + 1, 1);
+    kiln_status st = KILN_OK;
+    if (!missing || !unexpected || !used) {
+        st = kb_fail(KILN_ERR_NOMEM, "out of memory checking tensors");
+        goto done;
+    }
+    size_t nm = 0, nu = 0;
+    for (size_t i = 0; i < ns; i++) {
+        const kc_tensor *t = kc_find(c, spec[i].name);
+        if (!t) {
+            missing[nm++] = spec[i].name;
+            continue;
+        }
+        used[t - c->t] = 1;
+        int same = t->ndim == spec[i].ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == spec[i].shape[d];
+        if (!same && st == KILN_OK) {
+            char got[96], want[96];
+            shape_str(got, sizeof got, t->ndim, t->shape);
+            shape_str(want, sizeof want, spec[i].ndim, spec[i].shape);
+            st = kb_fail(KILN_ERR_SHAPE, "%s: tensor %s has shape %s, the config needs %s", c->path,
+                         spec[i].name, got, want);
+        }
+    }
+    for (size_t i = 0; i < c->n; i++)
+        if (!used[i]) unexpected[nu++] = c->t[i].source_name;
+    if (nm) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s: %zu expected tensor%s missing: ", c->path, nm,
+                 nm == 1 ? " is" : "s are");
+        list_names(msg, sizeof msg, missing, nm);
+        st = kb_fail(KILN_ERR_MISSING, "%s", msg);
+    } else if (nu) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s: %zu unexpected tensor%s: ", c->path, nu, nu == 1 ? "" : "s");
+        list_names(msg, sizeof msg, unexpected, nu);
+        st = kb_fail(KILN_ERR_UNEXPECTED, "%s", msg);
+    }
+done:
+    free(missing);
+    free(unexpected);
+    free(used);
+    return st;
+}
+
+kiln_status km_load_weights(kiln_model *m, const kc_checkpoint *c, const sd3_spec *spec, size_t ns) {
+    m->w = kb_calloc(ns, sizeof *m->w);
+    if (!m->w) return KILN_ERR_NOMEM;
+    for (size_t i = 0; i < ns; i++) {
+        const kc_tensor *t = kc_find(c, spec[i].name);
+        km_weight *w = &m->w[m->nw];
+        w->name = kb_strdup(spec[i].name);
+        if (!w->name) return KILN_ERR_NOMEM;
+        w->ndim = spec[i].ndim;
+        memcpy(w->shape, spec[i].shape, sizeof w->shape);
+        w->src_dtype = t->dtype;
+        int64_t n = kc_numel(t);
+        w->data = kb_alloc_aligned(sizeof(float) * (size_t)(n ? n : 1));
+        m->nw++;
+        if (!w->data) return KILN_ERR_NOMEM;
+        kiln_status s = kc_read_f32(t, w->data);
+        if (s) return s;
+        m->info.n_params += n;
+        m->info.n_by_dtype[t->dtype]++;
+    }
+    m->info.n_tensors = (int64_t)m->nw;
+    qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
+    return KILN_OK;
+}
+
+kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out) {
+    if (!path || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_open: path and out are required");
+    *out = NULL;
+    double t0 = kb_now();
+    kc_checkpoint *c = NULL;
+    kiln_status st = kc_open(path, opts ? opts->config_path : NULL, &c);
+    if (st) return st;
+    kiln_model *m = kb_calloc(1, sizeof *m);
+    sd3_spec *spec = NULL;
+    size_t ns = 0;
+    if (!m) {
+        st = KILN_ERR_NOMEM;
+        goto done;
+    }
+    m->backend = kk_reference();
+    if (c->config_json) {
+        st = sd3_config_parse(c->config_json, &m->cfg);
+        if (st) st = kb_wrap(st, "%s", opts && opts->config_path ? opts->config_path : path);
+    } else {
+        st = sd3_config_infer(c, &m->cfg);
+    }
+    if (st) goto done;
+    if ((st = sd3_weight_spec(&m->cfg, &spec, &ns))) goto done;
+    if ((st = check_tensors(c, spec, ns))) goto done;
+    if ((st = km_load_weights(m, c, spec, ns))) goto done;
+    m->info.bytes_on_disk = c->bytes_on_disk;
+    snprintf(m->layout, sizeof m->layout, "%s", c->layout);
+    m->info.layout = m->layout;
+    kb_ledger_add("weight_load", kb_now() - t0, "converted from checkpoint");
+done:
+    free(spec);
+    kc_close(c);
+    if (st) {
+        kiln_model_free(m);
+        return st;
+    }
+    *out = m;
+    return KILN_OK;
+}
+
+void kiln_model_free(kiln_model *m) {
+    if (!m) return;
+    for (size_t i = 0; i < m->nw; i++) {
+        free(m->w[i].name);
+        kb_free_aligned(m->w[i].data);
+    }
+    free(m->w);
+    free(m);
+}
+
+const kiln_config *kiln_model_config(const kiln_model *m) { return m ? &m->cfg : NULL; }
+
+kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
+    if (!m || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_get_info: model and out are required");
+    *out = m->info;
+    return KILN_OK;
+}
+
+kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
+    if (!m || !a || !out || !a->hidden || !a->context || !a->pooled || !a->timestep)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_forward: model, inputs and output are required");
+    double t0 = kb_now();
+    kg_graph g;
+    kg_init(&g, km_resolve, m);
+    kiln_status st = sd3_build_forward(&m->cfg, &g, a->batch, a->height, a->width, a->context_len);
+    if (!st) {
+        const float *in[4] = {a->hidden, a->context, a->pooled, a->timestep};
+        float *outs[1] = {out};
+        st = kg_run_eager(&g, m->backend, in, outs);
+    }
+    kg_free(&g);
+    if (!st) kb_ledger_add("forward", kb_now() - t0, m->backend->name);
+    return st;
+}

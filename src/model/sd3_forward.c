@@ -1,0 +1,151 @@
+/* sd3_forward.c - the MMDiT forward pass, written once as graph building.
+ * It follows diffusers 0.31 SD3Transformer2DModel.forward; names in the
+ * comments are diffusers' names so the two can be read side by side. */
+#include "base/base.h"
+#include "model/sd3.h"
+
+#include <stdio.h>
+
+typedef struct {
+    kg_graph *g;
+    const kiln_config *c;
+    int64_t D, heads;
+} fwd;
+
+/* Linear layer by diffusers name: name.weight and name.bias */
+static kg_id lin(fwd *f, kg_id x, const char *fmt, int i) {
+    char w[128], b[128], base[112];
+    snprintf(base, sizeof base, fmt, i);
+    snprintf(w, sizeof w, "%s.weight", base);
+    snprintf(b, sizeof b, "%s.bias", base);
+    return kg_linear(f->g, x, kg_weight(f->g, w), kg_weight(f->g, b));
+}
+
+static kg_id weight(fwd *f, const char *fmt, int i) {
+    char name[128];
+    snprintf(name, sizeof name, fmt, i);
+    return kg_weight(f->g, name);
+}
+
+/* chunk k of width D from a modulation vector [B, n*D] */
+static kg_id chunk(fwd *f, kg_id emb, int k) { return kg_slice_cols(f->g, emb, k * f->D, f->D); }
+
+/* q, k, v of one stream [B,N,D], with optional RMS qk-norm per head */
+static void qkv(fwd *f, kg_id x, int blk, const char *q, const char *k, const char *v,
+                const char *nq, const char *nk, kg_id out[3]) {
+    char fmt[96];
+    snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", q);
+    out[0] = lin(f, x, fmt, blk);
+    snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", k);
+    out[1] = lin(f, x, fmt, blk);
+    snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", v);
+    out[2] = lin(f, x, fmt, blk);
+    if (f->c->qk_norm_rms) {
+        snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.weight", nq);
+        out[0] = kg_rmsnorm_heads(f->g, out[0], weight(f, fmt, blk), (int)f->heads, SD3_NORM_EPS);
+        snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.weight", nk);
+        out[1] = kg_rmsnorm_heads(f->g, out[1], weight(f, fmt, blk), (int)f->heads, SD3_NORM_EPS);
+    }
+}
+
+/* FeedForward(gelu-approximate): net.2(gelu_tanh(net.0.proj(x))) */
+static kg_id feed_forward(fwd *f, kg_id x, const char *ff, int blk) {
+    char fmt[96];
+    snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.net.0.proj", ff);
+    kg_id h = kg_gelu_tanh(f->g, lin(f, x, fmt, blk));
+    snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.net.2", ff);
+    return lin(f, h, fmt, blk);
+}
+
+/* JointTransformerBlock; returns the new image stream, updates *ctx
+ * (unchanged for the last, context_pre_only block). */
+static kg_id joint_block(fwd *f, int i, kg_id hs, kg_id *ctx, kg_id silu_temb) {
+    kg_graph *g = f->g;
+    int last = i == f->c->num_layers - 1, dual = (int)(f->c->dual_attention_mask >> i & 1);
+    int64_t n_img = g->status ? 0 : g->nodes[hs].shape[1];
+
+    /* norm1: AdaLayerNormZero (6 chunks) or SD35AdaLayerNormZeroX (9):
+     * shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp[, shift_msa2, scale_msa2, gate_msa2] */
+    kg_id emb = lin(f, silu_temb, "transformer_blocks.%d.norm1.linear", i);
+    kg_id norm_hs = kg_layernorm(g, hs, SD3_NORM_EPS);
+    kg_id x = kg_modulate(g, norm_hs, chunk(f, emb, 0), chunk(f, emb, 1));
+
+    /* norm1_context: AdaLayerNormZero, or AdaLayerNormContinuous (scale, shift) when pre-only */
+    kg_id cemb = lin(f, silu_temb, "transformer_blocks.%d.norm1_context.linear", i);
+    kg_id norm_ctx = kg_layernorm(g, *ctx, SD3_NORM_EPS);
+    kg_id c = last ? kg_modulate(g, norm_ctx, chunk(f, cemb, 1), chunk(f, cemb, 0))
+                   : kg_modulate(g, norm_ctx, chunk(f, cemb, 0), chunk(f, cemb, 1));
+
+    /* JointAttnProcessor2_0: image tokens first, then context tokens */
+    kg_id a[3], b[3];
+    qkv(f, x, i, "attn.to_q", "attn.to_k", "attn.to_v", "attn.norm_q", "attn.norm_k", a);
+    qkv(f, c, i, "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.norm_added_q",
+        "attn.norm_added_k", b);
+    kg_id o = kg_attention(g, kg_concat_tokens(g, a[0], b[0]), kg_concat_tokens(g, a[1], b[1]),
+                           kg_concat_tokens(g, a[2], b[2]), (int)f->heads);
+    int64_t n_ctx = g->status ? 0 : g->nodes[o].shape[1] - n_img;
+    kg_id o_img = lin(f, kg_slice_tokens(g, o, 0, n_img), "transformer_blocks.%d.attn.to_out.0", i);
+    hs = kg_gate_add(g, hs, chunk(f, emb, 2), o_img);
+
+    if (dual) { /* attn2: self-attention on the image stream only */
+        kg_id x2 = kg_modulate(g, norm_hs, chunk(f, emb, 6), chunk(f, emb, 7));
+        kg_id q2[3];
+        qkv(f, x2, i, "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.norm_q", "attn2.norm_k", q2);
+        kg_id o2 = kg_attention(g, q2[0], q2[1], q2[2], (int)f->heads);
+        hs = kg_gate_add(g, hs, chunk(f, emb, 8), lin(f, o2, "transformer_blocks.%d.attn2.to_out.0", i));
+    }
+
+    kg_id n2 = kg_modulate(g, kg_layernorm(g, hs, SD3_NORM_EPS), chunk(f, emb, 3), chunk(f, emb, 4));
+    hs = kg_gate_add(g, hs, chunk(f, emb, 5), feed_forward(f, n2, "ff", i));
+
+    if (!last) {
+        kg_id o_ctx = lin(f, kg_slice_tokens(g, o, n_img, n_ctx), "transformer_blocks.%d.attn.to_add_out", i);
+        kg_id e = kg_gate_add(g, *ctx, chunk(f, cemb, 2), o_ctx);
+        kg_id n2c = kg_modulate(g, kg_layernorm(g, e, SD3_NORM_EPS), chunk(f, cemb, 3), chunk(f, cemb, 4));
+        *ctx = kg_gate_add(g, e, chunk(f, cemb, 5), feed_forward(f, n2c, "ff_context", i));
+    }
+    return hs;
+}
+
+kiln_status sd3_build_forward(const kiln_config *c, kg_graph *g, int64_t B, int64_t H, int64_t W,
+                              int64_t T) {
+    kiln_status st = sd3_check_latent(c, H, W);
+    if (st) return st;
+    if (B <= 0 || T <= 0)
+        return kb_fail(KILN_ERR_SHAPE, "batch (%lld) and context length (%lld) must be positive",
+                       (long long)B, (long long)T);
+    fwd f = {g, c, (int64_t)c->num_attention_heads * c->attention_head_dim, c->num_attention_heads};
+    int p = c->patch_size;
+    int64_t hp = H / p, wp = W / p;
+
+    kg_id x = kg_input(g, "hidden_states", 4, (int64_t[]){B, c->in_channels, H, W});
+    kg_id ctx = kg_input(g, "encoder_hidden_states", 3, (int64_t[]){B, T, c->joint_attention_dim});
+    kg_id pooled = kg_input(g, "pooled_projections", 2, (int64_t[]){B, c->pooled_projection_dim});
+    kg_id t = kg_input(g, "timestep", 1, (int64_t[]){B});
+
+    /* pos_embed: PatchEmbed conv as patchify + linear, plus the cropped table */
+    kg_id hs = kg_linear(g, kg_patchify(g, x, p), kg_weight(g, "pos_embed.proj.weight"),
+                         kg_weight(g, "pos_embed.proj.bias"));
+    kg_id pos = kg_pos_crop(g, kg_weight(g, "pos_embed.pos_embed"), c->pos_embed_max_size, hp, wp);
+    hs = kg_add(g, hs, pos);
+
+    /* time_text_embed: timestep_embedder(time_proj(t)) + text_embedder(pooled) */
+    kg_id te = kg_timestep_proj(g, t, SD3_TIME_PROJ_DIM);
+    te = lin(&f, kg_silu(g, lin(&f, te, "time_text_embed.timestep_embedder.linear_1", 0)),
+             "time_text_embed.timestep_embedder.linear_2", 0);
+    kg_id pe = lin(&f, kg_silu(g, lin(&f, pooled, "time_text_embed.text_embedder.linear_1", 0)),
+                   "time_text_embed.text_embedder.linear_2", 0);
+    kg_id temb = kg_add(g, te, pe);
+    /* every modulation linear starts with SiLU(temb): compute it once */
+    kg_id silu_temb = kg_silu(g, temb);
+
+    ctx = lin(&f, ctx, "context_embedder", 0);
+    for (int i = 0; i < c->num_layers; i++) hs = joint_block(&f, i, hs, &ctx, silu_temb);
+
+    /* norm_out: AdaLayerNormContinuous, chunks (scale, shift) */
+    kg_id emb = lin(&f, silu_temb, "norm_out.linear", 0);
+    hs = kg_modulate(g, kg_layernorm(g, hs, SD3_NORM_EPS), chunk(&f, emb, 1), chunk(&f, emb, 0));
+    hs = lin(&f, hs, "proj_out", 0);
+    kg_mark_output(g, kg_unpatchify(g, hs, p, hp, wp, c->out_channels));
+    return g->status;
+}

@@ -1,0 +1,142 @@
+/* flow.c - FlowMatchEulerDiscrete (diffusers' schedule, exactly), seeded
+ * noise, and the sampling loop with classifier-free guidance. */
+#include "base/base.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double shifted(double shift, double sigma) { return shift * sigma / (1.0 + (shift - 1.0) * sigma); }
+
+/* diffusers 0.31: the training sigmas t/N are shifted once to give sigma_max
+ * and sigma_min; set_timesteps spaces N*sigma linearly between them and
+ * shifts again (both shifts are what diffusers computes). */
+kiln_status kiln_flow_schedule(int steps, double shift, int num_train_timesteps, double *timesteps,
+                               double *sigmas) {
+    if (steps < 1 || steps > 100000)
+        return kb_fail(KILN_ERR_INVALID_ARG, "steps = %d: must be between 1 and 100000", steps);
+    if (!(shift > 0) || !isfinite(shift))
+        return kb_fail(KILN_ERR_INVALID_ARG, "shift = %g: must be a positive number", shift);
+    if (num_train_timesteps < 1)
+        return kb_fail(KILN_ERR_INVALID_ARG, "num_train_timesteps = %d: must be positive",
+                       num_train_timesteps);
+    double n = num_train_timesteps;
+    double sigma_max = shifted(shift, 1.0), sigma_min = shifted(shift, 1.0 / n);
+    double t_hi = sigma_max * n, t_lo = sigma_min * n;
+    for (int i = 0; i < steps; i++) {
+        double t = steps == 1 ? t_hi : t_hi + (t_lo - t_hi) * (double)i / (double)(steps - 1);
+        double s = shifted(shift, t / n);
+        sigmas[i] = s;
+        timesteps[i] = s * n;
+    }
+    sigmas[steps] = 0.0;
+    return KILN_OK;
+}
+
+static uint64_t splitmix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Element pair k comes from hashing (seed, k) only: the same seed gives the
+ * same noise for any thread count or chunking. Box-Muller on 53-bit uniforms. */
+void kiln_noise(uint64_t seed, float *out, size_t n) {
+    for (size_t k = 0; 2 * k < n; k++) {
+        uint64_t a = splitmix64(seed + (2 * k + 1) * 0x9e3779b97f4a7c15ull);
+        uint64_t b = splitmix64(seed + (2 * k + 2) * 0x9e3779b97f4a7c15ull);
+        double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
+        double u2 = (double)(b >> 11) * 0x1.0p-53;         /* [0, 1) */
+        double r = sqrt(-2.0 * log(u1)), th = 2.0 * M_PI * u2;
+        out[2 * k] = (float)(r * cos(th));
+        if (2 * k + 1 < n) out[2 * k + 1] = (float)(r * sin(th));
+    }
+}
+
+kiln_generate_opts kiln_generate_defaults(void) {
+    kiln_generate_opts o;
+    memset(&o, 0, sizeof o);
+    o.steps = 28;
+    o.shift = 3.0;
+    o.num_train_timesteps = 1000;
+    o.guidance = 7.0;
+    o.seed = 0;
+    return o;
+}
+
+kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out) {
+    if (!m || !o || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: model, options and output are required");
+    const kiln_config *c = &m->cfg;
+    int cfg = o->guidance > 1.0;
+    if (!o->cond || !o->cond_pooled)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: conditioning (prompt_embeds, pooled_prompt_embeds) is required");
+    if (cfg && (!o->uncond || !o->uncond_pooled))
+        return kb_fail(KILN_ERR_INVALID_ARG,
+                       "kiln_generate: guidance %g > 1 needs negative_prompt_embeds and "
+                       "negative_pooled_prompt_embeds (or guidance <= 1)", o->guidance);
+    if (o->context_len < 1)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: context length must be positive");
+    if (!isfinite(o->guidance))
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: guidance must be a finite number");
+    kiln_status st = sd3_check_latent(c, o->latent_h, o->latent_w);
+    if (st) return st;
+
+    int B = cfg ? 2 : 1, T = o->context_len, J = c->joint_attention_dim, P = c->pooled_projection_dim;
+    size_t lat = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w;
+    size_t vlat = (size_t)c->out_channels * (size_t)o->latent_h * (size_t)o->latent_w;
+    if (c->out_channels != c->in_channels)
+        return kb_fail(KILN_ERR_CONFIG, "sampling needs out_channels == in_channels (%d != %d)",
+                       c->out_channels, c->in_channels);
+    double *ts = kb_calloc((size_t)o->steps + 1, sizeof(double));
+    double *sig = kb_calloc((size_t)o->steps + 1, sizeof(double));
+    float *hidden = kb_calloc((size_t)B * lat, sizeof(float));
+    float *ctx = kb_calloc((size_t)B * (size_t)T * (size_t)J, sizeof(float));
+    float *pooled = kb_calloc((size_t)B * (size_t)P, sizeof(float));
+    float *v = kb_calloc((size_t)B * vlat, sizeof(float));
+    float tstep[2];
+    if (!ts || !sig || !hidden || !ctx || !pooled || !v) {
+        st = KILN_ERR_NOMEM;
+        goto done;
+    }
+    if ((st = kiln_flow_schedule(o->steps, o->shift, o->num_train_timesteps, ts, sig))) goto done;
+
+    if (o->noise) memcpy(out, o->noise, lat * sizeof(float));
+    else kiln_noise(o->seed, out, lat);
+    /* batch order as diffusers' pipeline: uncond first, then cond */
+    size_t tj = (size_t)T * (size_t)J;
+    if (cfg) {
+        memcpy(ctx, o->uncond, tj * sizeof(float));
+        memcpy(ctx + tj, o->cond, tj * sizeof(float));
+        memcpy(pooled, o->uncond_pooled, (size_t)P * sizeof(float));
+        memcpy(pooled + P, o->cond_pooled, (size_t)P * sizeof(float));
+    } else {
+        memcpy(ctx, o->cond, tj * sizeof(float));
+        memcpy(pooled, o->cond_pooled, (size_t)P * sizeof(float));
+    }
+    kiln_forward_args a = {B, o->latent_h, o->latent_w, T, hidden, ctx, pooled, tstep};
+    for (int i = 0; i < o->steps; i++) {
+        double t0 = kb_now();
+        for (int b = 0; b < B; b++) {
+            memcpy(hidden + (size_t)b * lat, out, lat * sizeof(float));
+            tstep[b] = (float)ts[i];
+        }
+        if ((st = kiln_forward(m, &a, v))) goto done;
+        double dt = sig[i + 1] - sig[i];
+        for (size_t k = 0; k < lat; k++) {
+            double vel = cfg ? (double)v[k] + o->guidance * ((double)v[lat + k] - (double)v[k])
+                             : (double)v[k];
+            out[k] = (float)((double)out[k] + dt * vel);
+        }
+        kb_ledger_add("sampler_step", kb_now() - t0, cfg ? "cfg batch 2" : "batch 1");
+        if (o->on_step) o->on_step(o->user, i + 1, o->steps, sig[i + 1], out);
+    }
+done:
+    free(ts);
+    free(sig);
+    free(hidden);
+    free(ctx);
+    free(pooled);
+    free(v);
+    return st;
+}

@@ -1,0 +1,100 @@
+/* test.h - a tiny assertion harness for CTest: each tests/test_*.c is one
+ * executable; TEST(name) functions are run by RUN(name) in main, and main
+ * returns TEST_SUMMARY() (non-zero when anything failed). */
+#ifndef KILN_TEST_H
+#define KILN_TEST_H
+
+#include "kiln.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t_failures, t_checks, t_current_failed;
+
+#define CHECK(cond)                                                                 \
+    do {                                                                            \
+        t_checks++;                                                                 \
+        if (!(cond)) {                                                              \
+            fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);       \
+            t_failures++;                                                           \
+            t_current_failed = 1;                                                   \
+        }                                                                           \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                        \
+    do {                                                                            \
+        t_checks++;                                                                 \
+        if (!(cond)) {                                                              \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
+            fprintf(stderr, __VA_ARGS__);                                           \
+            fputc('\n', stderr);                                                    \
+            t_failures++;                                                           \
+            t_current_failed = 1;                                                   \
+        }                                                                           \
+    } while (0)
+
+/* a kiln call that must succeed */
+#define CHECK_OK(expr)                                                              \
+    do {                                                                            \
+        kiln_status s_ = (expr);                                                    \
+        CHECK_MSG(s_ == KILN_OK, "%s -> %s: %s", #expr, kiln_status_name(s_),       \
+                  kiln_last_error());                                               \
+    } while (0)
+
+/* a kiln call that must fail with code and a message containing substr */
+#define CHECK_FAILS(expr, code, substr)                                             \
+    do {                                                                            \
+        kiln_status s_ = (expr);                                                    \
+        CHECK_MSG(s_ == (code), "%s -> %s (want %s): %s", #expr,                    \
+                  kiln_status_name(s_), kiln_status_name(code), kiln_last_error()); \
+        CHECK_MSG(strstr(kiln_last_error(), (substr)) != NULL,                      \
+                  "message \"%s\" lacks \"%s\"", kiln_last_error(), (substr));     \
+    } while (0)
+
+#define TEST(name) static void name(void)
+#define RUN(name)                                                                   \
+    do {                                                                            \
+        t_current_failed = 0;                                                       \
+        name();                                                                     \
+        fprintf(stderr, "%s %s\n", t_current_failed ? "FAIL" : "ok  ", #name);      \
+    } while (0)
+#define TEST_SUMMARY()                                                              \
+    (fprintf(stderr, "%d checks, %d failed\n", t_checks, t_failures), t_failures ? 1 : 0)
+
+/* Test data folder (tests/data), set by CTest through KILN_TEST_DATA. */
+static inline const char *test_data_dir(void) {
+    const char *d = getenv("KILN_TEST_DATA");
+    return d ? d : "tests/data";
+}
+
+/* A fresh scratch folder under $TMPDIR, removed by the caller with rm -rf. */
+static inline void test_tmpdir(char *buf, size_t cap, const char *tag) {
+    const char *t = getenv("TMPDIR");
+    snprintf(buf, cap, "%s/kiln-test-%s-XXXXXX", t ? t : "/tmp", tag);
+    if (!mkdtemp(buf)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+}
+
+static inline void test_rmrf(const char *dir) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* ||a - b|| / ||b|| in double */
+static inline double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        if (isnan(a[i])) return INFINITY;
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#endif
