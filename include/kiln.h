@@ -156,6 +156,9 @@ kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uin
 
 typedef enum { KILN_LOG_QUIET = 0, KILN_LOG_ERROR, KILN_LOG_WARN, KILN_LOG_INFO, KILN_LOG_DEBUG } kiln_log_level;
 void kiln_set_log_level(kiln_log_level l);  /* default WARN, or $KILN_LOG */
+/* Worker threads for the kernels (default: $KILN_THREADS, else all cores). */
+void kiln_set_threads(int n);
+int kiln_get_threads(void);
 
 /* The timing ledger: per category seconds and counts, printed at exit with
  * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */

@@ -1,1 +1,49 @@
-int main(void){return 0;}
+/* main.c - the kiln command: dispatch to subcommands. */
+#include "cli.h"
+
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int, char **);
+    const char *summary;
+} k_cmds[] = {
+    {"info", cmd_info, "architecture, parameter count, dtypes and size of a model"},
+    {"forward", cmd_forward, "one backbone call on tensors from a safetensors file"},
+    {"generate", cmd_generate, "flow-matching sampling with classifier-free guidance"},
+    {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "kiln %s - fast cold starts for diffusion transformers (SD3 / SD3.5 MMDiT) on CPU\n\n"
+            "usage: kiln COMMAND [options]   (kiln COMMAND --help for each)\n\ncommands:\n",
+            KILN_VERSION);
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        fprintf(f, "  %-10s %s\n", k_cmds[i].name, k_cmds[i].summary);
+    fprintf(f,
+            "\nMODEL is a diffusers model folder (config.json + diffusion_pytorch_model"
+            ".safetensors[.index.json])\nor a single safetensors checkpoint (diffusers or original "
+            "SD3 names).\n\nenvironment: KILN_THREADS (kernel threads), KILN_LOG "
+            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit)\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kiln %s\n", KILN_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kiln: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -531,8 +531,10 @@ static kiln_status st_build_header(const char *path, const st_tensor *tensors, s
     uint64_t pos = 0;
     for (size_t i = 0; ok && i < n; i++) {
         const st_tensor *t = &tensors[i];
-        uint64_t b = (pos + (ST_ALIGN - 1)) & ~(uint64_t)(ST_ALIGN - 1);
-        if (b < pos || t->nbytes > UINT64_MAX - b) {
+        /* back to back from offset 0: the reference implementation rejects
+         * files whose ranges leave gaps, so only the data section is aligned */
+        uint64_t b = pos;
+        if (t->nbytes > UINT64_MAX - b) {
             cJSON_Delete(root);
             return kb_fail(KILN_ERR_INVALID_ARG, "%s: total size overflows", path);
         }
@@ -606,16 +608,10 @@ kiln_status st_write(const char *path, const st_tensor *tensors, size_t n,
         goto out;
     }
 
-    /* Stream: header, then each tensor after zero padding up to its begin.
-     * Zero-size tensors are padded to as well, so every begin lies in the file. */
-    static const uint8_t zeros[ST_ALIGN];
+    /* Stream: header, then the tensors back to back. */
     s = st_write_all(fd, hdr, hdr_len, tmp);
-    uint64_t pos = 0;
-    for (size_t i = 0; s == KILN_OK && i < n; i++) {
-        s = st_write_all(fd, zeros, (size_t)(begins[i] - pos), tmp);
-        if (s == KILN_OK) s = st_write_all(fd, tensors[i].data, tensors[i].nbytes, tmp);
-        pos = begins[i] + tensors[i].nbytes;
-    }
+    for (size_t i = 0; s == KILN_OK && i < n; i++)
+        s = st_write_all(fd, tensors[i].data, tensors[i].nbytes, tmp);
     if (s == KILN_OK && fsync(fd) != 0)
         s = kb_fail(KILN_ERR_IO, "cannot flush %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && s == KILN_OK)

@@ -45,7 +45,8 @@ size_t st_file_size(const st_file *f);
 /* Write tensors (data from st_tensor.data, nbytes must match shape x dtype)
  * and optional metadata pairs (meta[2*i] key, meta[2*i+1] value) to path,
  * atomically (temp file in the same folder, fsync, rename). The data section
- * starts 64-byte aligned and every tensor starts 64-byte aligned. */
+ * starts 64-byte aligned (the header is padded with spaces); tensors follow
+ * back to back without gaps, as the reference implementation requires. */
 kiln_status st_write(const char *path, const st_tensor *tensors, size_t n,
                      const char *const *meta, size_t n_meta);
 

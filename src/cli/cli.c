@@ -1,0 +1,187 @@
+/* cli.c - option parsing and tensor-file helpers for the subcommands. */
+#include "cli.h"
+
+#include "base/base.h"
+#include "tensor/dtype.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kiln %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kiln %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nusage: %s\n(see kiln %s --help)\n", usage, cmd);
+    va_end(ap);
+    return 2;
+}
+
+int cli_fail(const char *cmd, kiln_status s) {
+    return cli_error(cmd, "%s (%s error)", kiln_last_error(), kiln_status_name(s));
+}
+
+int cli_flag(char **argv, int i, const char *name) { return !strcmp(argv[i], name); }
+
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n)) return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n]) return 0;
+    if (*i + 1 >= argc) {
+        cli_error(cmd, "option %s needs a value", name);
+        return -1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        cli_error(cmd, "%s %s: expected an integer in %ld..%ld", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) {
+        cli_error(cmd, "%s %s: expected a number", opt, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || s[0] == '-') {
+        cli_error(cmd, "%s %s: expected a non-negative integer", opt, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_hw(const char *cmd, const char *opt, const char *s, int *h, int *w) {
+    char *x, *end;
+    long hv = strtol(s, &x, 10);
+    if (x == s || (*x != 'x' && *x != 'X')) goto bad;
+    long wv = strtol(x + 1, &end, 10);
+    if (end == x + 1 || *end || hv < 1 || wv < 1 || hv > 1 << 16 || wv > 1 << 16) goto bad;
+    *h = (int)hv;
+    *w = (int)wv;
+    return 0;
+bad:
+    cli_error(cmd, "%s %s: expected HEIGHTxWIDTH, e.g. 128x128", opt, s);
+    return -1;
+}
+
+int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c) {
+    const char *v;
+    int r;
+    if ((r = cli_opt(cmd, argc, argv, i, "--config", &c->config))) return r;
+    if ((r = cli_opt(cmd, argc, argv, i, "--threads", &v))) {
+        long n;
+        if (r < 0 || cli_parse_int(cmd, "--threads", v, 1, 4096, &n)) return -1;
+        kiln_set_threads((int)n);
+        return 1;
+    }
+    if ((r = cli_opt(cmd, argc, argv, i, "--log", &v))) {
+        static const char *names[] = {"quiet", "error", "warn", "info", "debug"};
+        if (r < 0) return -1;
+        for (int k = 0; k < 5; k++)
+            if (!strcmp(v, names[k])) {
+                kiln_set_log_level((kiln_log_level)k);
+                return 1;
+            }
+        cli_error(cmd, "--log %s: expected quiet, error, warn, info or debug", v);
+        return -1;
+    }
+    if (cli_flag(argv, *i, "--timings")) {
+        c->timings = 1;
+        return 1;
+    }
+    return 0;
+}
+
+void cli_common_finish(const cli_common *c) {
+    const char *e = getenv("KILN_TIMINGS");
+    if (c->timings || (e && *e && strcmp(e, "0"))) {
+        fprintf(stderr, "\ntimings:\n");
+        kiln_timings_print(stderr);
+    }
+}
+
+float *cli_tensor(const char *cmd, const st_file *f, const char *name, int ndim, int64_t *shape) {
+    const st_tensor *t = st_find(f, name);
+    if (!t) {
+        cli_error(cmd, "%s: no tensor named %s", st_path(f), name);
+        return NULL;
+    }
+    if (t->ndim != ndim) {
+        cli_error(cmd, "%s: tensor %s has %d dims, expected %d", st_path(f), name, t->ndim, ndim);
+        return NULL;
+    }
+    if (!kt_dtype_is_float_source(t->dtype)) {
+        cli_error(cmd, "%s: tensor %s is %s; expected F32, F16 or BF16", st_path(f), name,
+                  kiln_dtype_name(t->dtype));
+        return NULL;
+    }
+    size_t n = (size_t)st_numel(t);
+    float *out = malloc(sizeof(float) * (n ? n : 1));
+    if (!out) {
+        cli_error(cmd, "out of memory reading %s", name);
+        return NULL;
+    }
+    kt_to_f32(t->dtype, t->data, out, n);
+    memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
+    return out;
+}
+
+kiln_status cli_write_f32(const char *path, const char *name, const float *data, int ndim,
+                          const int64_t *shape) {
+    st_tensor t = {.name = name, .dtype = KILN_F32, .ndim = ndim, .data = data};
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        n *= (size_t)shape[i];
+    }
+    t.nbytes = n * sizeof(float);
+    const char *meta[] = {"producer", "kiln " KILN_VERSION};
+    return st_write(path, &t, 1, meta, 1);
+}
+
+char *cli_preview_path(const char *path) {
+    size_t n = strlen(path);
+    const char *ext = ".safetensors";
+    size_t e = strlen(ext);
+    if (n > e && !strcmp(path + n - e, ext)) return kb_strfmt("%.*s.png", (int)(n - e), path);
+    return kb_strfmt("%s.png", path);
+}

@@ -1,0 +1,58 @@
+/* cli.h - helpers shared by the kiln subcommands: option parsing, tensor
+ * files, errors. Each subcommand lives in its own cmd_*.c file. */
+#ifndef KILN_CLI_H
+#define KILN_CLI_H
+
+#include "format/safetensors.h"
+#include "kiln.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Subcommands: argv[0] is the subcommand name. Return the exit code. */
+int cmd_info(int argc, char **argv);
+int cmd_forward(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+
+/* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
+int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Report a failed kiln call with its status and message. */
+int cli_fail(const char *cmd, kiln_status s);
+
+/* Option parsing: --name VALUE or --name=VALUE. *i is advanced past what is used.
+ * Returns 1 when argv[*i] is this option (value in *val), 0 otherwise,
+ * -1 when the value is missing (an error was printed). */
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val);
+int cli_flag(char **argv, int i, const char *name);
+int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+int cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
+/* "HxW" -> h, w */
+int cli_parse_hw(const char *cmd, const char *opt, const char *s, int *h, int *w);
+
+/* Common options every model command takes. */
+typedef struct cli_common {
+    const char *config;
+    int timings;
+} cli_common;
+/* Handles --config, --threads, --timings, --log. 1 consumed, 0 not, -1 error. */
+int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c);
+void cli_common_finish(const cli_common *c);
+
+/* A named f32 copy of a tensor in f with ndim dims; NULL and a message
+ * naming file and tensor otherwise. shape gets its dims. */
+float *cli_tensor(const char *cmd, const st_file *f, const char *name, int ndim, int64_t *shape);
+/* Write one f32 tensor to a safetensors file. */
+kiln_status cli_write_f32(const char *path, const char *name, const float *data, int ndim,
+                          const int64_t *shape);
+/* Sample with progress on stderr, then write `latents` [1,C,H,W] to output
+ * and a PNG preview beside it. Returns the exit code. */
+int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
+                     int quiet);
+/* path with its .safetensors suffix replaced by .png (malloc'd) */
+char *cli_preview_path(const char *path);
+
+#endif

@@ -1,0 +1,196 @@
+/* cmd_generate.c - kiln generate MODEL --cond FILE --output FILE */
+#include "base/base.h"
+#include "cli.h"
+#include "format/png.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_usage[] =
+    "kiln generate MODEL --cond FILE --output FILE [--steps N] [--shift S] [--guidance G]\n"
+    "                     [--latent HxW] [--seed N | --noise FILE] [--config FILE] [--threads N] [--timings] [--quiet]";
+
+static int help(void) {
+    printf("usage: %s\n\n"
+           "Flow-matching Euler sampling (diffusers' FlowMatchEulerDiscreteScheduler) with\n"
+           "classifier-free guidance. --cond FILE (safetensors) holds the text conditioning under\n"
+           "diffusers' pipeline names:\n"
+           "  prompt_embeds                  [1, T, joint_attention_dim]\n"
+           "  pooled_prompt_embeds           [1, pooled_projection_dim]\n"
+           "  negative_prompt_embeds         [1, T, joint_attention_dim]   (needed when guidance > 1)\n"
+           "  negative_pooled_prompt_embeds  [1, pooled_projection_dim]    (needed when guidance > 1)\n\n"
+           "  --steps N        inference steps (default 28)\n"
+           "  --shift S        schedule shift (default 3.0, SD3's)\n"
+           "  --guidance G     guidance scale (default 7.0; <= 1 samples the prompt alone)\n"
+           "  --latent HxW     latent size (default: the config's sample_size square; pixels / 8)\n"
+           "  --seed N         seed of kiln's noise generator (default 0)\n"
+           "  --noise FILE     start from `noise` [1, C, H, W] in FILE instead (sets the latent size)\n"
+           "  --output FILE    writes `latents` [1, C, H, W] (F32) and a PNG preview FILE.png\n"
+           "  --quiet          no per-step progress\n",
+           k_usage);
+    return 0;
+}
+
+typedef struct {
+    double t0, last;
+    int quiet;
+} progress;
+
+static void on_step(void *user, int step, int steps, double sigma, const float *latent) {
+    (void)latent;
+    progress *p = user;
+    double now = kb_now();
+    if (!p->quiet)
+        fprintf(stderr, "  step %d/%d  sigma %.4f  %.2f s\n", step, steps, sigma, now - p->last);
+    p->last = now;
+}
+
+int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
+                     int quiet) {
+    const kiln_config *c = kiln_model_config(m);
+    size_t n = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w;
+    float *lat = malloc(sizeof(float) * n);
+    if (!lat) return cli_error(cmd, "out of memory");
+    progress p = {kb_now(), kb_now(), quiet};
+    o->on_step = on_step;
+    o->user = &p;
+    if (!quiet)
+        fprintf(stderr, "%s: %d steps, latent %dx%d, guidance %g%s\n", cmd, o->steps, o->latent_h,
+                o->latent_w, o->guidance, o->guidance > 1 ? " (CFG, batch 2)" : "");
+    kiln_status s = kiln_generate(m, o, lat);
+    if (s) {
+        free(lat);
+        return cli_fail(cmd, s);
+    }
+    double total = kb_now() - p.t0;
+    int64_t shape[4] = {1, c->in_channels, o->latent_h, o->latent_w};
+    char *png = cli_preview_path(output);
+    if (!png) {
+        free(lat);
+        return cli_error(cmd, "out of memory");
+    }
+    s = cli_write_f32(output, "latents", lat, 4, shape);
+    if (!s) s = kf_write_latent_png(png, lat, c->in_channels, o->latent_h, o->latent_w);
+    free(lat);
+    if (s) {
+        free(png);
+        return cli_fail(cmd, s);
+    }
+    if (!quiet) fprintf(stderr, "%s: %.2f s -> %s (preview %s)\n", cmd, total, output, png);
+    free(png);
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    cli_common com = {0};
+    const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *v;
+    kiln_generate_opts o = kiln_generate_defaults();
+    int quiet = 0, hw_set = 0;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        long l;
+        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
+        if (cli_flag(argv, i, "--quiet")) {
+            quiet = 1;
+            continue;
+        }
+        if ((r = cli_common_opt("generate", argc, argv, &i, &com)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--cond", &cond)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--output", &output)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--noise", &noise))) {
+            if (r < 0) return 2;
+            continue;
+        }
+        if ((r = cli_opt("generate", argc, argv, &i, "--steps", &v))) {
+            if (r < 0 || cli_parse_int("generate", "--steps", v, 1, 10000, &l)) return 2;
+            o.steps = (int)l;
+        } else if ((r = cli_opt("generate", argc, argv, &i, "--shift", &v))) {
+            if (r < 0 || cli_parse_double("generate", "--shift", v, &o.shift)) return 2;
+            if (o.shift <= 0) return cli_usage_error("generate", k_usage, "--shift must be positive");
+        } else if ((r = cli_opt("generate", argc, argv, &i, "--guidance", &v))) {
+            if (r < 0 || cli_parse_double("generate", "--guidance", v, &o.guidance)) return 2;
+        } else if ((r = cli_opt("generate", argc, argv, &i, "--latent", &v))) {
+            if (r < 0 || cli_parse_hw("generate", "--latent", v, &o.latent_h, &o.latent_w)) return 2;
+            hw_set = 1;
+        } else if ((r = cli_opt("generate", argc, argv, &i, "--seed", &v))) {
+            if (r < 0 || cli_parse_u64("generate", "--seed", v, &o.seed)) return 2;
+        } else if (argv[i][0] == '-') {
+            return cli_usage_error("generate", k_usage, "unknown option %s", argv[i]);
+        } else if (model) {
+            return cli_usage_error("generate", k_usage, "more than one MODEL given");
+        } else {
+            model = argv[i];
+        }
+    }
+    if (!model || !cond || !output)
+        return cli_usage_error("generate", k_usage, "MODEL, --cond and --output are required");
+
+    int rc = 1;
+    kiln_model *m = NULL;
+    st_file *cf = NULL, *nf = NULL;
+    float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL, *nz = NULL;
+    kiln_status s;
+    kiln_open_opts oo = {com.config};
+    if ((s = st_open(cond, &cf)) || (noise && (s = st_open(noise, &nf))) ||
+        (s = kiln_model_open(model, &oo, &m))) {
+        rc = cli_fail("generate", s);
+        goto done;
+    }
+    const kiln_config *c = kiln_model_config(m);
+    int64_t s3[3], s2[2], n3[3], n2[2], sn[4];
+    if (!(pe = cli_tensor("generate", cf, "prompt_embeds", 3, s3)) ||
+        !(pp = cli_tensor("generate", cf, "pooled_prompt_embeds", 2, s2)))
+        goto done;
+    if (s3[0] != 1 || s3[2] != c->joint_attention_dim || s2[0] != 1 || s2[1] != c->pooled_projection_dim) {
+        cli_error("generate", "%s: prompt_embeds must be [1, T, %d] and pooled_prompt_embeds [1, %d]",
+                  cond, c->joint_attention_dim, c->pooled_projection_dim);
+        goto done;
+    }
+    if (o.guidance > 1) {
+        if (!(ne = cli_tensor("generate", cf, "negative_prompt_embeds", 3, n3)) ||
+            !(np = cli_tensor("generate", cf, "negative_pooled_prompt_embeds", 2, n2))) {
+            fprintf(stderr, "  (guidance %g > 1 needs the negative conditioning; --guidance 1 samples without it)\n",
+                    o.guidance);
+            goto done;
+        }
+        if (memcmp(n3, s3, sizeof s3) || memcmp(n2, s2, sizeof s2)) {
+            cli_error("generate", "%s: the negative_* tensors must have the same shapes as the prompt ones",
+                      cond);
+            goto done;
+        }
+    }
+    if (nf) {
+        if (!(nz = cli_tensor("generate", nf, "noise", 4, sn))) goto done;
+        if (sn[0] != 1 || sn[1] != c->in_channels) {
+            cli_error("generate", "%s: noise must be [1, %d, H, W]", noise, c->in_channels);
+            goto done;
+        }
+        if (hw_set && (sn[2] != o.latent_h || sn[3] != o.latent_w)) {
+            cli_error("generate", "--latent %dx%d disagrees with the noise's %lldx%lld", o.latent_h,
+                      o.latent_w, (long long)sn[2], (long long)sn[3]);
+            goto done;
+        }
+        o.latent_h = (int)sn[2];
+        o.latent_w = (int)sn[3];
+        o.noise = nz;
+    } else if (!hw_set) {
+        o.latent_h = o.latent_w = c->sample_size;
+    }
+    o.context_len = (int)s3[1];
+    o.cond = pe;
+    o.cond_pooled = pp;
+    o.uncond = ne;
+    o.uncond_pooled = np;
+    rc = cli_generate_run("generate", m, &o, output, quiet);
+done:
+    free(pe);
+    free(pp);
+    free(ne);
+    free(np);
+    free(nz);
+    st_close(cf);
+    st_close(nf);
+    kiln_model_free(m);
+    cli_common_finish(&com);
+    return rc;
+}
