@@ -49,6 +49,10 @@ static kg_id fail(kg_graph *g, kiln_status code, const char *fmt, ...) {
 static kg_id push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg_id b,
                   kg_id c) {
     if (g->status != KILN_OK) return -1;
+    int64_t dims[4] = {0}; /* shape may point into g->nodes, which may move */
+    for (int i = 0; i < ndim && i < 4; i++) dims[i] = shape[i];
+    shape = dims;
+    if (ndim < 0 || ndim > 4) return fail(g, KILN_ERR_SHAPE, "%s: %d dims", kg_op_name(op), ndim);
     if (g->n == g->cap) {
         int cap = g->cap ? g->cap * 2 : 256;
         kg_node *nn = realloc(g->nodes, sizeof *nn * (size_t)cap);
