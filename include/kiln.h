@@ -37,6 +37,8 @@ typedef enum kiln_status {
     KILN_ERR_RANGE,        /* a size outside what the model supports */
     KILN_ERR_NOMEM,        /* allocation failed */
     KILN_ERR_UNSUPPORTED,  /* a feature that this build does not have */
+    KILN_ERR_CACHE_MISSING,/* no complete cache under the key and no source to build it */
+    KILN_ERR_CORRUPT,      /* a cache or package failed its size or checksum checks */
 } kiln_status;
 
 /* The message of the last failure on this thread ("" if none). */
@@ -107,6 +109,75 @@ typedef struct kiln_forward_args {
     const float *hidden, *context, *pooled, *timestep;
 } kiln_forward_args;
 kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out);
+
+/* ---- the weight cache: convert once, map everywhere -------------------- */
+
+/* One parallel dimension: a factor (1 = off) and the mesh axis it runs on. */
+typedef struct kiln_par_dim {
+    int factor;
+    int axis;
+} kiln_par_dim;
+
+typedef struct kiln_parallel {
+    kiln_par_dim cfg; /* CFG parallel: uncond and cond halves on different ranks */
+    kiln_par_dim tp;  /* tensor parallel */
+    kiln_par_dim sp;  /* sequence parallel */
+} kiln_parallel;
+
+/* A tensor handed to a source callback's emit(); data is copied. */
+typedef struct kiln_source_tensor {
+    const char *name; /* diffusers name (or original SD3 name) */
+    kiln_dtype dtype;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    const void *data;
+} kiln_source_tensor;
+typedef kiln_status (*kiln_emit_fn)(void *ctx, const kiln_source_tensor *t);
+/* Yields every tensor through emit(ctx, t); returns KILN_OK or an error. */
+typedef kiln_status (*kiln_source_fn)(void *user, kiln_emit_fn emit, void *ctx);
+
+typedef struct kiln_load_opts {
+    const char *model_name;  /* cache folder name, e.g. "sd3-medium" (required with a cache) */
+    const char *component;   /* diffusers subfolder, default "transformer" */
+    kiln_parallel parallel;
+    int mesh_rows, mesh_cols;/* default 1 x 1 */
+    kiln_dtype dtype;        /* what the cache stores and kernels consume; default F32 */
+    int fsdp;                /* weights sharded across ranks (key flag) */
+    int no_create_cache;     /* do not publish on a miss */
+    const char *cache_root;  /* NULL: $KILN_CACHE_DIR; NULL and unset: no cache */
+    int verify;              /* check every tensor's hash on a hit */
+    /* hosts: set host_coords to key a run spanning several hosts by the mesh
+     * rows r0..r1 and columns c0..c1 that this host owns */
+    int host_coords, host_r0, host_r1, host_c0, host_c1;
+    /* the source, touched only on a miss: a checkpoint path ... */
+    const char *source;
+    const char *config_path; /* config.json for a single file (optional) */
+    /* ... or a callback, with its config.json text and an identity string
+     * (e.g. a version or content hash) that goes into the cache key */
+    kiln_source_fn source_fn;
+    void *source_user;
+    const char *source_config_json;
+    const char *source_id;
+} kiln_load_opts;
+
+kiln_load_opts kiln_load_defaults(void);
+
+/* The load flow. A model already loaded under the same key is returned again
+ * (reference counted; kiln_model_free releases it). With a complete cache it
+ * is mapped, with no conversion; without one it is converted from the source
+ * and published atomically (unless no_create_cache). Errors: KILN_ERR_CACHE_MISSING
+ * (no complete cache and no source; the message has the path looked at) and
+ * KILN_ERR_INVALID_ARG (no cache root and no source: how to set one). */
+kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out);
+
+/* Where a load found its weights: "hit", "miss", "rebuilt" or "no-cache". */
+const char *kiln_model_origin(const kiln_model *m);
+/* The cache folder the model was mapped from or published to ("" if none). */
+const char *kiln_model_cache_path(const kiln_model *m);
+
+/* Multi-process runs: called after the cache check and after the publish
+ * (the MPI layer installs MPI_Barrier; the default does nothing). */
+void kiln_set_barrier(void (*fn)(void *user), void *user);
 
 /* ---- sampler ---------------------------------------------------------- */
 

@@ -29,6 +29,8 @@ kiln_log_level kb_log_level(void);
 double kb_now(void); /* monotonic seconds */
 /* Add seconds to a category; note may be NULL or a short reason ("miss: ..."). */
 void kb_ledger_add(const char *category, double seconds, const char *note);
+/* The same, counting a cache hit (hit = 1) or miss (hit = 0). */
+void kb_ledger_event(const char *category, double seconds, int hit, const char *note);
 
 /* ---- memory ------------------------------------------------------------- */
 void *kb_malloc(size_t n);              /* sets a NOMEM message on failure */

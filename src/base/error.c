@@ -48,6 +48,8 @@ const char *kiln_status_name(kiln_status s) {
     case KILN_ERR_RANGE: return "range";
     case KILN_ERR_NOMEM: return "out of memory";
     case KILN_ERR_UNSUPPORTED: return "unsupported";
+    case KILN_ERR_CACHE_MISSING: return "missing cache";
+    case KILN_ERR_CORRUPT: return "corrupt";
     }
     return "unknown";
 }

@@ -11,7 +11,7 @@
 typedef struct {
     char category[48];
     double seconds;
-    long count;
+    long count, hits, misses;
     char note[160];
 } ledger_row;
 
@@ -25,7 +25,7 @@ double kb_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void kb_ledger_add(const char *category, double seconds, const char *note) {
+static void ledger(const char *category, double seconds, int hit, const char *note) {
     pthread_mutex_lock(&g_lock);
     ledger_row *r = NULL;
     for (int i = 0; i < g_nrows; i++)
@@ -38,18 +38,32 @@ void kb_ledger_add(const char *category, double seconds, const char *note) {
     if (r) {
         r->seconds += seconds;
         r->count++;
+        if (hit == 1) r->hits++;
+        if (hit == 0) r->misses++;
         if (note) snprintf(r->note, sizeof r->note, "%s", note);
     }
     pthread_mutex_unlock(&g_lock);
 }
 
+void kb_ledger_add(const char *category, double seconds, const char *note) { ledger(category, seconds, -1, note); }
+
+void kb_ledger_event(const char *category, double seconds, int hit, const char *note) {
+    ledger(category, seconds, hit ? 1 : 0, note);
+}
+
 void kiln_timings_print(void *file) {
     FILE *f = file ? (FILE *)file : stderr;
     pthread_mutex_lock(&g_lock);
-    fprintf(f, "%-22s %10s %7s  %s\n", "category", "seconds", "count", "note");
-    for (int i = 0; i < g_nrows; i++)
-        fprintf(f, "%-22s %10.4f %7ld  %s\n", g_rows[i].category, g_rows[i].seconds,
-                g_rows[i].count, g_rows[i].note);
+    fprintf(f, "%-22s %10s %7s %5s %6s  %s\n", "category", "seconds", "count", "hits", "misses", "last note");
+    for (int i = 0; i < g_nrows; i++) {
+        const ledger_row *r = &g_rows[i];
+        char hits[16] = "-", misses[16] = "-";
+        if (r->hits || r->misses) {
+            snprintf(hits, sizeof hits, "%ld", r->hits);
+            snprintf(misses, sizeof misses, "%ld", r->misses);
+        }
+        fprintf(f, "%-22s %10.4f %7ld %5s %6s  %s\n", r->category, r->seconds, r->count, hits, misses, r->note);
+    }
     pthread_mutex_unlock(&g_lock);
 }
 

@@ -103,9 +103,9 @@ static const char *strip_prefix(const char *name) {
     return strncmp(name, k_prefix, sizeof k_prefix - 1) ? name : name + sizeof k_prefix - 1;
 }
 
-static int is_sd3_original(const st_set *s) {
-    for (size_t i = 0; i < st_set_count(s); i++) {
-        const char *n = strip_prefix(st_set_at(s, i)->name);
+static int is_sd3_original(const st_tensor *const *raw, size_t nraw) {
+    for (size_t i = 0; i < nraw; i++) {
+        const char *n = strip_prefix(raw[i]->name);
         if (!strncmp(n, "joint_blocks.", 13) || !strcmp(n, "x_embedder.proj.weight")) return 1;
     }
     return 0;
@@ -146,18 +146,18 @@ static kiln_status split_qkv(tlist *l, const char *block, const char *const to[3
     return KILN_OK;
 }
 
-static kiln_status rename_sd3(const st_set *s, tlist *l) {
+static kiln_status rename_sd3(const st_tensor *const *raw, size_t nraw, tlist *l) {
     /* the last block (context_pre_only) is the one with the highest index */
     long last = -1;
-    for (size_t i = 0; i < st_set_count(s); i++) {
-        const char *n = strip_prefix(st_set_at(s, i)->name);
+    for (size_t i = 0; i < nraw; i++) {
+        const char *n = strip_prefix(raw[i]->name);
         if (!strncmp(n, "joint_blocks.", 13)) {
             long b = strtol(n + 13, NULL, 10);
             if (b > last) last = b;
         }
     }
-    for (size_t i = 0; i < st_set_count(s); i++) {
-        const st_tensor *src = st_set_at(s, i);
+    for (size_t i = 0; i < nraw; i++) {
+        const st_tensor *src = raw[i];
         const char *n = strip_prefix(src->name);
         kiln_status st = KILN_OK;
         int done = 0;
@@ -236,6 +236,29 @@ static kiln_status find_weights(const char *dir, char **out) {
                    ".index.json)", dir);
 }
 
+/* Name the raw tensors the diffusers way (renaming original SD3 names),
+ * sort them and reject duplicates. Views only: nothing is copied. */
+static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_t nraw) {
+    tlist l = {0};
+    kiln_status st = KILN_OK;
+    if (is_sd3_original(raw, nraw)) {
+        c->layout = "sd3-single-file";
+        st = rename_sd3(raw, nraw, &l);
+    } else {
+        c->layout = "diffusers";
+        for (size_t i = 0; i < nraw && !st; i++) st = tl_push(&l, raw[i]->name, raw[i]);
+    }
+    c->t = l.t;
+    c->n = l.n;
+    if (st) return st;
+    qsort(c->t, c->n, sizeof *c->t, cmp_tensor);
+    for (size_t i = 1; i < c->n; i++)
+        if (!strcmp(c->t[i].name, c->t[i - 1].name))
+            return kb_fail(KILN_ERR_FORMAT, "%s: tensor %s appears twice (as %s and %s)", c->path,
+                           c->t[i].name, c->t[i - 1].source_name, c->t[i].source_name);
+    return KILN_OK;
+}
+
 kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **out) {
     *out = NULL;
     kc_checkpoint *c = kb_calloc(1, sizeof *c);
@@ -273,26 +296,16 @@ kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **o
     if (config_path && (st = kb_read_file(config_path, &c->config_json, NULL))) goto fail;
     if ((st = st_set_open(weights, &c->set))) goto fail;
     c->bytes_on_disk = st_set_bytes(c->set);
-
-    tlist l = {0};
-    if (is_sd3_original(c->set)) {
-        c->layout = "sd3-single-file";
-        st = rename_sd3(c->set, &l);
-    } else {
-        c->layout = "diffusers";
-        for (size_t i = 0; i < st_set_count(c->set) && !st; i++)
-            st = tl_push(&l, st_set_at(c->set, i)->name, st_set_at(c->set, i));
+    size_t nraw = st_set_count(c->set);
+    const st_tensor **raw = kb_calloc(nraw ? nraw : 1, sizeof *raw);
+    if (!raw) {
+        st = KILN_ERR_NOMEM;
+        goto fail;
     }
-    c->t = l.t;
-    c->n = l.n;
+    for (size_t i = 0; i < nraw; i++) raw[i] = st_set_at(c->set, i);
+    st = kc_build(c, raw, nraw);
+    free(raw);
     if (st) goto fail;
-    qsort(c->t, c->n, sizeof *c->t, cmp_tensor);
-    for (size_t i = 1; i < c->n; i++)
-        if (!strcmp(c->t[i].name, c->t[i - 1].name)) {
-            st = kb_fail(KILN_ERR_FORMAT, "%s: tensor %s appears twice (as %s and %s)", path,
-                         c->t[i].name, c->t[i - 1].source_name, c->t[i].source_name);
-            goto fail;
-        }
     free(weights);
     *out = c;
     return KILN_OK;
@@ -307,6 +320,11 @@ void kc_close(kc_checkpoint *c) {
     for (size_t i = 0; i < c->n; i++) free(c->t[i].name);
     free(c->t);
     st_set_close(c->set);
+    for (size_t i = 0; i < c->n_owned; i++) {
+        free((char *)c->owned[i].name);
+        free((void *)c->owned[i].data);
+    }
+    free(c->owned);
     free(c->config_json);
     free(c->path);
     free(c);
@@ -329,5 +347,69 @@ kiln_status kc_read_f32(const kc_tensor *t, float *out) {
         if (s) return s;
         done += t->part_bytes[p] / esz;
     }
+    return KILN_OK;
+}
+
+/* ---- a callback source ------------------------------------------------------- */
+
+static kiln_status collect(void *ctx, const kiln_source_tensor *t) {
+    kc_checkpoint *c = ctx;
+    if (!t || !t->name || !*t->name) return kb_fail(KILN_ERR_INVALID_ARG, "source emitted a tensor without a name");
+    size_t esz = kiln_dtype_size(t->dtype);
+    if (!esz) return kb_fail(KILN_ERR_DTYPE, "source tensor %s has an invalid dtype", t->name);
+    if (t->ndim < 0 || t->ndim > KILN_MAX_DIMS)
+        return kb_fail(KILN_ERR_SHAPE, "source tensor %s has %d dims", t->name, t->ndim);
+    size_t n = esz;
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 0 || !kb_mul_ok(n, (size_t)t->shape[i], &n))
+            return kb_fail(KILN_ERR_SHAPE, "source tensor %s has an impossible shape", t->name);
+    if (n && !t->data) return kb_fail(KILN_ERR_INVALID_ARG, "source tensor %s has no data", t->name);
+    if (c->n_owned % 64 == 0) {
+        st_tensor *no = realloc(c->owned, (c->n_owned + 64) * sizeof *no);
+        if (!no) return kb_fail(KILN_ERR_NOMEM, "out of memory collecting source tensors");
+        c->owned = no;
+    }
+    st_tensor *o = &c->owned[c->n_owned];
+    memset(o, 0, sizeof *o);
+    void *copy = kb_malloc(n);
+    o->name = kb_strdup(t->name);
+    if (!copy || !o->name) {
+        free(copy);
+        free((char *)o->name);
+        return KILN_ERR_NOMEM;
+    }
+    if (n) memcpy(copy, t->data, n);
+    o->data = copy;
+    o->nbytes = n;
+    o->dtype = t->dtype;
+    o->ndim = t->ndim;
+    for (int i = 0; i < t->ndim; i++) o->shape[i] = t->shape[i];
+    c->n_owned++;
+    c->bytes_on_disk += (int64_t)n;
+    return KILN_OK;
+}
+
+kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_json, const char *name,
+                           kc_checkpoint **out) {
+    *out = NULL;
+    kc_checkpoint *c = kb_calloc(1, sizeof *c);
+    if (!c) return KILN_ERR_NOMEM;
+    c->path = kb_strdup(name ? name : "source callback");
+    c->config_json = config_json ? kb_strdup(config_json) : NULL;
+    kiln_status st = !c->path || (config_json && !c->config_json) ? KILN_ERR_NOMEM : KILN_OK;
+    if (!st) {
+        st = fn(user, collect, c);
+        if (st) st = kb_wrap(st, "%s", c->path);
+    }
+    const st_tensor **raw = NULL;
+    if (!st && !(raw = kb_calloc(c->n_owned ? c->n_owned : 1, sizeof *raw))) st = KILN_ERR_NOMEM;
+    for (size_t i = 0; !st && i < c->n_owned; i++) raw[i] = &c->owned[i];
+    if (!st) st = kc_build(c, raw, c->n_owned);
+    free(raw);
+    if (st) {
+        kc_close(c);
+        return st;
+    }
+    *out = c;
     return KILN_OK;
 }

@@ -31,10 +31,15 @@ typedef struct kc_checkpoint {
     kc_tensor *t;
     size_t n;
     int64_t bytes_on_disk;
+    st_tensor *owned; /* tensors copied from a callback source */
+    size_t n_owned;
 } kc_checkpoint;
 
 /* config_path overrides (or supplies) config.json; may be NULL. */
 kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **out);
+/* The tensors a kiln_source_fn emits (copied), with config.json text. */
+kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_json, const char *name,
+                           kc_checkpoint **out);
 void kc_close(kc_checkpoint *c);
 const kc_tensor *kc_find(const kc_checkpoint *c, const char *name);
 int64_t kc_numel(const kc_tensor *t);

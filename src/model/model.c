@@ -1,6 +1,7 @@
 /* model.c - kiln_model: open a checkpoint, check it against the weights the
  * config needs, convert them to f32 compute weights, and run forwards. */
 #include "base/base.h"
+#include "cache/cache.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -94,7 +95,7 @@ done:
     return st;
 }
 
-kiln_status km_load_weights(kiln_model *m, const kc_checkpoint *c, const sd3_spec *spec, size_t ns) {
+static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const sd3_spec *spec, size_t ns) {
     m->w = kb_calloc(ns, sizeof *m->w);
     if (!m->w) return KILN_ERR_NOMEM;
     for (size_t i = 0; i < ns; i++) {
@@ -119,57 +120,127 @@ kiln_status km_load_weights(kiln_model *m, const kc_checkpoint *c, const sd3_spe
     return KILN_OK;
 }
 
-kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out) {
-    if (!path || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_open: path and out are required");
-    *out = NULL;
-    double t0 = kb_now();
-    kc_checkpoint *c = NULL;
-    kiln_status st = kc_open(path, opts ? opts->config_path : NULL, &c);
-    if (st) return st;
+static kiln_model *model_new(void) {
     kiln_model *m = kb_calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->backend = kk_reference();
+    m->refs = 1;
+    snprintf(m->origin, sizeof m->origin, "open");
+    return m;
+}
+
+kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, kiln_model **out) {
+    *out = NULL;
+    kiln_model *m = model_new();
     sd3_spec *spec = NULL;
     size_t ns = 0;
-    if (!m) {
-        st = KILN_ERR_NOMEM;
-        goto done;
+    kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
+    if (!st) {
+        if (c->config_json) {
+            st = sd3_config_parse(c->config_json, &m->cfg);
+            if (st) st = kb_wrap(st, "%s", config_label ? config_label : c->path);
+        } else {
+            st = sd3_config_infer(c, &m->cfg);
+        }
     }
-    m->backend = kk_reference();
-    if (c->config_json) {
-        st = sd3_config_parse(c->config_json, &m->cfg);
-        if (st) st = kb_wrap(st, "%s", opts && opts->config_path ? opts->config_path : path);
-    } else {
-        st = sd3_config_infer(c, &m->cfg);
+    if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
+    if (!st) st = check_tensors(c, spec, ns);
+    if (!st) st = load_weights(m, c, spec, ns);
+    if (!st) {
+        m->info.bytes_on_disk = c->bytes_on_disk;
+        snprintf(m->layout, sizeof m->layout, "%s", c->layout);
+        m->info.layout = m->layout;
     }
-    if (st) goto done;
-    if ((st = sd3_weight_spec(&m->cfg, &spec, &ns))) goto done;
-    if ((st = check_tensors(c, spec, ns))) goto done;
-    if ((st = km_load_weights(m, c, spec, ns))) goto done;
-    m->info.bytes_on_disk = c->bytes_on_disk;
-    snprintf(m->layout, sizeof m->layout, "%s", c->layout);
-    m->info.layout = m->layout;
-    kb_ledger_add("weight_load", kb_now() - t0, "converted from checkpoint");
-done:
     free(spec);
-    kc_close(c);
     if (st) {
-        kiln_model_free(m);
+        km_destroy(m);
         return st;
     }
     *out = m;
     return KILN_OK;
 }
 
-void kiln_model_free(kiln_model *m) {
+kiln_status km_from_cache(kcache_entry *e, kiln_model **out) {
+    *out = NULL;
+    kiln_model *m = model_new();
+    sd3_spec *spec = NULL;
+    size_t ns = 0;
+    kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
+    if (!st && (st = sd3_config_parse(e->config_json ? e->config_json : "", &m->cfg)))
+        st = kb_wrap(KILN_ERR_CORRUPT, "cache %s: its config", e->path);
+    if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
+    if (!st && ns != e->n)
+        st = kb_fail(KILN_ERR_CORRUPT, "cache %s holds %zu tensors, its config needs %zu", e->path, e->n, ns);
+    if (!st && !(m->w = kb_calloc(ns, sizeof *m->w))) st = KILN_ERR_NOMEM;
+    /* the cache stores the spec's tensors in spec order, f32, row-major */
+    for (size_t i = 0; !st && i < ns; i++) {
+        const kcache_tensor *t = &e->t[i];
+        int same = !strcmp(t->name, spec[i].name) && t->dtype == KILN_F32 && t->ndim == spec[i].ndim &&
+                   !strcmp(t->layout, "rowmajor");
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == spec[i].shape[d];
+        if (!same) {
+            st = kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s, the config needs %s (F32, row-major)",
+                         e->path, i, t->name, spec[i].name);
+            break;
+        }
+        km_weight *w = &m->w[m->nw++];
+        w->name = kb_strdup(t->name);
+        if (!w->name) st = KILN_ERR_NOMEM;
+        w->ndim = t->ndim;
+        memcpy(w->shape, t->shape, sizeof w->shape);
+        w->src_dtype = KILN_F32;
+        w->data = (float *)t->data;
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+        m->info.n_params += n;
+        m->info.n_by_dtype[KILN_F32]++;
+        m->info.bytes_on_disk += (int64_t)t->nbytes;
+    }
+    free(spec);
+    if (st) {
+        km_destroy(m);
+        return st;
+    }
+    m->info.n_tensors = (int64_t)m->nw;
+    qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
+    snprintf(m->layout, sizeof m->layout, "kiln-cache");
+    m->info.layout = m->layout;
+    m->cache = e;
+    *out = m;
+    return KILN_OK;
+}
+
+kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out) {
+    if (!path || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_open: path and out are required");
+    *out = NULL;
+    double t0 = kb_now();
+    kc_checkpoint *c = NULL;
+    const char *cfg = opts ? opts->config_path : NULL;
+    kiln_status st = kc_open(path, cfg, &c);
+    if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, out);
+    kc_close(c);
+    if (!st) kb_ledger_add("weight_load", kb_now() - t0, "converted from checkpoint");
+    return st;
+}
+
+void km_destroy(kiln_model *m) {
     if (!m) return;
     for (size_t i = 0; i < m->nw; i++) {
         free(m->w[i].name);
-        kb_free_aligned(m->w[i].data);
+        if (!m->cache) kb_free_aligned(m->w[i].data);
     }
     free(m->w);
+    kcache_close(m->cache);
+    free(m->cache_path);
+    free(m->registry_key);
     free(m);
 }
 
 const kiln_config *kiln_model_config(const kiln_model *m) { return m ? &m->cfg : NULL; }
+
+const char *kiln_model_origin(const kiln_model *m) { return m ? m->origin : ""; }
+
+const char *kiln_model_cache_path(const kiln_model *m) { return m && m->cache_path ? m->cache_path : ""; }
 
 kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
     if (!m || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_get_info: model and out are required");

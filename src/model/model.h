@@ -14,8 +14,10 @@ typedef struct km_weight {
     int ndim;
     int64_t shape[4];
     kiln_dtype src_dtype; /* as stored in the checkpoint */
-    float *data;          /* f32, 64-byte aligned, owned */
+    float *data;          /* f32, 64-byte aligned; owned unless the model maps a cache */
 } km_weight;
+
+struct kcache_entry;
 
 struct kiln_model {
     kiln_config cfg;
@@ -24,12 +26,22 @@ struct kiln_model {
     kiln_model_info info;
     char layout[32];
     const struct kk_backend *backend;
+    struct kcache_entry *cache; /* when set, weights point into its mapping */
+    char origin[16];            /* "hit", "miss", "rebuilt", "no-cache", "open" */
+    char *cache_path;
+    char *registry_key;         /* set while the model is in the loaded-models registry */
+    int refs;
 };
 
 const km_weight *km_find(const kiln_model *m, const char *name);
 /* kg_resolver over the model's weights (user = the model) */
 int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data);
-/* Convert every spec'd tensor of c to f32 weights of m. */
-kiln_status km_load_weights(kiln_model *m, const kc_checkpoint *c, const sd3_spec *spec, size_t ns);
+/* A model from a checkpoint: config from its config.json (or inferred),
+ * every tensor checked against the config and converted to f32. */
+kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, kiln_model **out);
+/* A model whose weights are the mapped tensors of a cache entry (taken over). */
+kiln_status km_from_cache(struct kcache_entry *e, kiln_model **out);
+/* Free a model for real (the registry calls this at refcount 0). */
+void km_destroy(kiln_model *m);
 
 #endif

@@ -1,0 +1,120 @@
+/* cache.h - the weight cache on disk: keys, atomic publishing, file locks,
+ * checked loading, verification, listing and garbage collection.
+ *
+ * Layout (docs/cache.md):
+ *   <root>/<model>/<component>/<parallel id>mesh<R>x<C>_<dtype>[_FSDP][_<layout>]_c<content>/
+ *       [host_coords_r<r0>-<r1>_c<c0>-<c1>/]   only on runs spanning several hosts
+ *           weights.bin     the tensors, 64-byte aligned, exactly as the kernels consume them
+ *           manifest.json   written last: format, key inputs, config, per tensor name, dtype,
+ *                           shape, layout, offset, bytes, xxh3-64; its first line carries the
+ *                           xxh3-64 of the rest
+ * This layer knows files and tensors, not models: the load flow that
+ * converts checkpoints lives in src/model/load.c. */
+#ifndef KILN_CACHE_H
+#define KILN_CACHE_H
+
+#include "base/base.h"
+#include "kiln.h"
+
+#define KCACHE_FORMAT_VERSION 1
+#define KCACHE_ALIGN 64
+#define KCACHE_MANIFEST "manifest.json"
+#define KCACHE_DATA "weights.bin"
+
+typedef struct kcache_key_inputs {
+    const char *model, *component;
+    kiln_parallel parallel;
+    int mesh_rows, mesh_cols;
+    kiln_dtype dtype;
+    int fsdp;
+    const char *layout; /* NULL or "" for the plain row-major layout */
+    int layout_version; /* bumped when a conversion changes */
+    int host_coords, host_r0, host_r1, host_c0, host_c1;
+    uint64_t source_hash; /* kcache_source_hash_* */
+} kcache_key_inputs;
+
+typedef struct kcache_key {
+    char group[2048];   /* <root>/<model>/<component> */
+    char name[320];     /* the key folder's name */
+    char prefix[256];   /* name without _c<content>: caches this one supersedes share it */
+    char dir[2400];     /* group/name */
+    char path[2500];    /* dir, or dir/host_coords_... : where the files are */
+    char content[32];   /* the content hash in hex */
+} kcache_key;
+
+/* Build the key under root; checks names (no '/', no "..") and values. */
+kiln_status kcache_key_make(const char *root, const kcache_key_inputs *in, kcache_key *out);
+/* "CP2_1_TP4_1_SP4_0_" for the set fields (factor > 1), "" for none. */
+void kcache_parallel_id(const kiln_parallel *p, char *buf, size_t cap);
+
+/* Source identity for the content hash: sizes, mtimes and header bytes of a
+ * checkpoint's files (config.json whole, safetensors headers, index.json). */
+kiln_status kcache_source_hash_path(const char *path, const char *config_path, uint64_t *out);
+uint64_t kcache_hash_bytes(const void *p, size_t n, uint64_t seed);
+
+/* ---- one cache entry ------------------------------------------------------ */
+
+typedef struct kcache_tensor {
+    const char *name;
+    kiln_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const char *layout; /* "rowmajor" */
+    const void *data;
+    size_t nbytes;
+    uint64_t offset; /* in weights.bin (entries read back) */
+    uint64_t xxh3;   /* of the bytes (entries read back) */
+} kcache_tensor;
+
+typedef struct kcache_entry {
+    char *path;
+    kb_map data;
+    kcache_tensor *t;
+    size_t n;
+    char *config_json;
+    char *key_json;
+    char *strings; /* owns names and layouts */
+} kcache_entry;
+
+/* Map a published cache at path and check it: manifest checksum and format,
+ * data file size, every tensor range in the file and aligned; with verify,
+ * every tensor's xxh3. KILN_ERR_CACHE_MISSING when there is no manifest,
+ * KILN_ERR_CORRUPT (with the reason) when a check fails. */
+kiln_status kcache_open(const char *path, int verify, kcache_entry **out);
+void kcache_close(kcache_entry *e);
+
+/* Write tensors + manifest into a staging folder next to key->dir, fsync,
+ * and rename into place. Call with the key's lock held. */
+kiln_status kcache_publish(const kcache_key *key, const char *key_json, const char *config_json,
+                           const kcache_tensor *t, size_t n);
+
+/* Exclusive lock of a key (flock on <dir>.lock, released if the holder
+ * dies). Blocks; logs once that it is waiting for another process. */
+kiln_status kcache_lock(const kcache_key *key, int *fd);
+void kcache_unlock(int fd);
+
+/* Remove <dir>.staging.* leftovers of this key (call with the lock held). */
+void kcache_clean_staging(const kcache_key *key);
+/* Remove other folders of the group that share key->prefix (older content). */
+void kcache_remove_superseded(const kcache_key *key);
+/* Remove a cache folder: rename aside first so no reader sees half of it. */
+kiln_status kcache_remove(const char *dir);
+
+/* ---- the whole cache root ------------------------------------------------- */
+
+typedef struct kcache_item {
+    char dir[2400];      /* the key folder */
+    char rel[1024];      /* model/component/name relative to the root */
+    int64_t bytes;       /* all files */
+    double last_used;    /* seconds since the epoch (folder mtime, touched on hits) */
+    int complete;        /* has a manifest */
+} kcache_item;
+
+/* Every key folder under root (sorted by rel). */
+kiln_status kcache_list(const char *root, kcache_item **out, size_t *n);
+/* Remove least recently used caches until the total is at most max_bytes. */
+kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed);
+/* Mark a key folder used now (for gc). */
+void kcache_touch(const char *dir);
+
+#endif

@@ -1,0 +1,144 @@
+/* root.c - the whole cache root: list key folders, garbage-collect. */
+#define _GNU_SOURCE
+#include "cache/cache.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int skip(const char *name) {
+    return name[0] == '.' || strstr(name, ".lock") || strstr(name, ".staging.") || strstr(name, ".trash.");
+}
+
+static _Thread_local int64_t t_bytes;
+static _Thread_local int t_complete;
+
+static int size_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)ftw;
+    if (flag == FTW_F) {
+        t_bytes += (int64_t)sb->st_size;
+        const char *b = strrchr(p, '/');
+        if (b && !strcmp(b + 1, KCACHE_MANIFEST)) t_complete = 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    kcache_item *v;
+    size_t n, cap;
+} items;
+
+static kiln_status add_item(items *it, const char *root, const char *m, const char *c, const char *k) {
+    if (it->n == it->cap) {
+        size_t cap = it->cap ? it->cap * 2 : 32;
+        kcache_item *nv = realloc(it->v, cap * sizeof *nv);
+        if (!nv) return kb_fail(KILN_ERR_NOMEM, "out of memory listing the cache");
+        it->v = nv;
+        it->cap = cap;
+    }
+    kcache_item *x = &it->v[it->n];
+    memset(x, 0, sizeof *x);
+    snprintf(x->rel, sizeof x->rel, "%s/%s/%s", m, c, k);
+    snprintf(x->dir, sizeof x->dir, "%s/%s", root, x->rel);
+    struct stat st;
+    if (stat(x->dir, &st) != 0 || !S_ISDIR(st.st_mode)) return KILN_OK;
+    t_bytes = 0;
+    t_complete = 0;
+    nftw(x->dir, size_cb, 16, FTW_PHYS);
+    x->bytes = t_bytes;
+    x->complete = t_complete;
+    x->last_used = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
+    it->n++;
+    return KILN_OK;
+}
+
+/* names of the sub-folders of dir, sorted */
+static char **subdirs(const char *dir, size_t *n) {
+    DIR *d = opendir(dir);
+    *n = 0;
+    if (!d) return NULL;
+    char **v = NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (skip(e->d_name)) continue;
+        char *p = kb_path_join(dir, e->d_name);
+        int ok = p && kb_is_dir(p);
+        free(p);
+        if (!ok) continue;
+        char **nv = realloc(v, (*n + 1) * sizeof *nv);
+        if (!nv) break;
+        v = nv;
+        v[(*n)++] = kb_strdup(e->d_name);
+    }
+    closedir(d);
+    for (size_t i = 1; i < *n; i++) /* insertion sort: folders are few */
+        for (size_t j = i; j > 0 && strcmp(v[j - 1], v[j]) > 0; j--) {
+            char *t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v;
+}
+
+static void free_names(char **v, size_t n) {
+    for (size_t i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+kiln_status kcache_list(const char *root, kcache_item **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    if (!kb_is_dir(root)) return kb_fail(KILN_ERR_CACHE_MISSING, "cache root %s does not exist", root);
+    items it = {0};
+    kiln_status s = KILN_OK;
+    size_t nm, nc, nk;
+    char **models = subdirs(root, &nm);
+    for (size_t i = 0; i < nm && !s; i++) {
+        char *md = kb_path_join(root, models[i]);
+        char **comps = md ? subdirs(md, &nc) : NULL;
+        for (size_t j = 0; md && j < nc && !s; j++) {
+            char *cd = kb_path_join(md, comps[j]);
+            char **keys = cd ? subdirs(cd, &nk) : NULL;
+            for (size_t k = 0; cd && k < nk && !s; k++) s = add_item(&it, root, models[i], comps[j], keys[k]);
+            if (cd) free_names(keys, nk);
+            free(cd);
+        }
+        if (md) free_names(comps, nc);
+        free(md);
+    }
+    free_names(models, nm);
+    if (s) {
+        free(it.v);
+        return s;
+    }
+    *out = it.v;
+    *n = it.n;
+    return KILN_OK;
+}
+
+static int by_last_used(const void *a, const void *b) {
+    double x = ((const kcache_item *)a)->last_used, y = ((const kcache_item *)b)->last_used;
+    return x < y ? -1 : x > y;
+}
+
+kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed) {
+    kcache_item *v;
+    size_t n;
+    *removed = 0;
+    *freed = 0;
+    kiln_status s = kcache_list(root, &v, &n);
+    if (s) return s;
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += v[i].bytes;
+    qsort(v, n, sizeof *v, by_last_used);
+    for (size_t i = 0; i < n && total > max_bytes && !s; i++) {
+        if ((s = kcache_remove(v[i].dir))) break;
+        total -= v[i].bytes;
+        *freed += v[i].bytes;
+        ++*removed;
+    }
+    free(v);
+    return s;
+}

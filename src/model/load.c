@@ -1,0 +1,336 @@
+/* load.c - the load flow of kiln_load_model (docs/cache.md):
+ *
+ *   already loaded under the key         -> the same model again (refcount)
+ *   no cache root, a source              -> convert every time, hint at KILN_CACHE_DIR
+ *   no cache root, no source             -> error: the cache is required, how to set it
+ *   complete cache                       -> map it (no conversion)
+ *   no complete cache, no source         -> error "missing cache" with the path
+ *   otherwise                            -> lock, convert, publish (unless asked not to), map
+ *
+ * A corrupt cache is reported, and rebuilt when a source is at hand. Several
+ * processes missing one key: one converts under the key's file lock, the
+ * others wait and then map what it published; if it dies, a waiter takes
+ * over. Multi-process runs meet at a barrier after the check and after the
+ * publish. */
+#include "base/base.h"
+#include "cache/cache.h"
+#include "model/model.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LAYOUT_VERSION 1 /* bump when the conversion changes what a cache holds */
+
+/* ---- loaded models: the documented process-wide registry ----------------------- */
+
+static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static kiln_model **g_reg;
+static size_t g_nreg;
+
+static kiln_model *registry_get(const char *key) {
+    kiln_model *m = NULL;
+    pthread_mutex_lock(&g_reg_lock);
+    for (size_t i = 0; i < g_nreg && !m; i++)
+        if (!strcmp(g_reg[i]->registry_key, key)) {
+            m = g_reg[i];
+            m->refs++;
+        }
+    pthread_mutex_unlock(&g_reg_lock);
+    return m;
+}
+
+static void registry_put(kiln_model *m, const char *key) {
+    pthread_mutex_lock(&g_reg_lock);
+    kiln_model **nr = realloc(g_reg, (g_nreg + 1) * sizeof *nr);
+    if (nr && (m->registry_key = kb_strdup(key))) {
+        g_reg = nr;
+        g_reg[g_nreg++] = m;
+    } else if (nr) {
+        g_reg = nr;
+    }
+    pthread_mutex_unlock(&g_reg_lock);
+}
+
+void kiln_model_free(kiln_model *m) {
+    if (!m) return;
+    pthread_mutex_lock(&g_reg_lock);
+    int last = --m->refs <= 0;
+    if (last && m->registry_key)
+        for (size_t i = 0; i < g_nreg; i++)
+            if (g_reg[i] == m) {
+                g_reg[i] = g_reg[--g_nreg];
+                break;
+            }
+    pthread_mutex_unlock(&g_reg_lock);
+    if (last) km_destroy(m);
+}
+
+/* ---- barrier ------------------------------------------------------------------------ */
+
+static void (*g_barrier)(void *);
+static void *g_barrier_user;
+
+void kiln_set_barrier(void (*fn)(void *user), void *user) {
+    g_barrier = fn;
+    g_barrier_user = user;
+}
+
+static void barrier(void) {
+    if (g_barrier) g_barrier(g_barrier_user);
+}
+
+/* ---- the flow -------------------------------------------------------------------------- */
+
+kiln_load_opts kiln_load_defaults(void) {
+    kiln_load_opts o;
+    memset(&o, 0, sizeof o);
+    o.component = "transformer";
+    o.mesh_rows = o.mesh_cols = 1;
+    o.dtype = KILN_F32;
+    o.parallel.cfg.factor = o.parallel.tp.factor = o.parallel.sp.factor = 1;
+    o.parallel.tp.axis = 1;
+    o.parallel.sp.axis = 1;
+    return o;
+}
+
+static int has_source(const kiln_load_opts *o) { return o->source || o->source_fn; }
+
+/* Convert from the source: a model with owned f32 weights. */
+static kiln_status convert(const kiln_load_opts *o, kiln_model **out) {
+    kc_checkpoint *c = NULL;
+    kiln_status st = o->source ? kc_open(o->source, o->config_path, &c)
+                               : kc_from_source(o->source_fn, o->source_user, o->source_config_json,
+                                                o->source_id, &c);
+    if (!st) st = km_from_checkpoint(c, o->config_path ? o->config_path : c->path, out);
+    kc_close(c);
+    return st;
+}
+
+static char *key_json(const kiln_load_opts *o, const kcache_key *k) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    char par[96];
+    kcache_parallel_id(&o->parallel, par, sizeof par);
+    cJSON_AddStringToObject(j, "model", o->model_name);
+    cJSON_AddStringToObject(j, "component", o->component);
+    cJSON_AddStringToObject(j, "parallel", par);
+    cJSON_AddNumberToObject(j, "mesh_rows", o->mesh_rows);
+    cJSON_AddNumberToObject(j, "mesh_cols", o->mesh_cols);
+    cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(o->dtype));
+    cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
+    cJSON_AddStringToObject(j, "layout", "rowmajor");
+    cJSON_AddNumberToObject(j, "layout_version", LAYOUT_VERSION);
+    if (o->host_coords) {
+        cJSON *h = cJSON_AddArrayToObject(j, "host_coords");
+        int v[4] = {o->host_r0, o->host_r1, o->host_c0, o->host_c1};
+        for (int i = 0; i < 4; i++) cJSON_AddItemToArray(h, cJSON_CreateNumber(v[i]));
+    }
+    cJSON_AddStringToObject(j, "source", o->source ? o->source : o->source_id ? o->source_id : "");
+    cJSON_AddStringToObject(j, "content", k->content);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+/* Publish a converted model's weights under the key (lock held). */
+static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const kiln_model *m) {
+    sd3_spec *spec = NULL;
+    size_t ns = 0;
+    kiln_status st = sd3_weight_spec(&m->cfg, &spec, &ns);
+    if (st) return st;
+    kcache_tensor *t = kb_calloc(ns, sizeof *t);
+    char *cfg = sd3_config_to_json(&m->cfg), *kj = key_json(o, k);
+    if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
+    for (size_t i = 0; !st && i < ns; i++) {
+        const km_weight *w = km_find(m, spec[i].name);
+        int64_t n = 1;
+        for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
+        t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor",
+                               .data = w->data, .nbytes = sizeof(float) * (size_t)n};
+        memcpy(t[i].shape, w->shape, sizeof t[i].shape);
+    }
+    if (!st) st = kcache_publish(k, kj, cfg, t, ns);
+    free(t);
+    free(cfg);
+    free(kj);
+    free(spec);
+    return st;
+}
+
+/* Without a source the content hash is unknown: find the key folder by its
+ * prefix (superseded ones are removed on publish, so normally there is one;
+ * otherwise the most recently used complete one). */
+static void resolve_without_source(kcache_key *k) {
+    char host[160] = "";
+    const char *h = strstr(k->path, "/host_coords_");
+    if (h) snprintf(host, sizeof host, "%s", h);
+    DIR *d = opendir(k->group);
+    if (!d) return;
+    size_t pl = strlen(k->prefix);
+    double best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *n = e->d_name;
+        if (strncmp(n, k->prefix, pl) || strncmp(n + pl, "_c", 2) || strlen(n) != pl + 14) continue;
+        char *man = kb_strfmt("%s/%s%s/" KCACHE_MANIFEST, k->group, n, host);
+        char *dir = kb_strfmt("%s/%s", k->group, n);
+        struct stat st;
+        if (man && dir && kb_is_file(man) && stat(dir, &st) == 0) {
+            double t = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
+            if (t > best) {
+                best = t;
+                snprintf(k->content, sizeof k->content, "%.12s", n + pl + 2);
+            }
+        }
+        free(man);
+        free(dir);
+    }
+    closedir(d);
+    if (best < 0) return;
+    snprintf(k->name, sizeof k->name, "%s_c%s", k->prefix, k->content);
+    snprintf(k->dir, sizeof k->dir, "%s/%s", k->group, k->name);
+    snprintf(k->path, sizeof k->path, "%s%s", k->dir, host);
+}
+
+static kiln_status finish_hit(kcache_entry *e, const char *origin, kiln_model **out) {
+    kiln_model *m;
+    kiln_status st = km_from_cache(e, &m);
+    if (st) {
+        kcache_close(e);
+        return st;
+    }
+    snprintf(m->origin, sizeof m->origin, "%s", origin);
+    m->cache_path = kb_strdup(e->path);
+    *out = m;
+    return KILN_OK;
+}
+
+kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
+    if (!o || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: options and out are required");
+    *out = NULL;
+    if (o->source && o->source_fn)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: give a source path or a source callback, not both");
+    if (o->source_fn && (!o->source_id || !*o->source_id))
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
+    if (o->dtype != KILN_F32)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "kiln_load_model: cache dtype %s is not supported yet (F32)",
+                       kiln_dtype_name(o->dtype));
+    if ((int64_t)o->mesh_rows * o->mesh_cols > 1)
+        return kb_fail(KILN_ERR_UNSUPPORTED,
+                       "kiln_load_model: a %dx%d mesh needs %d processes under MPI; this process runs alone",
+                       o->mesh_rows, o->mesh_cols, o->mesh_rows * o->mesh_cols);
+    double t0 = kb_now();
+    const char *root = o->cache_root;
+    if (!root || !*root) root = getenv("KILN_CACHE_DIR");
+    if (root && !*root) root = NULL;
+    kiln_status st;
+
+    if (!root) {
+        if (!has_source(o))
+            return kb_fail(KILN_ERR_INVALID_ARG,
+                           "the weight cache is required: there is no cache root (set KILN_CACHE_DIR, or "
+                           "pass --cache-dir / kiln_load_opts.cache_root) and no source checkpoint to convert from");
+        kb_log(KILN_LOG_WARN, "no cache root: converting %s on every start; set KILN_CACHE_DIR to convert once "
+               "and map the result afterwards", o->source ? o->source : o->source_id);
+        uint64_t h = 0;
+        if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
+        if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
+        char rkey[64];
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx", (unsigned long long)h);
+        if ((*out = registry_get(rkey))) return KILN_OK;
+        if ((st = convert(o, out))) return st;
+        snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
+        registry_put(*out, rkey);
+        kb_ledger_event("weight_load", kb_now() - t0, 0, "miss: no cache root, converted");
+        return KILN_OK;
+    }
+
+    kcache_key_inputs in = {
+        .model = o->model_name, .component = o->component ? o->component : "transformer",
+        .parallel = o->parallel, .mesh_rows = o->mesh_rows, .mesh_cols = o->mesh_cols,
+        .dtype = o->dtype, .fsdp = o->fsdp, .layout = NULL, .layout_version = LAYOUT_VERSION,
+        .host_coords = o->host_coords, .host_r0 = o->host_r0, .host_r1 = o->host_r1,
+        .host_c0 = o->host_c0, .host_c1 = o->host_c1,
+    };
+    if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &in.source_hash))) return st;
+    if (o->source_fn) in.source_hash = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
+    kcache_key k;
+    if ((st = kcache_key_make(root, &in, &k))) return st;
+    if (!has_source(o)) resolve_without_source(&k);
+
+    if ((*out = registry_get(k.path))) return KILN_OK;
+
+    kcache_entry *e = NULL;
+    st = kcache_open(k.path, o->verify, &e);
+    barrier(); /* every rank has looked before anyone writes */
+    if (!st) {
+        kcache_touch(k.dir);
+        barrier();
+        if ((st = finish_hit(e, "hit", out))) return st;
+        registry_put(*out, k.path);
+        kb_ledger_event("weight_load", kb_now() - t0, 1, "hit");
+        return KILN_OK;
+    }
+    if (st != KILN_ERR_CACHE_MISSING && st != KILN_ERR_CORRUPT) {
+        barrier();
+        return st;
+    }
+    if (!has_source(o)) {
+        barrier();
+        if (st == KILN_ERR_CACHE_MISSING)
+            return kb_fail(KILN_ERR_CACHE_MISSING,
+                           "missing cache: no complete cache at %s and no source checkpoint to build it from "
+                           "(run `kiln cache build`, or pass the checkpoint)", k.path);
+        return kb_wrap(st, "cannot rebuild without a source checkpoint");
+    }
+    char reason[600];
+    snprintf(reason, sizeof reason, "miss: %s", kiln_last_error());
+    int corrupt = st == KILN_ERR_CORRUPT;
+    if (corrupt) kb_log(KILN_LOG_WARN, "%s; rebuilding it from %s", kiln_last_error(), o->source ? o->source : o->source_id);
+
+    int fd;
+    if ((st = kcache_lock(&k, &fd))) {
+        barrier();
+        return st;
+    }
+    /* someone may have published while we waited for the lock */
+    if (!kcache_open(k.path, o->verify, &e)) {
+        kcache_unlock(fd);
+        barrier();
+        if ((st = finish_hit(e, "hit", out))) return st;
+        registry_put(*out, k.path);
+        kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
+        return KILN_OK;
+    }
+    kcache_clean_staging(&k); /* leftovers of a converter that died */
+    if (kb_is_dir(k.path)) kcache_remove(k.path); /* a corrupt or incomplete folder */
+    kiln_model *m = NULL;
+    st = convert(o, &m);
+    if (!st && !o->no_create_cache) {
+        st = publish(o, &k, m);
+        if (!st) {
+            /* map what was published: a hit and a miss run on the same bytes */
+            km_destroy(m);
+            m = NULL;
+            st = kcache_open(k.path, 0, &e);
+            if (!st) st = finish_hit(e, corrupt ? "rebuilt" : "miss", &m);
+        }
+    } else if (!st) {
+        snprintf(m->origin, sizeof m->origin, "miss");
+    }
+    kcache_unlock(fd);
+    if (!st && !o->no_create_cache) kcache_remove_superseded(&k);
+    barrier(); /* published before anyone looks again */
+    if (st) {
+        km_destroy(m);
+        return st;
+    }
+    registry_put(m, k.path);
+    kb_ledger_event("weight_load", kb_now() - t0, 0, corrupt ? "rebuilt: cache was corrupt" : reason);
+    *out = m;
+    return KILN_OK;
+}
