@@ -4,6 +4,7 @@
 #include "base/base.h"
 #include "tensor/dtype.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -103,9 +104,55 @@ bad:
     return -1;
 }
 
+const char cli_common_help[] =
+    "common options:\n"
+    "  --config FILE       config.json for a single-file checkpoint\n"
+    "  --threads N         kernel threads (default: KILN_THREADS or all cores)\n"
+    "  --timings           print the timing ledger at exit (or KILN_TIMINGS=1)\n"
+    "  --log LEVEL         quiet, error, warn, info or debug (or KILN_LOG)\n"
+    "weight cache (see docs/cache.md):\n"
+    "  --cache-dir DIR     cache root (default: KILN_CACHE_DIR; unset: convert every time)\n"
+    "  --name NAME         the model's folder in the cache (default: from MODEL)\n"
+    "  --component NAME    the diffusers component (default: transformer)\n"
+    "  --no-create-cache   on a miss, convert but do not publish\n"
+    "  --verify            check every tensor's hash on a hit\n"
+    "  --mesh RxC --tp N --sp N --cfgp N --fsdp   the parallel part of the key\n";
+
+cli_common cli_common_defaults(void) {
+    cli_common c;
+    memset(&c, 0, sizeof c);
+    kiln_load_opts d = kiln_load_defaults();
+    c.mesh_rows = d.mesh_rows;
+    c.mesh_cols = d.mesh_cols;
+    c.parallel = d.parallel;
+    return c;
+}
+
+static int par_opt(const char *cmd, int argc, char **argv, int *i, const char *name, kiln_par_dim *d) {
+    const char *v;
+    int r = cli_opt(cmd, argc, argv, i, name, &v);
+    if (r <= 0) return r;
+    long n;
+    if (cli_parse_int(cmd, name, v, 1, 4096, &n)) return -1;
+    d->factor = (int)n;
+    return 1;
+}
+
 int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c) {
     const char *v;
     int r;
+    if ((r = cli_opt(cmd, argc, argv, i, "--cache-dir", &c->cache_dir)) ||
+        (r = cli_opt(cmd, argc, argv, i, "--name", &c->name)) ||
+        (r = cli_opt(cmd, argc, argv, i, "--component", &c->component)) ||
+        (r = par_opt(cmd, argc, argv, i, "--tp", &c->parallel.tp)) ||
+        (r = par_opt(cmd, argc, argv, i, "--sp", &c->parallel.sp)) ||
+        (r = par_opt(cmd, argc, argv, i, "--cfgp", &c->parallel.cfg)))
+        return r;
+    if ((r = cli_opt(cmd, argc, argv, i, "--mesh", &v)))
+        return r < 0 || cli_parse_hw(cmd, "--mesh", v, &c->mesh_rows, &c->mesh_cols) ? -1 : 1;
+    if (cli_flag(argv, *i, "--no-create-cache")) return c->no_create_cache = 1;
+    if (cli_flag(argv, *i, "--verify")) return c->verify = 1;
+    if (cli_flag(argv, *i, "--fsdp")) return c->fsdp = 1;
     if ((r = cli_opt(cmd, argc, argv, i, "--config", &c->config))) return r;
     if ((r = cli_opt(cmd, argc, argv, i, "--threads", &v))) {
         long n;
@@ -184,4 +231,48 @@ char *cli_preview_path(const char *path) {
     size_t e = strlen(ext);
     if (n > e && !strcmp(path + n - e, ext)) return kb_strfmt("%.*s.png", (int)(n - e), path);
     return kb_strfmt("%s.png", path);
+}
+
+void cli_model_name(const char *path, char *buf, size_t cap) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+    char *base = strrchr(tmp, '/');
+    base = base ? base + 1 : tmp;
+    const char *ext = ".safetensors";
+    size_t bl = strlen(base), el = strlen(ext);
+    if (bl > el && !strcmp(base + bl - el, ext)) base[bl - el] = 0;
+    /* a pipeline's component folder: name it after the pipeline */
+    if (!strcmp(base, "transformer") && base > tmp) {
+        base[-1] = 0;
+        char *up = strrchr(tmp, '/');
+        base = up ? up + 1 : tmp;
+        if (!*base) base = "transformer";
+    }
+    size_t j = 0;
+    for (const char *p = base; *p && j + 1 < cap; p++, j++) {
+        int ok = isalnum((unsigned char)*p) || *p == '-' || *p == '_' || (*p == '.' && j > 0);
+        buf[j] = ok ? *p : '-';
+    }
+    buf[j] = 0;
+    if (!j || buf[0] == '.') snprintf(buf, cap, "model");
+}
+
+kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out) {
+    kiln_load_opts o = kiln_load_defaults();
+    char name[128];
+    cli_model_name(model, name, sizeof name);
+    o.model_name = c->name ? c->name : name;
+    if (c->component) o.component = c->component;
+    o.cache_root = c->cache_dir;
+    o.no_create_cache = c->no_create_cache;
+    o.verify = c->verify;
+    o.fsdp = c->fsdp;
+    o.mesh_rows = c->mesh_rows;
+    o.mesh_cols = c->mesh_cols;
+    o.parallel = c->parallel;
+    o.source = model;
+    o.config_path = c->config;
+    return kiln_load_model(&o, out);
 }

@@ -14,6 +14,7 @@ int cmd_info(int argc, char **argv);
 int cmd_forward(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -37,10 +38,29 @@ int cli_parse_hw(const char *cmd, const char *opt, const char *s, int *h, int *w
 typedef struct cli_common {
     const char *config;
     int timings;
+    /* the weight cache and its key */
+    const char *cache_dir; /* --cache-dir, else $KILN_CACHE_DIR */
+    const char *name;      /* --name: the model's cache folder (default: from MODEL) */
+    const char *component; /* --component (default transformer) */
+    int no_create_cache, verify, fsdp;
+    int mesh_rows, mesh_cols;
+    kiln_parallel parallel;
 } cli_common;
-/* Handles --config, --threads, --timings, --log. 1 consumed, 0 not, -1 error. */
+/* Defaults for cli_common. */
+cli_common cli_common_defaults(void);
+/* Handles --config, --threads, --timings, --log and the cache options
+ * (--cache-dir, --name, --component, --no-create-cache, --verify, --mesh,
+ * --tp, --sp, --cfgp, --fsdp). 1 consumed, 0 not, -1 error. */
 int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c);
 void cli_common_finish(const cli_common *c);
+/* Help text for the common options. */
+extern const char cli_common_help[];
+/* Open MODEL through the load flow: with a cache root, map or build the
+ * cache; without one, convert (kiln_load_model prints a hint). */
+kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out);
+/* The cache folder name derived from a MODEL path ("sd3-medium" for
+ * .../sd3-medium/transformer or sd3-medium.safetensors). */
+void cli_model_name(const char *path, char *buf, size_t cap);
 
 /* A named f32 copy of a tensor in f with ndim dims; NULL and a message
  * naming file and tensor otherwise. shape gets its dims. */

@@ -13,7 +13,9 @@ static int help(void) {
     printf("usage: %s\n\n"
            "Writes an embedded tiny SD3.5-architecture model (seeded weights) to DIR/model as a\n"
            "diffusers folder, seeded conditioning to DIR/cond.safetensors, then generates latents at\n"
-           "two widths (DIR/demo-HxW.safetensors + .png) and prints the timing ledger.\n\n"
+           "two widths (DIR/demo-HxW.safetensors + .png) and prints the timing ledger. The weights go\n"
+           "through the weight cache (KILN_CACHE_DIR, or DIR/cache): the first run converts and\n"
+           "publishes, later runs map it.\n\n"
            "  --dir DIR     where to put everything (default: kiln-demo)\n"
            "  --steps N     sampler steps (default 8)\n",
            k_usage);
@@ -47,7 +49,8 @@ static kiln_status write_cond(const char *path, const kiln_config *c, int T) {
 int cmd_demo(int argc, char **argv) {
     const char *dir = "kiln-demo", *v;
     long steps = 8;
-    cli_common com = {.timings = 1};
+    cli_common com = cli_common_defaults();
+    com.timings = 1;
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
@@ -62,6 +65,7 @@ int cmd_demo(int argc, char **argv) {
         }
         return cli_usage_error("demo", k_usage, "unknown argument %s", argv[i]);
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep stdout and the stderr progress in order */
     kiln_config cfg = kiln_config_demo();
     char *model = kb_path_join(dir, "model"), *cond = kb_path_join(dir, "cond.safetensors");
     char *cfg_file = model ? kb_path_join(model, "config.json") : NULL;
@@ -88,10 +92,24 @@ int cmd_demo(int argc, char **argv) {
         goto done;
     }
     printf("  cond:   %s (seeded prompt embeddings, 32 tokens)\n", cond);
-    if ((s = kiln_model_open(model, NULL, &m)) || (s = st_open(cond, &cf))) {
+    /* the weight cache: KILN_CACHE_DIR, or DIR/cache; a miss on the first run, a hit after */
+    char *cache = NULL;
+    if (!com.cache_dir && !(getenv("KILN_CACHE_DIR") && *getenv("KILN_CACHE_DIR")))
+        com.cache_dir = cache = kb_path_join(dir, "cache");
+    if (!com.name) com.name = "kiln-demo-tiny";
+    double tl = kb_now();
+    s = cli_load_model(model, &com, &m);
+    free(cache);
+    com.cache_dir = NULL;
+    if (s || (s = st_open(cond, &cf))) {
         rc = cli_fail("demo", s);
         goto done;
     }
+    const char *origin = kiln_model_origin(m);
+    printf("  weights: %s in %.1f ms: %s\n         %s\n", origin, (kb_now() - tl) * 1e3,
+           !strcmp(origin, "hit") ? "mapped the cache, no conversion"
+                                  : "converted the checkpoint and published the cache (the next run maps it)",
+           kiln_model_cache_path(m));
     fflush(stdout);
     int widths[2] = {32, 48};
     for (int k = 0; k < 2; k++) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_usage[] = "kiln forward MODEL --inputs FILE --output FILE [--config FILE] [--threads N] [--timings]";
+static const char k_usage[] = "kiln forward MODEL --inputs FILE --output FILE [options]";
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -14,16 +14,13 @@ static int help(void) {
            "  encoder_hidden_states  [B, T, joint_attention_dim]\n"
            "  pooled_projections     [B, pooled_projection_dim]\n"
            "  timestep               [B]            0..1000 (a single value is used for every batch row)\n"
-           "The output file gets `sample` [B, out_channels, H, W] in F32.\n\n"
-           "  --config FILE   config.json for a single-file checkpoint\n"
-           "  --threads N     kernel threads (default: KILN_THREADS or all cores)\n"
-           "  --timings       print the timing ledger at exit (or KILN_TIMINGS=1)\n",
-           k_usage);
+           "The output file gets `sample` [B, out_channels, H, W] in F32.\n\n%s",
+           k_usage, cli_common_help);
     return 0;
 }
 
 int cmd_forward(int argc, char **argv) {
-    cli_common com = {0};
+    cli_common com = cli_common_defaults();
     const char *model = NULL, *inputs = NULL, *output = NULL;
     for (int i = 1; i < argc; i++) {
         int r;
@@ -50,8 +47,7 @@ int cmd_forward(int argc, char **argv) {
         rc = cli_fail("forward", s);
         goto done;
     }
-    kiln_open_opts o = {com.config};
-    if ((s = kiln_model_open(model, &o, &m))) {
+    if ((s = cli_load_model(model, &com, &m))) {
         rc = cli_fail("forward", s);
         goto done;
     }

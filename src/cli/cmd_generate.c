@@ -8,7 +8,7 @@
 
 static const char k_usage[] =
     "kiln generate MODEL --cond FILE --output FILE [--steps N] [--shift S] [--guidance G]\n"
-    "                     [--latent HxW] [--seed N | --noise FILE] [--config FILE] [--threads N] [--timings] [--quiet]";
+    "                     [--latent HxW] [--seed N | --noise FILE] [--quiet] [options]";
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -26,8 +26,8 @@ static int help(void) {
            "  --seed N         seed of kiln's noise generator (default 0)\n"
            "  --noise FILE     start from `noise` [1, C, H, W] in FILE instead (sets the latent size)\n"
            "  --output FILE    writes `latents` [1, C, H, W] (F32) and a PNG preview FILE.png\n"
-           "  --quiet          no per-step progress\n",
-           k_usage);
+           "  --quiet          no per-step progress\n%s",
+           k_usage, cli_common_help);
     return 0;
 }
 
@@ -82,7 +82,7 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
 }
 
 int cmd_generate(int argc, char **argv) {
-    cli_common com = {0};
+    cli_common com = cli_common_defaults();
     const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *v;
     kiln_generate_opts o = kiln_generate_defaults();
     int quiet = 0, hw_set = 0;
@@ -130,9 +130,8 @@ int cmd_generate(int argc, char **argv) {
     st_file *cf = NULL, *nf = NULL;
     float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL, *nz = NULL;
     kiln_status s;
-    kiln_open_opts oo = {com.config};
     if ((s = st_open(cond, &cf)) || (noise && (s = st_open(noise, &nf))) ||
-        (s = kiln_model_open(model, &oo, &m))) {
+        (s = cli_load_model(model, &com, &m))) {
         rc = cli_fail("generate", s);
         goto done;
     }

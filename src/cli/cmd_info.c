@@ -7,7 +7,7 @@
 static const char k_usage[] = "kiln info MODEL [--config FILE]";
 
 int cmd_info(int argc, char **argv) {
-    cli_common com = {0};
+    cli_common com = cli_common_defaults();
     const char *model = NULL;
     for (int i = 1; i < argc; i++) {
         int r;

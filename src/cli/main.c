@@ -11,6 +11,7 @@ static const struct {
     {"info", cmd_info, "architecture, parameter count, dtypes and size of a model"},
     {"forward", cmd_forward, "one backbone call on tensors from a safetensors file"},
     {"generate", cmd_generate, "flow-matching sampling with classifier-free guidance"},
+    {"cache", cmd_cache, "build, list, verify, remove and garbage-collect weight caches"},
     {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
 };
 
@@ -25,7 +26,7 @@ static void usage(FILE *f) {
             "\nMODEL is a diffusers model folder (config.json + diffusion_pytorch_model"
             ".safetensors[.index.json])\nor a single safetensors checkpoint (diffusers or original "
             "SD3 names).\n\nenvironment: KILN_THREADS (kernel threads), KILN_LOG "
-            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit)\n");
+            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root)\n");
 }
 
 int main(int argc, char **argv) {

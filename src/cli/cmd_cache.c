@@ -1,0 +1,236 @@
+/* cmd_cache.c - kiln cache build | ls | verify | rm | gc */
+#include "base/base.h"
+#include "cache/cache.h"
+#include "cli.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char k_usage[] =
+    "kiln cache build MODEL [key options] | ls | verify [KEY...] | rm KEY... | rm --all | gc --max-size SIZE\n"
+    "           [--cache-dir DIR]";
+
+static int help(void) {
+    printf("usage: %s\n\n"
+           "  build MODEL       convert MODEL into the cache under its key (a hit does nothing)\n"
+           "  ls                every cache under the root: size, last use, key\n"
+           "  verify [KEY...]   check every tensor's xxh3 (default: all caches); exit 1 if any is corrupt\n"
+           "  rm KEY... | --all remove caches (KEY as printed by ls, or a folder path)\n"
+           "  gc --max-size SIZE  remove least recently used caches until the total fits (e.g. 20G, 500M)\n\n"
+           "The root is --cache-dir DIR or KILN_CACHE_DIR. Layout and load flow: docs/cache.md.\n\n%s",
+           k_usage, cli_common_help);
+    return 0;
+}
+
+static const char *root_of(const cli_common *c) {
+    const char *r = c->cache_dir && *c->cache_dir ? c->cache_dir : getenv("KILN_CACHE_DIR");
+    return r && *r ? r : NULL;
+}
+
+/* "20G", "500M", "1.5GiB", "123" (bytes) */
+static int parse_size(const char *s, int64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    double mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': mul = 1024.0; break;
+    case 'M': mul = 1024.0 * 1024; break;
+    case 'G': mul = 1024.0 * 1024 * 1024; break;
+    case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+    default: return -1;
+    }
+    if (*end) {
+        end++;
+        if (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") || !strcmp(end, "b")) end += strlen(end);
+        if (*end) return -1;
+    }
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+static int do_build(const char *model, cli_common *com) {
+    if (!root_of(com))
+        return cli_error("cache build", "no cache root: pass --cache-dir DIR or set KILN_CACHE_DIR");
+    double t0 = kb_now();
+    kiln_model *m;
+    kiln_status s = cli_load_model(model, com, &m);
+    if (s) return cli_fail("cache build", s);
+    char size[32];
+    kiln_model_info inf;
+    kiln_model_get_info(m, &inf);
+    printf("%s: %s (%s, %.1f ms)\n", kiln_model_origin(m), kiln_model_cache_path(m),
+           kb_human_bytes((double)inf.bytes_on_disk, size, sizeof size), (kb_now() - t0) * 1e3);
+    kiln_model_free(m);
+    return 0;
+}
+
+static int do_ls(const char *root) {
+    kcache_item *v;
+    size_t n;
+    kiln_status s = kcache_list(root, &v, &n);
+    if (s) return cli_fail("cache ls", s);
+    int64_t total = 0;
+    printf("%-10s  %-19s  %-8s  %s\n", "size", "last used", "state", "key (model/component/config)");
+    for (size_t i = 0; i < n; i++) {
+        char size[32], when[32];
+        time_t t = (time_t)v[i].last_used;
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        printf("%-10s  %-19s  %-8s  %s\n", kb_human_bytes((double)v[i].bytes, size, sizeof size), when,
+               v[i].complete ? "complete" : "partial", v[i].rel);
+        total += v[i].bytes;
+    }
+    char size[32];
+    printf("%zu cache%s, %s in %s\n", n, n == 1 ? "" : "s", kb_human_bytes((double)total, size, sizeof size), root);
+    free(v);
+    return 0;
+}
+
+/* folders holding a manifest under a key folder: itself or its host_coords_* */
+static int verify_dir(const char *dir, const char *label) {
+    kcache_entry *e;
+    char *man = kb_path_join(dir, KCACHE_MANIFEST);
+    int bad = 0, found = 0;
+    if (man && kb_is_file(man)) {
+        found = 1;
+        kiln_status s = kcache_open(dir, 1, &e);
+        if (s) {
+            printf("CORRUPT  %s: %s\n", label, kiln_last_error());
+            bad = 1;
+        } else {
+            printf("ok       %s (%zu tensors)\n", label, e->n);
+            kcache_close(e);
+        }
+    }
+    free(man);
+    if (!found) {
+        /* host_coords_* sub-folders of a multi-host key */
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+            if (strncmp(de->d_name, "host_coords_", 12) || strchr(de->d_name, '.')) continue;
+            char *sub = kb_path_join(dir, de->d_name), *lab = kb_strfmt("%s/%s", label, de->d_name);
+            if (sub && lab) {
+                found = 1;
+                bad |= verify_dir(sub, lab);
+            }
+            free(sub);
+            free(lab);
+        }
+        if (d) closedir(d);
+        if (!found) {
+            printf("PARTIAL  %s: no manifest (an interrupted build; never loaded)\n", label);
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
+static int do_verify(const char *root, int nkeys, char **keys) {
+    kcache_item *v;
+    size_t n;
+    kiln_status s = kcache_list(root, &v, &n);
+    if (s) return cli_fail("cache verify", s);
+    int bad = 0, matched = 0;
+    for (size_t i = 0; i < n; i++) {
+        int want = nkeys == 0;
+        for (int k = 0; k < nkeys && !want; k++) want = !strcmp(keys[k], v[i].rel) || !strcmp(keys[k], v[i].dir);
+        if (!want) continue;
+        matched++;
+        bad |= verify_dir(v[i].dir, v[i].rel);
+    }
+    free(v);
+    if (nkeys && matched < nkeys) return cli_error("cache verify", "no cache named %s under %s", keys[0], root);
+    if (!matched) printf("no caches under %s\n", root);
+    return bad ? 1 : 0;
+}
+
+static int do_rm(const char *root, int all, int nkeys, char **keys) {
+    kcache_item *v;
+    size_t n;
+    kiln_status s = kcache_list(root, &v, &n);
+    if (s) return cli_fail("cache rm", s);
+    int rc = 0;
+    for (int k = 0; k < nkeys; k++) {
+        int found = 0;
+        for (size_t i = 0; i < n; i++) found |= !strcmp(keys[k], v[i].rel) || !strcmp(keys[k], v[i].dir);
+        if (!found) rc = cli_error("cache rm", "no cache named %s under %s (see kiln cache ls)", keys[k], root);
+    }
+    for (size_t i = 0; i < n && !rc; i++) {
+        int want = all;
+        for (int k = 0; k < nkeys && !want; k++) want = !strcmp(keys[k], v[i].rel) || !strcmp(keys[k], v[i].dir);
+        if (!want) continue;
+        if ((s = kcache_remove(v[i].dir))) rc = cli_fail("cache rm", s);
+        else printf("removed %s\n", v[i].rel);
+    }
+    free(v);
+    return rc;
+}
+
+int cmd_cache(int argc, char **argv) {
+    if (argc < 2) return cli_usage_error("cache", k_usage, "a subcommand is required");
+    const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) return help();
+    cli_common com = cli_common_defaults();
+    const char *maxs = NULL;
+    int all = 0, nargs = 0;
+    char **args = calloc((size_t)argc, sizeof *args);
+    if (!args) return cli_error("cache", "out of memory");
+    int rc = 0;
+    for (int i = 2; i < argc && !rc; i++) {
+        int r;
+        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
+            free(args);
+            return help();
+        }
+        if (cli_flag(argv, i, "--all")) {
+            all = 1;
+            continue;
+        }
+        if ((r = cli_common_opt("cache", argc, argv, &i, &com)) ||
+            (r = cli_opt("cache", argc, argv, &i, "--max-size", &maxs))) {
+            if (r < 0) rc = 2;
+            continue;
+        }
+        if (argv[i][0] == '-') rc = cli_usage_error("cache", k_usage, "unknown option %s", argv[i]);
+        else args[nargs++] = argv[i];
+    }
+    const char *root = root_of(&com);
+    if (!rc && strcmp(sub, "build") && !root)
+        rc = cli_error("cache", "no cache root: pass --cache-dir DIR or set KILN_CACHE_DIR");
+    if (rc) {
+    } else if (!strcmp(sub, "build")) {
+        rc = nargs == 1 ? do_build(args[0], &com) : cli_usage_error("cache", k_usage, "build takes one MODEL");
+    } else if (!strcmp(sub, "ls")) {
+        rc = nargs ? cli_usage_error("cache", k_usage, "ls takes no arguments") : do_ls(root);
+    } else if (!strcmp(sub, "verify")) {
+        rc = do_verify(root, nargs, args);
+    } else if (!strcmp(sub, "rm")) {
+        if (!all && !nargs) rc = cli_usage_error("cache", k_usage, "rm needs KEY... or --all");
+        else rc = do_rm(root, all, nargs, args);
+    } else if (!strcmp(sub, "gc")) {
+        int64_t max;
+        if (!maxs || parse_size(maxs, &max)) {
+            rc = cli_usage_error("cache", k_usage, "gc needs --max-size SIZE (e.g. 20G, 500M, 4096)");
+        } else {
+            int removed;
+            int64_t freed;
+            kiln_status s = kcache_gc(root, max, &removed, &freed);
+            char fb[32];
+            if (s) rc = cli_fail("cache gc", s);
+            else printf("removed %d cache%s, freed %s\n", removed, removed == 1 ? "" : "s",
+                        kb_human_bytes((double)freed, fb, sizeof fb));
+        }
+    } else {
+        rc = cli_usage_error("cache", k_usage, "unknown subcommand %s", sub);
+    }
+    free(args);
+    cli_common_finish(&com);
+    return rc;
+}
