@@ -164,11 +164,56 @@ TEST(generate_matches_golden) {
 TEST(demo_runs) {
     char dir[256];
     test_tmpdir(dir, sizeof dir, "cli-demo");
-    CHECK_RUN(0, "sampler_step", "demo --dir %s --steps 2", dir);
+    CHECK_RUN(0, "weights: miss", "demo --dir %s --steps 2", dir);
+    CHECK_RUN(0, "weights: hit", "demo --dir %s --steps 1", dir);
     CHECK_RUN(0, "already there", "demo --dir %s --steps 1", dir);
     char p[400];
     snprintf(p, sizeof p, "%s/demo-32x48.png", dir);
     CHECK(kb_is_file(p));
+    test_rmrf(dir);
+}
+
+TEST(cache_commands) {
+    char dir[256], file[600];
+    test_tmpdir(dir, sizeof dir, "cli-cache");
+    const char *model = golden_path("sd3-tiny", NULL);
+    CHECK_RUN(1, "no cache root", "cache ls");
+    CHECK_RUN(2, "a subcommand is required", "cache");
+    CHECK_RUN(0, "usage: kiln cache", "cache --help");
+    CHECK_RUN(0, "miss: ", "cache build %s --cache-dir %s/c", model, dir);
+    CHECK_RUN(0, "hit: ", "cache build %s --cache-dir %s/c", model, dir);
+    CHECK_RUN(0, "sd3-tiny/transformer/mesh1x1_f32_c", "cache ls --cache-dir %s/c", dir);
+    CHECK_RUN(0, "ok       sd3-tiny/transformer/mesh1x1_f32_c", "cache verify --cache-dir %s/c", dir);
+    /* forward through the cache: the ledger shows the hit */
+    CHECK_RUN(0, "hit", "forward %s --inputs %s --output %s/o.safetensors --cache-dir %s/c --timings", model,
+              golden_path("sd3-tiny", "io.safetensors"), dir, dir);
+    /* a flipped byte: verify says so and exits 1 */
+    char *out = NULL;
+    run(&out, "cache ls --cache-dir %s/c", dir);
+    char *key = out ? strstr(out, "sd3-tiny/transformer/") : NULL;
+    if (key) {
+        *strchr(key, '\n') = 0;
+        snprintf(file, sizeof file, "%s/c/%s/weights.bin", dir, key);
+        FILE *f = fopen(file, "r+b");
+        if (f) {
+            fseek(f, 4096, SEEK_SET);
+            int c = fgetc(f);
+            fseek(f, 4096, SEEK_SET);
+            fputc(c ^ 1, f);
+            fclose(f);
+        }
+        CHECK_RUN(1, "CORRUPT", "cache verify --cache-dir %s/c %s", dir, key);
+        CHECK_RUN(1, "no cache named", "cache rm --cache-dir %s/c sd3-tiny/transformer/nope", dir);
+        CHECK_RUN(0, "removed", "cache rm --cache-dir %s/c %s", dir, key);
+    }
+    free(out);
+    CHECK_RUN(0, "miss", "cache build %s --cache-dir %s/c --name other", model, dir);
+    CHECK_RUN(2, "--max-size", "cache gc --cache-dir %s/c", dir);
+    CHECK_RUN(0, "removed 1 cache", "cache gc --cache-dir %s/c --max-size 1K", dir);
+    CHECK_RUN(0, "0 caches", "cache ls --cache-dir %s/c", dir);
+    /* a checkpoint that is not there */
+    CHECK_RUN(1, "no such file or folder", "forward %s/nothing-here --inputs %s --output %s/o.safetensors --cache-dir %s/c", dir,
+              golden_path("sd3-tiny", "io.safetensors"), dir, dir);
     test_rmrf(dir);
 }
 
@@ -178,5 +223,6 @@ int main(void) {
     RUN(forward_matches_golden);
     RUN(generate_matches_golden);
     RUN(demo_runs);
+    RUN(cache_commands);
     return TEST_SUMMARY();
 }

@@ -143,6 +143,7 @@ static kiln_status hash_file(hasher *h, const char *path) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 kiln_status kcache_source_hash_path(const char *path, const char *config_path, uint64_t *out) {
+    if (!kb_is_dir(path) && !kb_is_file(path)) return kb_fail(KILN_ERR_IO, "%s: no such file or folder", path);
     hasher h = {XXH3_createState()};
     if (!h.st) return kb_fail(KILN_ERR_NOMEM, "out of memory");
     XXH3_64bits_reset(h.st);
