@@ -7,7 +7,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 DEMO_DIR ?= kiln-demo
 
-.PHONY: all deps build demo test test-release test-asan asan clean
+.PHONY: all deps build demo test test-release test-asan asan bench clean
 
 all: build
 
@@ -33,6 +33,9 @@ asan: deps
 test-asan: asan
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/bench_cache --dir $(BUILD)/bench-data --runs 3
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
