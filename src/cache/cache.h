@@ -38,7 +38,7 @@ typedef struct kcache_key {
     char name[320];     /* the key folder's name */
     char prefix[256];   /* name without _c<content>: caches this one supersedes share it */
     char dir[2400];     /* group/name */
-    char path[2500];    /* dir, or dir/host_coords_... : where the files are */
+    char path[2600];    /* dir, or dir/host_coords_... : where the files are */
     char content[32];   /* the content hash in hex */
 } kcache_key;
 
