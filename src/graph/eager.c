@@ -74,10 +74,15 @@ static void run_node(const kg_graph *g, const kk_backend *be, const kg_node *n, 
     case KG_OP_COUNT:
         break;
     case KG_LINEAR: {
-        int64_t K = A->shape[A->ndim - 1], M = n->shape[n->ndim - 1];
-        be->linear(a, b, c, y, numel / (M ? M : 1), K, M);
+        int64_t M = n->shape[n->ndim - 1];
+        (void)b;
+        be->linear(a, g->nodes[n->src[1]].kw, c, y, numel / (M ? M : 1), (int)ip[0]);
         break;
     }
+    case KG_LN_MODULATE:
+        be->layernorm_modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
+        break;
+    case KG_ALIAS: break; /* handled by the executor: the buffer is handed over */
     case KG_ADD: {
         int64_t nb = kg_numel(&g->nodes[n->src[1]]);
         for (int64_t i = 0; i < numel; i++) y[i] = a[i] + b[i % nb];
@@ -143,9 +148,24 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
         free(out_slot);
         return kb_fail(KILN_ERR_NOMEM, "out of memory running the graph");
     }
+    /* a node no live node consumes (folded away by kg_fuse) is skipped;
+     * walk backwards from the outputs */
+    char *live = calloc((size_t)n, 1);
+    if (!live) {
+        free(buf);
+        free(last_use);
+        free(out_slot);
+        return kb_fail(KILN_ERR_NOMEM, "out of memory running the graph");
+    }
+    for (int o = 0; o < g->n_outputs; o++) live[g->outputs[o]] = 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (live[i])
+            for (int s = 0; s < 3; s++)
+                if (g->nodes[i].src[s] >= 0) live[g->nodes[i].src[s]] = 1;
     for (int i = 0; i < n; i++) {
         last_use[i] = i;
         out_slot[i] = -1;
+        if (!live[i]) continue;
         for (int s = 0; s < 3; s++)
             if (g->nodes[i].src[s] >= 0) last_use[g->nodes[i].src[s]] = i;
     }
@@ -154,6 +174,12 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && st == KILN_OK; i++) {
         const kg_node *nd = &g->nodes[i];
+        if (!live[i]) continue;
+        if (nd->op == KG_ALIAS && out_slot[i] < 0) { /* take over the producer's buffer */
+            buf[i] = buf[nd->src[0]];
+            buf[nd->src[0]] = NULL;
+            continue;
+        }
         if (nd->op == KG_INPUT) {
             buf[i] = (float *)inputs[nd->iparam[0]];
             continue;
@@ -169,7 +195,8 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             break;
         }
         buf[i] = y;
-        run_node(g, be, nd, buf, y);
+        if (nd->op == KG_ALIAS) memcpy(y, buf[nd->src[0]], sizeof(float) * (size_t)kg_numel(nd));
+        else run_node(g, be, nd, buf, y);
         /* free sources whose last consumer this was */
         for (int s = 0; s < 3; s++) {
             kg_id src = nd->src[s];
@@ -189,5 +216,6 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     free(buf);
     free(last_use);
     free(out_slot);
+    free(live);
     return st;
 }

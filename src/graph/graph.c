@@ -9,7 +9,7 @@
 static const char *k_op_names[KG_OP_COUNT] = {
     "input", "weight", "linear", "add", "silu", "gelu_tanh", "layernorm", "rmsnorm_heads",
     "modulate", "gate_add", "slice_cols", "concat_tokens", "slice_tokens", "attention",
-    "patchify", "unpatchify", "timestep_proj", "pos_crop",
+    "patchify", "unpatchify", "timestep_proj", "pos_crop", "layernorm_modulate", "alias",
 };
 
 const char *kg_op_name(kg_op op) { return op < KG_OP_COUNT ? k_op_names[op] : "?"; }
@@ -94,12 +94,14 @@ kg_id kg_weight(kg_graph *g, const char *name) {
     int ndim = 0;
     int64_t shape[4] = {0};
     const float *data = NULL;
-    if (!g->resolve || !g->resolve(g->resolve_user, name, &ndim, shape, &data))
+    const kk_weight *kw = NULL;
+    if (!g->resolve || !g->resolve(g->resolve_user, name, &ndim, shape, &data, &kw))
         return fail(g, KILN_ERR_MISSING, "weight %s is not in the weight table", name);
     kg_id id = push(g, KG_WEIGHT, ndim, shape, -1, -1, -1);
     if (id < 0) return -1;
     g->nodes[id].name = kb_strdup(name);
     g->nodes[id].data = data;
+    g->nodes[id].kw = kw;
     return id;
 }
 
@@ -111,6 +113,8 @@ kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b) {
     if (wk != K)
         return fail(g, KILN_ERR_SHAPE, "linear %s: input has %lld features, weight wants %lld",
                     W->name, (long long)K, (long long)wk);
+    if (!W->kw || W->kw->M != M || W->kw->K != K)
+        return fail(g, KILN_ERR_SHAPE, "linear %s: no kernel view of the weight", W->name);
     if (b >= 0 && (node(g, b)->ndim != 1 || node(g, b)->shape[0] != M))
         return fail(g, KILN_ERR_SHAPE, "linear %s: bias size does not match %lld outputs",
                     W->name, (long long)M);
@@ -301,4 +305,32 @@ void kg_mark_output(kg_graph *g, kg_id x) {
         return;
     }
     g->outputs[g->n_outputs++] = x;
+}
+
+/* ---- fusion --------------------------------------------------------------------- */
+
+void kg_fuse(kg_graph *g) {
+    if (g->status) return;
+    int *uses = calloc((size_t)g->n, sizeof *uses);
+    if (!uses) return; /* fusion is an optimisation: skip it */
+    for (int i = 0; i < g->n; i++)
+        for (int s = 0; s < 3; s++)
+            if (g->nodes[i].src[s] >= 0) uses[g->nodes[i].src[s]]++;
+    for (int o = 0; o < g->n_outputs; o++) uses[g->outputs[o]] += 2; /* outputs keep their own buffer */
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        kg_id s0 = n->src[0];
+        if (s0 < 0 || uses[s0] != 1) continue;
+        kg_node *p = &g->nodes[s0];
+        if (n->op == KG_GELU_TANH && p->op == KG_LINEAR && p->iparam[0] == KK_ACT_NONE) {
+            p->iparam[0] = KK_ACT_GELU_TANH;
+            n->op = KG_ALIAS;
+        } else if (n->op == KG_MODULATE && p->op == KG_LAYERNORM) {
+            n->op = KG_LN_MODULATE;
+            n->fparam = p->fparam;
+            n->src[0] = p->src[0];
+            uses[s0] = 0; /* the layernorm has no consumer left: executors skip it */
+        }
+    }
+    free(uses);
 }

@@ -8,6 +8,7 @@
 #ifndef KILN_GRAPH_H
 #define KILN_GRAPH_H
 
+#include "kernels/kernels.h"
 #include "kiln.h"
 #include <stdint.h>
 
@@ -16,7 +17,8 @@ typedef int kg_id; /* index into g->nodes; -1 = none */
 typedef enum kg_op {
     KG_INPUT,          /* name, shape; iparam[0] = input slot */
     KG_WEIGHT,         /* name, shape; data bound by the resolver */
-    KG_LINEAR,         /* x [..,K] . W[M,K]^T + b[M] -> [..,M]; W may be [M, a, b, ..] */
+    KG_LINEAR,         /* x [..,K] . W[M,K]^T + b[M] -> [..,M]; W may be [M, a, b, ..];
+                        * iparam[0] = KK_ACT_* applied after (set by kg_fuse) */
     KG_ADD,            /* a + b; b may have batch 1 (broadcast over dim 0) */
     KG_SILU,
     KG_GELU_TANH,
@@ -32,6 +34,9 @@ typedef enum kg_op {
     KG_UNPATCHIFY,     /* [B,h*w,p*p*C] -> [B,C,h*p,w*p]; iparam = p, h, w, C */
     KG_TIMESTEP_PROJ,  /* t [B] -> [B,dim] (cos | sin); iparam[0] = dim */
     KG_POS_CROP,       /* table [1,M*M,D] -> [1,h*w,D] centre crop; iparam = M, h, w */
+    /* made by kg_fuse, never by the model: */
+    KG_LN_MODULATE,    /* layernorm(x) * (1 + scale) + shift; src = x, shift, scale; fparam = eps */
+    KG_ALIAS,          /* the same values as src0 (an op folded into its producer) */
     KG_OP_COUNT
 } kg_op;
 
@@ -44,13 +49,15 @@ typedef struct kg_node {
     kg_id src[3];
     int64_t iparam[4];
     float fparam;
-    const char *name;  /* INPUT/WEIGHT: owned by the graph */
-    const float *data; /* WEIGHT: bound f32 data (not owned) */
+    const char *name;     /* INPUT/WEIGHT: owned by the graph */
+    const float *data;    /* WEIGHT: bound f32 data (not owned; NULL if only packed) */
+    const kk_weight *kw;  /* WEIGHT: the weight as linear kernels consume it */
 } kg_node;
 
-/* Resolves a weight name to its shape and f32 data; returns 0 if unknown. */
+/* Resolves a weight name to its shape, f32 data (NULL when the weight only
+ * exists packed) and kernel view; returns 0 if unknown. */
 typedef int (*kg_resolver)(void *user, const char *name, int *ndim, int64_t shape[4],
-                           const float **data);
+                           const float **data, const kk_weight **kw);
 
 typedef struct kg_graph {
     kg_node *nodes;
@@ -87,12 +94,15 @@ kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim);
 kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w);
 void kg_mark_output(kg_graph *g, kg_id x);
 
+/* Fusion for a backend: linear + tanh-GELU into one linear with an epilogue,
+ * layernorm + modulate into one op. The graph computes the same function. */
+void kg_fuse(kg_graph *g);
+
 /* ---- executors ---------------------------------------------------------- */
-struct kk_backend;
 /* Run every node in order with the backend's kernels. inputs[slot] point to
  * the input tensors; outputs[i] receive the marked outputs (caller-allocated,
  * kg_numel floats each). Intermediates are freed after their last use. */
-kiln_status kg_run_eager(const kg_graph *g, const struct kk_backend *be, const float *const *inputs,
+kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *const *inputs,
                          float *const *outputs);
 
 #endif

@@ -1,21 +1,37 @@
 /* kernels.h - the backend interface: every executor calls kernels through a
- * kk_backend, so a fast backend can replace the reference one op by op while
- * the reference kernels stay as the oracle in tests.
- * All tensors are f32, row-major, and shapes are given in comments. */
+ * kk_backend, so a fast backend replaces the reference one op by op while the
+ * reference kernels stay as the oracle in tests.
+ * Activations are f32, row-major; shapes are given in comments. */
 #ifndef KILN_KERNELS_H
 #define KILN_KERNELS_H
 
+#include "kiln.h"
+#include <stddef.h>
 #include <stdint.h>
+
+/* A linear layer's weight as the kernels consume it: y = x W^T with W
+ * [M outputs, K inputs]. f32 is row-major [M,K] (NULL when only packed);
+ * packed is the fast GEMM's own layout (NULL when none). */
+typedef struct kk_weight {
+    int64_t M, K;
+    const float *f32;
+    const void *packed;
+    kiln_dtype packed_dtype; /* F32 or BF16 */
+} kk_weight;
+
+enum { KK_ACT_NONE = 0, KK_ACT_GELU_TANH = 1 };
 
 typedef struct kk_backend {
     const char *name;
-    /* y [rows,M] = x [rows,K] . w [M,K]^T + b [M] (b may be NULL) */
-    void (*linear)(const float *x, const float *w, const float *b, float *y, int64_t rows,
-                   int64_t K, int64_t M);
+    /* y [rows,M] = act(x [rows,K] . W^T + b [M]) (b may be NULL) */
+    void (*linear)(const float *x, const kk_weight *w, const float *b, float *y, int64_t rows, int act);
     void (*silu)(const float *x, float *y, int64_t n);
     void (*gelu_tanh)(const float *x, float *y, int64_t n);
     /* y [rows,D] = (x - mean) / sqrt(var + eps), per row */
     void (*layernorm)(const float *x, float *y, int64_t rows, int64_t D, float eps);
+    /* y [B,N,D] = layernorm(x) * (1 + scale [B,D]) + shift [B,D] (fused) */
+    void (*layernorm_modulate)(const float *x, const float *shift, const float *scale, float *y,
+                               int64_t B, int64_t N, int64_t D, float eps);
     /* y [rows,H*Dh] = x / rms(x per head) * w [Dh] */
     void (*rmsnorm_heads)(const float *x, const float *w, float *y, int64_t rows, int64_t H,
                           int64_t Dh, float eps);
@@ -32,5 +48,15 @@ typedef struct kk_backend {
 
 /* The reference kernels: straightforward loops, double accumulation. */
 const kk_backend *kk_reference(void);
+
+/* The fast CPU backend computing GEMMs in dt (F32, or BF16 with f32
+ * accumulation) on weights packed by kk_fast_pack; NULL when this build or
+ * machine cannot (the caller falls back to the reference). */
+const kk_backend *kk_fast(kiln_dtype dt);
+/* The packed layout the fast GEMM wants for W [M,K] in dt on this machine:
+ * a name ("dnnl-<hex>") and its size in bytes. */
+kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
+/* Pack W [M,K] (f32 row-major) into out (kk_fast_layout's bytes). */
+kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
 
 #endif

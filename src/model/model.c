@@ -17,13 +17,23 @@ const km_weight *km_find(const kiln_model *m, const char *name) {
     return bsearch(&key, m->w, m->nw, sizeof *m->w, cmp_weight);
 }
 
-int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data) {
+int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data,
+               const kk_weight **kw) {
     const km_weight *w = km_find(user, name);
     if (!w) return 0;
     *ndim = w->ndim;
     memcpy(shape, w->shape, sizeof w->shape);
     *data = w->data;
+    *kw = &w->kw;
     return 1;
+}
+
+/* the kernels' view: W [shape[0], product of the rest] */
+static void set_view(km_weight *w) {
+    int64_t K = 1;
+    for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
+    w->kw = (kk_weight){.M = w->ndim ? w->shape[0] : 1, .K = K, .f32 = w->data, .packed = w->packed,
+                        .packed_dtype = KILN_F32};
 }
 
 /* Append "name, name, ..." (at most 12, then a count) to a message buffer. */
@@ -112,11 +122,13 @@ static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const sd3
         if (!w->data) return KILN_ERR_NOMEM;
         kiln_status s = kc_read_f32(t, w->data);
         if (s) return s;
+        snprintf(w->layout, sizeof w->layout, "rowmajor");
         m->info.n_params += n;
         m->info.n_by_dtype[t->dtype]++;
     }
     m->info.n_tensors = (int64_t)m->nw;
     qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
+    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i]);
     return KILN_OK;
 }
 
@@ -203,6 +215,7 @@ kiln_status km_from_cache(kcache_entry *e, kiln_model **out) {
     }
     m->info.n_tensors = (int64_t)m->nw;
     qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
+    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i]);
     snprintf(m->layout, sizeof m->layout, "kiln-cache");
     m->info.layout = m->layout;
     m->cache = e;
@@ -256,6 +269,7 @@ kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out) 
     kg_init(&g, km_resolve, m);
     kiln_status st = sd3_build_forward(&m->cfg, &g, a->batch, a->height, a->width, a->context_len);
     if (!st) {
+        kg_fuse(&g);
         const float *in[4] = {a->hidden, a->context, a->pooled, a->timestep};
         float *outs[1] = {out};
         st = kg_run_eager(&g, m->backend, in, outs);

@@ -4,6 +4,7 @@
 #define KILN_MODEL_H
 
 #include "format/checkpoint.h"
+#include "kernels/kernels.h"
 #include "kiln.h"
 #include "model/sd3.h"
 
@@ -14,7 +15,12 @@ typedef struct km_weight {
     int ndim;
     int64_t shape[4];
     kiln_dtype src_dtype; /* as stored in the checkpoint */
-    float *data;          /* f32, 64-byte aligned; owned unless the model maps a cache */
+    float *data;          /* f32, 64-byte aligned; owned unless the model maps a cache;
+                           * NULL for a linear weight that only exists packed */
+    void *packed;         /* the fast GEMM's layout (owned unless mapped), or NULL */
+    size_t packed_bytes;
+    char layout[40];      /* "rowmajor" or the packed layout's name */
+    kk_weight kw;         /* what the kernels see */
 } km_weight;
 
 struct kcache_entry;
@@ -35,7 +41,8 @@ struct kiln_model {
 
 const km_weight *km_find(const kiln_model *m, const char *name);
 /* kg_resolver over the model's weights (user = the model) */
-int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data);
+int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data,
+               const kk_weight **kw);
 /* A model from a checkpoint: config from its config.json (or inferred),
  * every tensor checked against the config and converted to f32. */
 kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, kiln_model **out);

@@ -7,15 +7,22 @@
 #include <math.h>
 #include <stdlib.h>
 
-static void ref_linear(const float *x, const float *w, const float *b, float *y, int64_t rows,
-                       int64_t K, int64_t M) {
+static double gelu_tanh(double v) {
+    const double c = 0.79788456080286535588; /* sqrt(2 / pi) */
+    return 0.5 * v * (1.0 + tanh(c * (v + 0.044715 * v * v * v)));
+}
+
+/* needs w->f32: the reference never reads packed layouts */
+static void ref_linear(const float *x, const kk_weight *kw, const float *b, float *y, int64_t rows, int act) {
+    const float *w = kw->f32;
+    int64_t K = kw->K, M = kw->M;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t m = 0; m < M; m++) {
             const float *xr = x + r * K, *wm = w + m * K;
             double acc = b ? (double)b[m] : 0.0;
             for (int64_t k = 0; k < K; k++) acc += (double)xr[k] * (double)wm[k];
-            y[r * M + m] = (float)acc;
+            y[r * M + m] = (float)(act == KK_ACT_GELU_TANH ? gelu_tanh(acc) : acc);
         }
 }
 
@@ -28,13 +35,12 @@ static void ref_silu(const float *x, float *y, int64_t n) {
 }
 
 static void ref_gelu_tanh(const float *x, float *y, int64_t n) {
-    const double c = sqrt(2.0 / M_PI);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        double v = x[i];
-        y[i] = (float)(0.5 * v * (1.0 + tanh(c * (v + 0.044715 * v * v * v))));
-    }
+    for (int64_t i = 0; i < n; i++) y[i] = (float)gelu_tanh(x[i]);
 }
+
+static void ref_modulate(const float *x, const float *shift, const float *scale, float *y,
+                         int64_t B, int64_t N, int64_t D);
 
 static void ref_layernorm(const float *x, float *y, int64_t rows, int64_t D, float eps) {
 #pragma omp parallel for schedule(static)
@@ -48,6 +54,13 @@ static void ref_layernorm(const float *x, float *y, int64_t rows, int64_t D, flo
         double inv = 1.0 / sqrt(var + (double)eps);
         for (int64_t i = 0; i < D; i++) y[r * D + i] = (float)((xr[i] - mean) * inv);
     }
+}
+
+/* the reference keeps the two steps: layernorm rounded to f32, then modulate */
+static void ref_layernorm_modulate(const float *x, const float *shift, const float *scale, float *y,
+                                   int64_t B, int64_t N, int64_t D, float eps) {
+    ref_layernorm(x, y, B * N, D, eps);
+    ref_modulate(y, shift, scale, y, B, N, D);
 }
 
 static void ref_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H,
@@ -131,6 +144,7 @@ static const kk_backend k_ref = {
     .silu = ref_silu,
     .gelu_tanh = ref_gelu_tanh,
     .layernorm = ref_layernorm,
+    .layernorm_modulate = ref_layernorm_modulate,
     .rmsnorm_heads = ref_rmsnorm_heads,
     .modulate = ref_modulate,
     .gate_add = ref_gate_add,
