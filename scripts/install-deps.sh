@@ -10,6 +10,7 @@ packages=(
   libcjson-dev      # JSON: safetensors headers, config.json, manifests
   libxxhash-dev     # checksums of the weight cache
   libpng-dev        # latent previews
+  libdnnl-dev       # oneDNN: GEMM and attention of the fast backend
 )
 
 missing=()

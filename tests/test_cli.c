@@ -69,7 +69,7 @@ TEST(forward_matches_golden) {
     test_tmpdir(dir, sizeof dir, "cli-fwd");
     const char *cases[] = {"sd3-tiny", "sd35-tiny", "sd3-wide"};
     for (int i = 0; i < 3; i++) {
-        CHECK_RUN(0, "forward:", "forward %s --inputs %s --output %s/out.safetensors", golden_path(cases[i], NULL),
+        CHECK_RUN(0, "forward:", "forward %s --dtype f32 --inputs %s --output %s/out.safetensors", golden_path(cases[i], NULL),
                   golden_path(cases[i], "io.safetensors"), dir);
         char path[400];
         snprintf(path, sizeof path, "%s/out.safetensors", dir);
@@ -119,7 +119,7 @@ TEST(generate_matches_golden) {
     }
     CHECK_OK(st_write(cond, t, 4, NULL, 0));
     CHECK_OK(st_write(noise, golden_info(io, "noise"), 1, NULL, 0));
-    CHECK_RUN(0, "step 4/4", "generate %s --cond %s --noise %s --steps 4 --shift 3 --guidance 5 --output %s",
+    CHECK_RUN(0, "step 4/4", "generate %s --dtype f32 --cond %s --noise %s --steps 4 --shift 3 --guidance 5 --output %s",
               golden_path("sampler-sd3-tiny", NULL), cond, noise, out);
     st_file *got = NULL;
     CHECK_OK(st_open(out, &got));
@@ -182,8 +182,8 @@ TEST(cache_commands) {
     CHECK_RUN(0, "usage: kiln cache", "cache --help");
     CHECK_RUN(0, "miss: ", "cache build %s --cache-dir %s/c", model, dir);
     CHECK_RUN(0, "hit: ", "cache build %s --cache-dir %s/c", model, dir);
-    CHECK_RUN(0, "sd3-tiny/transformer/mesh1x1_f32_c", "cache ls --cache-dir %s/c", dir);
-    CHECK_RUN(0, "ok       sd3-tiny/transformer/mesh1x1_f32_c", "cache verify --cache-dir %s/c", dir);
+    CHECK_RUN(0, "sd3-tiny/transformer/mesh1x1_bf16_", "cache ls --cache-dir %s/c", dir);
+    CHECK_RUN(0, "ok       sd3-tiny/transformer/mesh1x1_bf16_", "cache verify --cache-dir %s/c", dir);
     /* forward through the cache: the ledger shows the hit */
     CHECK_RUN(0, "hit", "forward %s --inputs %s --output %s/o.safetensors --cache-dir %s/c --timings", model,
               golden_path("sd3-tiny", "io.safetensors"), dir, dir);

@@ -3,11 +3,23 @@
  * L2 error of diffusers' float64 results. */
 #include "golden_util.h"
 
-#define TOL 1e-5
+/* every path: the reference kernels and the fast backend in f32 within 1e-5,
+ * the fast backend in bf16 within 1e-2 */
+typedef struct {
+    const char *label;
+    kiln_open_opts o;
+    double tol;
+} mode;
 
-static void run_backbone(const char *name) {
+static const mode k_modes[] = {
+    {"reference f32", {.dtype = KILN_F32, .reference = 1}, 1e-5},
+    {"fast f32", {.dtype = KILN_F32}, 1e-5},
+    {"fast bf16", {.dtype = KILN_BF16}, 1e-2},
+};
+
+static void run_backbone_mode(const char *name, const mode *md) {
     kiln_model *m = NULL;
-    CHECK_OK(kiln_model_open(golden_path(name, NULL), NULL, &m));
+    CHECK_OK(kiln_model_open(golden_path(name, NULL), &md->o, &m));
     if (!m) return;
     st_file *io = NULL;
     CHECK_OK(st_open(golden_path(name, "io.safetensors"), &io));
@@ -27,8 +39,8 @@ static void run_backbone(const char *name) {
                            (int)ctx->shape[1], hidden, context, pooled, t};
     CHECK_OK(kiln_forward(m, &a, got));
     double err = rel_l2(got, want, n_out);
-    fprintf(stderr, "  %s: relative L2 error %.3g\n", name, err);
-    CHECK_MSG(err <= TOL, "%s: error %.3g > %.1g", name, err, TOL);
+    fprintf(stderr, "  %s, %s: relative L2 error %.3g\n", name, md->label, err);
+    CHECK_MSG(err <= md->tol, "%s, %s: error %.3g > %.1g", name, md->label, err, md->tol);
     free(hidden);
     free(context);
     free(pooled);
@@ -39,13 +51,17 @@ static void run_backbone(const char *name) {
     kiln_model_free(m);
 }
 
+static void run_backbone(const char *name) {
+    for (size_t i = 0; i < sizeof k_modes / sizeof k_modes[0]; i++) run_backbone_mode(name, &k_modes[i]);
+}
+
 TEST(golden_sd3_tiny) { run_backbone("sd3-tiny"); }
 TEST(golden_sd35_tiny) { run_backbone("sd35-tiny"); }
 TEST(golden_sd3_wide) { run_backbone("sd3-wide"); }
 
 typedef struct {
     const st_file *io;
-    double worst;
+    double worst, tol;
     int steps_seen;
 } step_check;
 
@@ -59,16 +75,17 @@ static void on_step(void *user, int step, int steps, double sigma, const float *
     float *want = golden_tensor(sc->io, name, &n);
     double err = rel_l2(latent, want, n);
     fprintf(stderr, "  step %d: relative L2 error %.3g\n", step, err);
-    CHECK_MSG(err <= TOL, "step %d: error %.3g > %.1g", step, err, TOL);
+    CHECK_MSG(err <= sc->tol, "step %d: error %.3g > %.1g", step, err, sc->tol);
     if (err > sc->worst) sc->worst = err;
     sc->steps_seen++;
     free(want);
 }
 
-TEST(golden_sampler) {
+static void run_sampler(const mode *md) {
     const char *name = "sampler-sd3-tiny";
+    fprintf(stderr, "  sampler, %s\n", md->label);
     kiln_model *m = NULL;
-    CHECK_OK(kiln_model_open(golden_path(name, NULL), NULL, &m));
+    CHECK_OK(kiln_model_open(golden_path(name, NULL), &md->o, &m));
     st_file *io = NULL;
     CHECK_OK(st_open(golden_path(name, "io.safetensors"), &io));
     if (!m || !io) {
@@ -97,7 +114,7 @@ TEST(golden_sampler) {
     size_t n;
     float *want = golden_tensor(io, "latents", &n);
     float *got = calloc(n, sizeof(float));
-    step_check sc = {io, 0, 0};
+    step_check sc = {io, 0, md->tol, 0};
     kiln_generate_opts o = kiln_generate_defaults();
     o.steps = (int)nt;
     o.shift = 3.0;
@@ -116,7 +133,7 @@ TEST(golden_sampler) {
     CHECK(sc.steps_seen == 4);
     double err = rel_l2(got, want, n);
     fprintf(stderr, "  final latents: relative L2 error %.3g\n", err);
-    CHECK(err <= TOL);
+    CHECK(err <= md->tol);
     free(want_t);
     free(want_s);
     free(noise);
@@ -128,6 +145,10 @@ TEST(golden_sampler) {
     free(got);
     st_close(io);
     kiln_model_free(m);
+}
+
+TEST(golden_sampler) {
+    for (size_t i = 0; i < sizeof k_modes / sizeof k_modes[0]; i++) run_sampler(&k_modes[i]);
 }
 
 int main(void) {

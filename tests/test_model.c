@@ -311,7 +311,7 @@ static void single_file_matches(const char *golden, int layers) {
     CHECK_OK(kiln_model_open(golden_path(golden, NULL), NULL, &ref));
     /* head_dim 8: the heads cannot be inferred, so the config is required */
     CHECK_FAILS(kiln_model_open(path, NULL, &m), KILN_ERR_CONFIG, "--config");
-    kiln_open_opts o = {golden_path(golden, "config.json")};
+    kiln_open_opts o = {.config_path = golden_path(golden, "config.json")};
     CHECK_OK(kiln_model_open(path, &o, &m));
     if (ref && m) {
         kiln_model_info info;

@@ -46,7 +46,7 @@ kiln_status kcache_key_make(const char *root, const kcache_key_inputs *in, kcach
     if (!safe_name(in->component))
         return kb_fail(KILN_ERR_INVALID_ARG, "component \"%s\" cannot name a cache folder",
                        in->component ? in->component : "");
-    if (in->layout && *in->layout && !safe_name(in->layout))
+    if (in->layout && *in->layout && !safe_name(in->layout) )
         return kb_fail(KILN_ERR_INVALID_ARG, "layout \"%s\" cannot name a cache folder", in->layout);
     if (in->mesh_rows < 1 || in->mesh_cols < 1 || in->mesh_rows > 4096 || in->mesh_cols > 4096)
         return kb_fail(KILN_ERR_INVALID_ARG, "mesh %dx%d: rows and columns must be at least 1",

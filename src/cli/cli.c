@@ -110,6 +110,8 @@ const char cli_common_help[] =
     "  --threads N         kernel threads (default: KILN_THREADS or all cores)\n"
     "  --timings           print the timing ledger at exit (or KILN_TIMINGS=1)\n"
     "  --log LEVEL         quiet, error, warn, info or debug (or KILN_LOG)\n"
+    "  --dtype bf16|f32    GEMM and attention precision (default bf16; f32 matches diffusers to 1e-5)\n"
+    "  --reference         the reference kernels (plain loops, f32; the test oracle)\n"
     "weight cache (see docs/cache.md):\n"
     "  --cache-dir DIR     cache root (default: KILN_CACHE_DIR; unset: convert every time)\n"
     "  --name NAME         the model's folder in the cache (default: from MODEL)\n"
@@ -125,6 +127,7 @@ cli_common cli_common_defaults(void) {
     c.mesh_rows = d.mesh_rows;
     c.mesh_cols = d.mesh_cols;
     c.parallel = d.parallel;
+    c.dtype = KILN_BF16;
     return c;
 }
 
@@ -150,6 +153,21 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
         return r;
     if ((r = cli_opt(cmd, argc, argv, i, "--mesh", &v)))
         return r < 0 || cli_parse_hw(cmd, "--mesh", v, &c->mesh_rows, &c->mesh_cols) ? -1 : 1;
+    if ((r = cli_opt(cmd, argc, argv, i, "--dtype", &v))) {
+        if (r < 0) return -1;
+        if (!strcmp(v, "bf16") || !strcmp(v, "BF16")) c->dtype = KILN_BF16;
+        else if (!strcmp(v, "f32") || !strcmp(v, "F32")) c->dtype = KILN_F32;
+        else {
+            cli_error(cmd, "--dtype %s: expected bf16 or f32", v);
+            return -1;
+        }
+        return 1;
+    }
+    if (cli_flag(argv, *i, "--reference")) {
+        c->reference = 1;
+        c->dtype = KILN_F32;
+        return 1;
+    }
     if (cli_flag(argv, *i, "--no-create-cache")) return c->no_create_cache = 1;
     if (cli_flag(argv, *i, "--verify")) return c->verify = 1;
     if (cli_flag(argv, *i, "--fsdp")) return c->fsdp = 1;
@@ -274,5 +292,7 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     o.parallel = c->parallel;
     o.source = model;
     o.config_path = c->config;
+    o.dtype = c->dtype;
+    o.reference = c->reference;
     return kiln_load_model(&o, out);
 }

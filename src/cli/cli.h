@@ -45,6 +45,8 @@ typedef struct cli_common {
     int no_create_cache, verify, fsdp;
     int mesh_rows, mesh_cols;
     kiln_parallel parallel;
+    kiln_dtype dtype; /* --dtype bf16|f32, default bf16 */
+    int reference;    /* --reference: the reference kernels (f32) */
 } cli_common;
 /* Defaults for cli_common. */
 cli_common cli_common_defaults(void);

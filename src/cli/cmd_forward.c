@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_usage[] = "kiln forward MODEL --inputs FILE --output FILE [options]";
+static const char k_usage[] = "kiln forward MODEL --inputs FILE --output FILE [--repeat N] [options]";
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -14,14 +14,17 @@ static int help(void) {
            "  encoder_hidden_states  [B, T, joint_attention_dim]\n"
            "  pooled_projections     [B, pooled_projection_dim]\n"
            "  timestep               [B]            0..1000 (a single value is used for every batch row)\n"
-           "The output file gets `sample` [B, out_channels, H, W] in F32.\n\n%s",
+           "The output file gets `sample` [B, out_channels, H, W] in F32.\n\n"
+           "  --repeat N      after one warm-up call, run N more and print\n"
+           "                  `forward: median X ms over N runs` (the benchmark line)\n%s",
            k_usage, cli_common_help);
     return 0;
 }
 
 int cmd_forward(int argc, char **argv) {
     cli_common com = cli_common_defaults();
-    const char *model = NULL, *inputs = NULL, *output = NULL;
+    const char *model = NULL, *inputs = NULL, *output = NULL, *rep = NULL;
+    long repeat = 0;
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
@@ -29,6 +32,10 @@ int cmd_forward(int argc, char **argv) {
             (r = cli_opt("forward", argc, argv, &i, "--inputs", &inputs)) ||
             (r = cli_opt("forward", argc, argv, &i, "--output", &output))) {
             if (r < 0) return 2;
+            continue;
+        }
+        if ((r = cli_opt("forward", argc, argv, &i, "--repeat", &rep))) {
+            if (r < 0 || cli_parse_int("forward", "--repeat", rep, 1, 100000, &repeat)) return 2;
             continue;
         }
         if (argv[i][0] == '-') return cli_usage_error("forward", k_usage, "unknown option %s", argv[i]);
@@ -99,6 +106,28 @@ int cmd_forward(int argc, char **argv) {
         goto done;
     }
     double dt = kb_now() - t0;
+    if (repeat > 0) {
+        double *ms = malloc(sizeof(double) * (size_t)repeat);
+        for (long k = 0; ms && k < repeat && !s; k++) {
+            double t1 = kb_now();
+            s = kiln_forward(m, &a, out);
+            ms[k] = (kb_now() - t1) * 1e3;
+        }
+        if (s || !ms) {
+            free(ms);
+            rc = s ? cli_fail("forward", s) : cli_error("forward", "out of memory");
+            goto done;
+        }
+        for (long x = 1; x < repeat; x++) /* insertion sort: a few runs */
+            for (long y = x; y > 0 && ms[y - 1] > ms[y]; y--) {
+                double t = ms[y];
+                ms[y] = ms[y - 1];
+                ms[y - 1] = t;
+            }
+        double med = repeat % 2 ? ms[repeat / 2] : 0.5 * (ms[repeat / 2 - 1] + ms[repeat / 2]);
+        printf("forward: median %.3f ms over %ld runs\n", med, repeat);
+        free(ms);
+    }
     if ((s = cli_write_f32(output, "sample", out, 4, so))) {
         rc = cli_fail("forward", s);
         goto done;

@@ -28,7 +28,7 @@ int cmd_info(int argc, char **argv) {
     }
     if (!model) return cli_usage_error("info", k_usage, "MODEL is required");
     kiln_model *m;
-    kiln_open_opts o = {com.config};
+    kiln_open_opts o = {.config_path = com.config, .reference = 1}; /* no packing: info only reads */
     kiln_status s = kiln_model_open(model, &o, &m);
     if (s) return cli_fail("info", s);
     const kiln_config *c = kiln_model_config(m);

@@ -56,6 +56,9 @@ const kk_backend *kk_fast(kiln_dtype dt);
 /* The packed layout the fast GEMM wants for W [M,K] in dt on this machine:
  * a name ("dnnl-<hex>") and its size in bytes. */
 kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
+/* The CPU features and oneDNN version the packed layouts depend on, e.g.
+ * "amx-dnnl2.6" (part of the weight cache key). */
+const char *kk_fast_isa(void);
 /* Pack W [M,K] (f32 row-major) into out (kk_fast_layout's bytes). */
 kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
 

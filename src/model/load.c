@@ -99,18 +99,18 @@ kiln_load_opts kiln_load_defaults(void) {
 
 static int has_source(const kiln_load_opts *o) { return o->source || o->source_fn; }
 
-/* Convert from the source: a model with owned f32 weights. */
-static kiln_status convert(const kiln_load_opts *o, kiln_model **out) {
+/* Convert from the source: a model with owned weights in the compute layout. */
+static kiln_status convert(const kiln_load_opts *o, km_compute cp, kiln_model **out) {
     kc_checkpoint *c = NULL;
     kiln_status st = o->source ? kc_open(o->source, o->config_path, &c)
                                : kc_from_source(o->source_fn, o->source_user, o->source_config_json,
                                                 o->source_id, &c);
-    if (!st) st = km_from_checkpoint(c, o->config_path ? o->config_path : c->path, out);
+    if (!st) st = km_from_checkpoint(c, o->config_path ? o->config_path : c->path, cp, out);
     kc_close(c);
     return st;
 }
 
-static char *key_json(const kiln_load_opts *o, const kcache_key *k) {
+static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *k) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
     char par[96];
@@ -120,9 +120,9 @@ static char *key_json(const kiln_load_opts *o, const kcache_key *k) {
     cJSON_AddStringToObject(j, "parallel", par);
     cJSON_AddNumberToObject(j, "mesh_rows", o->mesh_rows);
     cJSON_AddNumberToObject(j, "mesh_cols", o->mesh_cols);
-    cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(o->dtype));
+    cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(cp.dtype));
     cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
-    cJSON_AddStringToObject(j, "layout", "rowmajor");
+    cJSON_AddStringToObject(j, "layout", cp.reference ? "rowmajor" : km_compute_layout(cp));
     cJSON_AddNumberToObject(j, "layout_version", LAYOUT_VERSION);
     if (o->host_coords) {
         cJSON *h = cJSON_AddArrayToObject(j, "host_coords");
@@ -138,19 +138,24 @@ static char *key_json(const kiln_load_opts *o, const kcache_key *k) {
 
 /* Publish a converted model's weights under the key (lock held). */
 static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const kiln_model *m) {
+    km_compute cp = m->compute;
     sd3_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (st) return st;
     kcache_tensor *t = kb_calloc(ns, sizeof *t);
-    char *cfg = sd3_config_to_json(&m->cfg), *kj = key_json(o, k);
+    char *cfg = sd3_config_to_json(&m->cfg), *kj = key_json(o, cp, k);
     if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
     for (size_t i = 0; !st && i < ns; i++) {
         const km_weight *w = km_find(m, spec[i].name);
         int64_t n = 1;
         for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
-        t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor",
-                               .data = w->data, .nbytes = sizeof(float) * (size_t)n};
+        if (w->packed)
+            t[i] = (kcache_tensor){.name = w->name, .dtype = cp.dtype, .ndim = w->ndim, .layout = w->layout,
+                                   .data = w->packed, .nbytes = w->packed_bytes};
+        else
+            t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor",
+                                   .data = w->data, .nbytes = sizeof(float) * (size_t)n};
         memcpy(t[i].shape, w->shape, sizeof t[i].shape);
     }
     if (!st) st = kcache_publish(k, kj, cfg, t, ns);
@@ -196,9 +201,9 @@ static void resolve_without_source(kcache_key *k) {
     snprintf(k->path, sizeof k->path, "%s%s", k->dir, host);
 }
 
-static kiln_status finish_hit(kcache_entry *e, const char *origin, kiln_model **out) {
+static kiln_status finish_hit(kcache_entry *e, km_compute cp, const char *origin, kiln_model **out) {
     kiln_model *m;
-    kiln_status st = km_from_cache(e, &m);
+    kiln_status st = km_from_cache(e, cp, &m);
     if (st) {
         kcache_close(e);
         return st;
@@ -216,9 +221,9 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: give a source path or a source callback, not both");
     if (o->source_fn && (!o->source_id || !*o->source_id))
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
-    if (o->dtype != KILN_F32)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "kiln_load_model: cache dtype %s is not supported yet (F32)",
-                       kiln_dtype_name(o->dtype));
+    km_compute cp;
+    kiln_status st0 = km_compute_resolve(o->dtype, o->reference, &cp);
+    if (st0) return st0;
     if ((int64_t)o->mesh_rows * o->mesh_cols > 1)
         return kb_fail(KILN_ERR_UNSUPPORTED,
                        "kiln_load_model: a %dx%d mesh needs %d processes under MPI; this process runs alone",
@@ -240,9 +245,9 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
         char rkey[64];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx", (unsigned long long)h);
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d", (unsigned long long)h, (int)cp.dtype, cp.reference);
         if ((*out = registry_get(rkey))) return KILN_OK;
-        if ((st = convert(o, out))) return st;
+        if ((st = convert(o, cp, out))) return st;
         snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
         registry_put(*out, rkey);
         kb_ledger_event("weight_load", kb_now() - t0, 0, "miss: no cache root, converted");
@@ -252,7 +257,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     kcache_key_inputs in = {
         .model = o->model_name, .component = o->component ? o->component : "transformer",
         .parallel = o->parallel, .mesh_rows = o->mesh_rows, .mesh_cols = o->mesh_cols,
-        .dtype = o->dtype, .fsdp = o->fsdp, .layout = NULL, .layout_version = LAYOUT_VERSION,
+        .dtype = cp.dtype, .fsdp = o->fsdp, .layout = km_compute_layout(cp), .layout_version = LAYOUT_VERSION,
         .host_coords = o->host_coords, .host_r0 = o->host_r0, .host_r1 = o->host_r1,
         .host_c0 = o->host_c0, .host_c1 = o->host_c1,
     };
@@ -270,7 +275,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     if (!st) {
         kcache_touch(k.dir);
         barrier();
-        if ((st = finish_hit(e, "hit", out))) return st;
+        if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit");
         return KILN_OK;
@@ -301,7 +306,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     if (!kcache_open(k.path, o->verify, &e)) {
         kcache_unlock(fd);
         barrier();
-        if ((st = finish_hit(e, "hit", out))) return st;
+        if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
         return KILN_OK;
@@ -309,7 +314,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     kcache_clean_staging(&k); /* leftovers of a converter that died */
     if (kb_is_dir(k.path)) kcache_remove(k.path); /* a corrupt or incomplete folder */
     kiln_model *m = NULL;
-    st = convert(o, &m);
+    st = convert(o, cp, &m);
     if (!st && !o->no_create_cache) {
         st = publish(o, &k, m);
         if (!st) {
@@ -317,7 +322,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
             km_destroy(m);
             m = NULL;
             st = kcache_open(k.path, 0, &e);
-            if (!st) st = finish_hit(e, corrupt ? "rebuilt" : "miss", &m);
+            if (!st) st = finish_hit(e, cp, corrupt ? "rebuilt" : "miss", &m);
         }
     } else if (!st) {
         snprintf(m->origin, sizeof m->origin, "miss");

@@ -29,11 +29,58 @@ int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const 
 }
 
 /* the kernels' view: W [shape[0], product of the rest] */
-static void set_view(km_weight *w) {
+static void set_view(km_weight *w, kiln_dtype packed_dtype) {
     int64_t K = 1;
     for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
     w->kw = (kk_weight){.M = w->ndim ? w->shape[0] : 1, .K = K, .f32 = w->data, .packed = w->packed,
-                        .packed_dtype = KILN_F32};
+                        .packed_dtype = packed_dtype};
+}
+
+kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out) {
+    if (dtype == KILN_DTYPE_INVALID) dtype = KILN_F32;
+    if (dtype != KILN_F32 && dtype != KILN_BF16)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)", kiln_dtype_name(dtype));
+    if (reference && dtype != KILN_F32)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "the reference kernels compute in F32 only, not %s", kiln_dtype_name(dtype));
+    if (!reference && dtype == KILN_BF16 && !kk_fast(KILN_BF16)) {
+        kb_log(KILN_LOG_WARN, "this CPU has no bf16 GEMM (AVX-512 BF16 / AMX); computing in f32");
+        dtype = KILN_F32;
+    }
+    if (!reference && !kk_fast(dtype)) {
+        kb_log(KILN_LOG_WARN, "the fast backend is not available here; using the reference kernels");
+        reference = 1;
+        dtype = KILN_F32;
+    }
+    out->dtype = dtype;
+    out->reference = reference;
+    return KILN_OK;
+}
+
+const char *km_compute_layout(km_compute cp) { return cp.reference ? "" : kk_fast_isa(); }
+
+static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_reference() : kk_fast(cp.dtype); }
+
+/* Replace the f32 data of every linear weight by the fast GEMM's packed layout. */
+static kiln_status pack_linears(kiln_model *m, const sd3_spec *spec, size_t ns) {
+    for (size_t i = 0; i < ns; i++) {
+        if (!spec[i].linear) continue;
+        km_weight *w = (km_weight *)km_find(m, spec[i].name);
+        size_t bytes;
+        kiln_status st = kk_fast_layout(w->kw.M, w->kw.K, m->compute.dtype, w->layout, &bytes);
+        if (st) return st;
+        void *p = kb_alloc_aligned(bytes);
+        if (!p) return KILN_ERR_NOMEM;
+        if ((st = kk_fast_pack(w->data, w->kw.M, w->kw.K, m->compute.dtype, p))) {
+            kb_free_aligned(p);
+            return st;
+        }
+        kb_free_aligned(w->data);
+        w->data = NULL;
+        w->packed = p;
+        w->packed_bytes = bytes;
+        set_view(w, m->compute.dtype);
+    }
+    return KILN_OK;
 }
 
 /* Append "name, name, ..." (at most 12, then a count) to a message buffer. */
@@ -128,7 +175,7 @@ static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const sd3
     }
     m->info.n_tensors = (int64_t)m->nw;
     qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
-    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i]);
+    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i], KILN_F32);
     return KILN_OK;
 }
 
@@ -141,9 +188,14 @@ static kiln_model *model_new(void) {
     return m;
 }
 
-kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, kiln_model **out) {
+kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, km_compute cp,
+                               kiln_model **out) {
     *out = NULL;
     kiln_model *m = model_new();
+    if (m) {
+        m->compute = cp;
+        m->backend = backend_of(cp);
+    }
     sd3_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
@@ -158,6 +210,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (!st) st = check_tensors(c, spec, ns);
     if (!st) st = load_weights(m, c, spec, ns);
+    if (!st && !cp.reference) st = pack_linears(m, spec, ns);
     if (!st) {
         m->info.bytes_on_disk = c->bytes_on_disk;
         snprintf(m->layout, sizeof m->layout, "%s", c->layout);
@@ -172,9 +225,13 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     return KILN_OK;
 }
 
-kiln_status km_from_cache(kcache_entry *e, kiln_model **out) {
+kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     *out = NULL;
     kiln_model *m = model_new();
+    if (m) {
+        m->compute = cp;
+        m->backend = backend_of(cp);
+    }
     sd3_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
@@ -184,15 +241,26 @@ kiln_status km_from_cache(kcache_entry *e, kiln_model **out) {
     if (!st && ns != e->n)
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s holds %zu tensors, its config needs %zu", e->path, e->n, ns);
     if (!st && !(m->w = kb_calloc(ns, sizeof *m->w))) st = KILN_ERR_NOMEM;
-    /* the cache stores the spec's tensors in spec order, f32, row-major */
+    /* the cache stores the spec's tensors in spec order: linear weights packed
+     * for the fast GEMM (or f32 row-major for the reference), the rest f32 */
     for (size_t i = 0; !st && i < ns; i++) {
         const kcache_tensor *t = &e->t[i];
-        int same = !strcmp(t->name, spec[i].name) && t->dtype == KILN_F32 && t->ndim == spec[i].ndim &&
-                   !strcmp(t->layout, "rowmajor");
+        int packed = spec[i].linear && !cp.reference;
+        char want_layout[40] = "rowmajor";
+        size_t want_bytes = 0;
+        int64_t numel = 1;
+        for (int d = 0; d < spec[i].ndim; d++) numel *= spec[i].shape[d];
+        if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], cp.dtype, want_layout,
+                                           &want_bytes)))
+            break;
+        kiln_dtype want_dt = packed ? cp.dtype : KILN_F32;
+        int same = !strcmp(t->name, spec[i].name) && t->dtype == want_dt && t->ndim == spec[i].ndim &&
+                   !strcmp(t->layout, want_layout) && (!packed || t->nbytes == want_bytes);
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == spec[i].shape[d];
         if (!same) {
-            st = kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s, the config needs %s (F32, row-major)",
-                         e->path, i, t->name, spec[i].name);
+            st = kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s %s %s, this build needs %s %s %s", e->path,
+                         i, t->name, kiln_dtype_name(t->dtype), t->layout, spec[i].name, kiln_dtype_name(want_dt),
+                         want_layout);
             break;
         }
         km_weight *w = &m->w[m->nw++];
@@ -200,12 +268,18 @@ kiln_status km_from_cache(kcache_entry *e, kiln_model **out) {
         if (!w->name) st = KILN_ERR_NOMEM;
         w->ndim = t->ndim;
         memcpy(w->shape, t->shape, sizeof w->shape);
-        w->src_dtype = KILN_F32;
-        w->data = (float *)t->data;
+        w->src_dtype = t->dtype;
+        snprintf(w->layout, sizeof w->layout, "%s", t->layout);
+        if (packed) {
+            w->packed = (void *)t->data;
+            w->packed_bytes = t->nbytes;
+        } else {
+            w->data = (float *)t->data;
+        }
         int64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
         m->info.n_params += n;
-        m->info.n_by_dtype[KILN_F32]++;
+        m->info.n_by_dtype[t->dtype]++;
         m->info.bytes_on_disk += (int64_t)t->nbytes;
     }
     free(spec);
@@ -215,7 +289,7 @@ kiln_status km_from_cache(kcache_entry *e, kiln_model **out) {
     }
     m->info.n_tensors = (int64_t)m->nw;
     qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
-    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i]);
+    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i], cp.dtype);
     snprintf(m->layout, sizeof m->layout, "kiln-cache");
     m->info.layout = m->layout;
     m->cache = e;
@@ -229,8 +303,10 @@ kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_m
     double t0 = kb_now();
     kc_checkpoint *c = NULL;
     const char *cfg = opts ? opts->config_path : NULL;
-    kiln_status st = kc_open(path, cfg, &c);
-    if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, out);
+    km_compute cp;
+    kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_F32, opts ? opts->reference : 0, &cp);
+    if (!st) st = kc_open(path, cfg, &c);
+    if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, cp, out);
     kc_close(c);
     if (!st) kb_ledger_add("weight_load", kb_now() - t0, "converted from checkpoint");
     return st;
@@ -240,7 +316,10 @@ void km_destroy(kiln_model *m) {
     if (!m) return;
     for (size_t i = 0; i < m->nw; i++) {
         free(m->w[i].name);
-        if (!m->cache) kb_free_aligned(m->w[i].data);
+        if (!m->cache) {
+            kb_free_aligned(m->w[i].data);
+            kb_free_aligned(m->w[i].packed);
+        }
     }
     free(m->w);
     kcache_close(m->cache);

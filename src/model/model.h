@@ -25,8 +25,15 @@ typedef struct km_weight {
 
 struct kcache_entry;
 
+/* How a model computes: GEMM/attention precision and which kernels. */
+typedef struct km_compute {
+    kiln_dtype dtype; /* F32 or BF16 */
+    int reference;    /* reference kernels on f32 row-major weights */
+} km_compute;
+
 struct kiln_model {
     kiln_config cfg;
+    km_compute compute;
     km_weight *w; /* sorted by name */
     size_t nw;
     kiln_model_info info;
@@ -45,9 +52,15 @@ int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const 
                const kk_weight **kw);
 /* A model from a checkpoint: config from its config.json (or inferred),
  * every tensor checked against the config and converted to f32. */
-kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, kiln_model **out);
+kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, km_compute cp,
+                               kiln_model **out);
 /* A model whose weights are the mapped tensors of a cache entry (taken over). */
-kiln_status km_from_cache(struct kcache_entry *e, kiln_model **out);
+kiln_status km_from_cache(struct kcache_entry *e, km_compute cp, kiln_model **out);
+/* Resolve defaults and check a compute choice; falls back (with a log line)
+ * from BF16 to F32 where the CPU has no bf16 GEMM. */
+kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out);
+/* The cache key's layout part for a compute choice ("" for the reference). */
+const char *km_compute_layout(km_compute cp);
 /* Free a model for real (the registry calls this at refcount 0). */
 void km_destroy(kiln_model *m);
 

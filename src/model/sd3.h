@@ -17,6 +17,7 @@ typedef struct sd3_spec {
     char name[112];
     int ndim;
     int64_t shape[4];
+    int linear; /* the W of a linear layer (packed for the fast GEMM) */
 } sd3_spec;
 
 /* diffusers' defaults for keys missing from config.json */

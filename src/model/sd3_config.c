@@ -246,6 +246,7 @@ static void add(spec_list *l, int ndim, int64_t d0, int64_t d1, int64_t d2, int6
         l->cap = cap;
     }
     sd3_spec *s = &l->s[l->n++];
+    s->linear = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(s->name, sizeof s->name, fmt, ap);
@@ -260,6 +261,7 @@ static void add(spec_list *l, int ndim, int64_t d0, int64_t d1, int64_t d2, int6
 /* Linear(in, out): weight [out, in] and bias [out] */
 static void add_linear(spec_list *l, const char *name, int64_t in, int64_t out) {
     add(l, 2, out, in, 0, 0, "%s.weight", name);
+    if (!l->st) l->s[l->n - 1].linear = 1;
     add(l, 1, out, 0, 0, 0, "%s.bias", name);
 }
 
@@ -268,7 +270,8 @@ kiln_status sd3_weight_spec(const kiln_config *c, sd3_spec **out, size_t *n) {
     int64_t D = (int64_t)c->num_attention_heads * c->attention_head_dim, Dh = c->attention_head_dim;
     int64_t p = c->patch_size, M = c->pos_embed_max_size;
     char b[64];
-    add(&l, 4, D, c->in_channels, p, p, "pos_embed.proj.weight");
+    add(&l, 4, D, c->in_channels, p, p, "pos_embed.proj.weight"); /* the patch conv, as a linear */
+    if (!l.st) l.s[l.n - 1].linear = 1;
     add(&l, 1, D, 0, 0, 0, "pos_embed.proj.bias");
     add(&l, 3, 1, M * M, D, 0, "pos_embed.pos_embed");
     add_linear(&l, "time_text_embed.timestep_embedder.linear_1", SD3_TIME_PROJ_DIM, D);

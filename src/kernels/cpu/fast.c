@@ -1,0 +1,497 @@
+/* fast.c - the fast CPU backend: GEMMs and attention through oneDNN matmul
+ * (f32, or bf16 with f32 accumulation on AMX / AVX-512 BF16) on weights
+ * packed once into oneDNN's preferred layout, plus fused elementwise kernels.
+ *
+ * Primitives are created once per shape and kept (a small table under a
+ * lock); scratch buffers grow per thread and are reused, so a steady state
+ * forward allocates nothing here. GEMM threads: KILN_GEMM_THREADS, default
+ * all threads, except 1 for bf16 on AMX, which is faster on the 2-vCPU
+ * machines measured (docs/PERFORMANCE.md). */
+#include "base/base.h"
+#include "kernels/kernels.h"
+#include "tensor/dtype.h"
+
+#include <math.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* ---- oneDNN engine, primitive table ------------------------------------------- */
+
+static dnnl_engine_t g_eng;
+/* streams are per thread: attention runs matmuls from several threads at once */
+static _Thread_local dnnl_stream_t t_stream;
+static int g_ok;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void init_engine(void) {
+    if (dnnl_engine_create(&g_eng, dnnl_cpu, 0) != dnnl_success) return;
+    g_ok = 1;
+}
+
+static int engine(void) {
+    pthread_once(&g_once, init_engine);
+    return g_ok;
+}
+
+static dnnl_stream_t stream(void) {
+    if (!t_stream && dnnl_stream_create(&t_stream, g_eng, dnnl_stream_default_flags) != dnnl_success) t_stream = NULL;
+    return t_stream;
+}
+
+static dnnl_data_type_t dnnl_dt(kiln_dtype t) { return t == KILN_BF16 ? dnnl_bf16 : dnnl_f32; }
+
+static int amx(void) { return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_amx; }
+
+static int gemm_threads(kiln_dtype dt) {
+    const char *e = getenv("KILN_GEMM_THREADS");
+    int n = e ? atoi(e) : 0;
+    if (n >= 1) return n;
+    return dt == KILN_BF16 && amx() ? 1 : kiln_get_threads();
+}
+
+/* matmul src [m,k] (strides sa) x wei [k,n] (md) -> dst [m,n] f32 (strides sd) */
+typedef struct {
+    int64_t m, k, n, sa, sd;
+    int dt, act, bias, wkind; /* wkind 0: packed weights md, 1: "ba" strided (attention K^T), 2: ab */
+    int64_t sw;
+    dnnl_primitive_t prim;
+} prim_entry;
+
+static prim_entry *g_prims;
+static size_t g_nprims, g_capprims;
+
+/* The packed weights md for W [n outputs, k inputs] (B = W^T of dims {k, n}). */
+static int packed_md(int64_t n, int64_t k, kiln_dtype dt, dnnl_memory_desc_t *out) {
+    dnnl_memory_desc_t a, b, c;
+    dnnl_dims_t da = {1024, k}, db = {k, n}, dc = {1024, n};
+    if (dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_dt(dt), dnnl_ab) ||
+        dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_dt(dt), dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab))
+        return 0;
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd;
+    if (dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) || dnnl_primitive_desc_create(&pd, &md, NULL, g_eng, NULL))
+        return 0;
+    *out = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_primitive_desc_destroy(pd);
+    return 1;
+}
+
+static dnnl_primitive_t get_prim(const prim_entry *key) {
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_nprims; i++) {
+        prim_entry *p = &g_prims[i];
+        if (p->m == key->m && p->k == key->k && p->n == key->n && p->sa == key->sa && p->sd == key->sd &&
+            p->dt == key->dt && p->act == key->act && p->bias == key->bias && p->wkind == key->wkind &&
+            p->sw == key->sw) {
+            pthread_mutex_unlock(&g_lock);
+            return p->prim;
+        }
+    }
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_desc_t a, b, c, bias;
+    dnnl_dims_t da = {key->m, key->k}, dc = {key->m, key->n}, dbias = {1, key->n};
+    dnnl_dims_t sa = {key->sa, 1}, sc = {key->sd, 1};
+    int ok = !dnnl_memory_desc_init_by_strides(&a, 2, da, (dnnl_data_type_t)key->dt, sa) &&
+             !dnnl_memory_desc_init_by_strides(&c, 2, dc, dnnl_f32, sc) &&
+             !dnnl_memory_desc_init_by_tag(&bias, 2, dbias, dnnl_f32, dnnl_ab);
+    if (ok && key->wkind == 0) {
+        ok = packed_md(key->n, key->k, key->dt == dnnl_bf16 ? KILN_BF16 : KILN_F32, &b);
+    } else if (ok) {
+        dnnl_dims_t db = {key->k, key->n};
+        dnnl_dims_t sb = {key->wkind == 1 ? 1 : key->sw, key->wkind == 1 ? key->sw : 1};
+        ok = !dnnl_memory_desc_init_by_strides(&b, 2, db, (dnnl_data_type_t)key->dt, sb);
+    }
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    if (ok) ok = !dnnl_matmul_desc_init(&md, &a, &b, key->bias ? &bias : NULL, &c);
+    if (ok) ok = !dnnl_primitive_attr_create(&attr);
+    /* a scratchpad per call site and thread: the same primitive runs from
+     * several threads at once (attention) */
+    if (ok) ok = !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (ok && key->act == KK_ACT_GELU_TANH) {
+        ok = !dnnl_post_ops_create(&po) && !dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0, 0) &&
+             !dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (ok) ok = !dnnl_primitive_desc_create(&pd, &md, attr, g_eng, NULL);
+    if (ok) ok = !dnnl_primitive_create(&prim, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (ok && g_nprims == g_capprims) {
+        size_t cap = g_capprims ? g_capprims * 2 : 64;
+        prim_entry *np = realloc(g_prims, cap * sizeof *np);
+        if (np) {
+            g_prims = np;
+            g_capprims = cap;
+        }
+    }
+    if (ok && g_nprims < g_capprims) {
+        g_prims[g_nprims] = *key;
+        g_prims[g_nprims++].prim = prim;
+    } else if (!ok) {
+        prim = NULL;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return prim;
+}
+
+static void *scratch(int slot, size_t bytes);
+
+/* run a matmul; data pointers may be strided views */
+static int run_matmul(const prim_entry *key, const void *src, const void *wei, const float *bias, float *dst) {
+    dnnl_primitive_t p = get_prim(key);
+    if (!p) return 0;
+    const dnnl_memory_desc_t *amd, *bmd, *cmd, *biasmd;
+    dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_get_primitive_desc(p, (const_dnnl_primitive_desc_t *)&pd)) return 0;
+    amd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    bmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    cmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    biasmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
+    dnnl_memory_t ma, mb, mc, mbias = NULL;
+    if (dnnl_memory_create(&ma, amd, g_eng, (void *)src)) return 0;
+    dnnl_memory_create(&mb, bmd, g_eng, (void *)wei);
+    dnnl_memory_create(&mc, cmd, g_eng, dst);
+    const dnnl_memory_desc_t *spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t spbytes = spmd ? dnnl_memory_desc_get_size(spmd) : 0;
+    dnnl_memory_t msp = NULL;
+    if (spbytes) {
+        void *sp = scratch(4, spbytes);
+        if (!sp) return 0;
+        dnnl_memory_create(&msp, spmd, g_eng, sp);
+    }
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, NULL},
+                               {DNNL_ARG_SCRATCHPAD, NULL}};
+    int nargs = 3;
+    if (key->bias) {
+        dnnl_memory_create(&mbias, biasmd, g_eng, (void *)bias);
+        args[nargs++].memory = mbias;
+    }
+    if (msp) {
+        args[nargs].arg = DNNL_ARG_SCRATCHPAD;
+        args[nargs++].memory = msp;
+    }
+    dnnl_stream_t strm = stream();
+    dnnl_status_t st = strm ? dnnl_primitive_execute(p, strm, nargs, args) : dnnl_runtime_error;
+    if (strm) dnnl_stream_wait(strm);
+    dnnl_memory_destroy(ma);
+    dnnl_memory_destroy(mb);
+    dnnl_memory_destroy(mc);
+    if (mbias) dnnl_memory_destroy(mbias);
+    if (msp) dnnl_memory_destroy(msp);
+    return st == dnnl_success;
+}
+
+/* ---- packing ------------------------------------------------------------------- */
+
+static uint64_t md_id(const dnnl_memory_desc_t *md) {
+    /* only the fields that define the layout (no padding bytes) */
+    XXH3_state_t *s = XXH3_createState();
+    if (!s) return 0;
+    XXH3_64bits_reset(s);
+    XXH3_64bits_update(s, &md->ndims, sizeof md->ndims);
+    XXH3_64bits_update(s, md->dims, sizeof(md->dims[0]) * (size_t)md->ndims);
+    XXH3_64bits_update(s, &md->data_type, sizeof md->data_type);
+    XXH3_64bits_update(s, md->padded_dims, sizeof(md->padded_dims[0]) * (size_t)md->ndims);
+    XXH3_64bits_update(s, &md->format_kind, sizeof md->format_kind);
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    XXH3_64bits_update(s, bd->strides, sizeof(bd->strides[0]) * (size_t)md->ndims);
+    XXH3_64bits_update(s, &bd->inner_nblks, sizeof bd->inner_nblks);
+    XXH3_64bits_update(s, bd->inner_blks, sizeof(bd->inner_blks[0]) * (size_t)bd->inner_nblks);
+    XXH3_64bits_update(s, bd->inner_idxs, sizeof(bd->inner_idxs[0]) * (size_t)bd->inner_nblks);
+    uint64_t h = XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    return h;
+}
+
+kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes) {
+    dnnl_memory_desc_t md;
+    if (!engine() || !packed_md(M, K, dt, &md))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no matmul for %s [%lld x %lld] on this machine",
+                       kiln_dtype_name(dt), (long long)M, (long long)K);
+    snprintf(layout, 40, "dnnl-%016llx", (unsigned long long)md_id(&md));
+    *bytes = dnnl_memory_desc_get_size(&md);
+    return KILN_OK;
+}
+
+kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
+    dnnl_memory_desc_t dst, src;
+    dnnl_dims_t d = {K, M};
+    if (!engine() || !packed_md(M, K, dt, &dst) || dnnl_memory_desc_init_by_tag(&src, 2, d, dnnl_f32, dnnl_ba))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot pack [%lld x %lld]", (long long)M, (long long)K);
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t r;
+    if (dnnl_reorder_primitive_desc_create(&pd, &src, g_eng, &dst, g_eng, NULL))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no reorder into the packed layout");
+    kiln_status st = KILN_OK;
+    if (dnnl_primitive_create(&r, pd)) {
+        dnnl_primitive_desc_destroy(pd);
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN reorder failed");
+    }
+    dnnl_memory_t ms, md;
+    dnnl_memory_create(&ms, &src, g_eng, (void *)w);
+    dnnl_memory_create(&md, &dst, g_eng, out);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+    dnnl_stream_t strm = stream();
+    if (!strm || dnnl_primitive_execute(r, strm, 2, args) || dnnl_stream_wait(strm))
+        st = kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN reorder failed");
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(md);
+    dnnl_primitive_destroy(r);
+    dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+/* ---- scratch --------------------------------------------------------------------- */
+
+/* A per-thread buffer that only grows. */
+static void *scratch(int slot, size_t bytes) {
+    static _Thread_local void *buf[5];
+    static _Thread_local size_t cap[5];
+    if (cap[slot] < bytes) {
+        kb_free_aligned(buf[slot]);
+        buf[slot] = kb_alloc_aligned(bytes);
+        cap[slot] = buf[slot] ? bytes : 0;
+    }
+    return buf[slot];
+}
+
+static void to_bf16(const float *x, uint16_t *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = kt_f32_to_bf16(x[i]);
+}
+
+/* ---- the kernels ------------------------------------------------------------------ */
+
+static void fast_linear(kiln_dtype dt, const float *x, const kk_weight *w, const float *b, float *y, int64_t rows,
+                        int act) {
+    if (!w->packed || w->packed_dtype != dt) { /* an unpacked weight: the reference */
+        kk_reference()->linear(x, w, b, y, rows, act);
+        return;
+    }
+    const void *src = x;
+    if (dt == KILN_BF16) {
+        uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * w->K));
+        if (!xb) return;
+        to_bf16(x, xb, rows * w->K);
+        src = xb;
+    }
+    prim_entry key = {.m = rows, .k = w->K, .n = w->M, .sa = w->K, .sd = w->M, .dt = dnnl_dt(dt), .act = act,
+                      .bias = b != NULL, .wkind = 0};
+    int saved = omp_get_max_threads(), nt = gemm_threads(dt);
+    omp_set_num_threads(nt);
+    if (!run_matmul(&key, src, w->packed, b, y)) kb_log(KILN_LOG_ERROR, "oneDNN matmul failed");
+    omp_set_num_threads(saved);
+}
+
+static void linear_f32(const float *x, const kk_weight *w, const float *b, float *y, int64_t rows, int act) {
+    fast_linear(KILN_F32, x, w, b, y, rows, act);
+}
+
+static void linear_bf16(const float *x, const kk_weight *w, const float *b, float *y, int64_t rows, int act) {
+    fast_linear(KILN_BF16, x, w, b, y, rows, act);
+}
+
+static void fast_silu(const float *x, float *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void fast_gelu(const float *x, float *y, int64_t n) {
+    const float c = 0.7978845608f;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+    }
+}
+
+static void row_stats(const float *x, int64_t D, float eps, float *mean, float *inv) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < D; i++) s += x[i];
+    float mu = s / (float)D, v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t i = 0; i < D; i++) v += (x[i] - mu) * (x[i] - mu);
+    *mean = mu;
+    *inv = 1.0f / sqrtf(v / (float)D + eps);
+}
+
+static void fast_layernorm(const float *x, float *y, int64_t rows, int64_t D, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float mu, inv;
+        row_stats(x + r * D, D, eps, &mu, &inv);
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) y[r * D + i] = (x[r * D + i] - mu) * inv;
+    }
+}
+
+static void fast_ln_modulate(const float *x, const float *shift, const float *scale, float *y, int64_t B,
+                             int64_t N, int64_t D, float eps) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
+            float *yr = y + (b * N + n) * D, mu, inv;
+            row_stats(xr, D, eps, &mu, &inv);
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
+        }
+}
+
+static void fast_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H, int64_t Dh,
+                               float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows * H; r++) {
+        const float *xh = x + r * Dh;
+        float ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < Dh; i++) ss += xh[i] * xh[i];
+        float inv = 1.0f / sqrtf(ss / (float)Dh + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < Dh; i++) y[r * Dh + i] = xh[i] * inv * w[i];
+    }
+}
+
+static void fast_modulate(const float *x, const float *shift, const float *scale, float *y, int64_t B, int64_t N,
+                          int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
+            float *yr = y + (b * N + n) * D;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) yr[i] = xr[i] * (1.0f + sc[i]) + sh[i];
+        }
+}
+
+static void fast_gate_add(const float *res, const float *gate, const float *v, float *y, int64_t B, int64_t N,
+                          int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *rr = res + (b * N + n) * D, *vr = v + (b * N + n) * D, *g = gate + b * D;
+            float *yr = y + (b * N + n) * D;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) yr[i] = rr[i] + g[i] * vr[i];
+        }
+}
+
+/* Attention per (batch, head) in query strips of QT rows: S = Q K^T over all
+ * keys (a QT x Nk strip, never Nq x Nk), exact row softmax, O = P V - both
+ * products through oneDNN in dt (bf16 with f32 accumulation, or f32). */
+#define QT 128
+
+static void fast_attention(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
+                           int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+    const int64_t D = H * Dh;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    size_t esz = dt == KILN_BF16 ? 2 : 4;
+    int saved = omp_get_max_threads();
+    int nt = dt == KILN_BF16 && amx() ? gemm_threads(dt) : saved;
+    /* (batch, head) pairs in parallel; each runs its matmuls single-threaded */
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nt)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            /* this head's q, k, v, contiguous, in dt */
+            uint8_t *qh = scratch(0, esz * (size_t)(Nq * Dh));
+            uint8_t *kh = scratch(1, esz * (size_t)(Nk * Dh));
+            uint8_t *vh = scratch(2, esz * (size_t)(Nk * Dh));
+            float *s = scratch(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
+            if (!qh || !kh || !vh || !s) continue;
+            float *ot = s + QT * Nk;
+            for (int64_t i = 0; i < Nq; i++) {
+                const float *src = q + (b * Nq + i) * D + h * Dh;
+                if (dt == KILN_BF16)
+                    for (int64_t d = 0; d < Dh; d++) ((uint16_t *)qh)[i * Dh + d] = kt_f32_to_bf16(src[d] * scale);
+                else
+                    for (int64_t d = 0; d < Dh; d++) ((float *)qh)[i * Dh + d] = src[d] * scale;
+            }
+            for (int64_t j = 0; j < Nk; j++) {
+                const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
+                if (dt == KILN_BF16) {
+                    for (int64_t d = 0; d < Dh; d++) ((uint16_t *)kh)[j * Dh + d] = kt_f32_to_bf16(ks[d]);
+                    for (int64_t d = 0; d < Dh; d++) ((uint16_t *)vh)[j * Dh + d] = kt_f32_to_bf16(vs[d]);
+                } else {
+                    memcpy((float *)kh + j * Dh, ks, sizeof(float) * (size_t)Dh);
+                    memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
+                }
+            }
+            for (int64_t i0 = 0; i0 < Nq; i0 += QT) {
+                int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
+                /* S [m, Nk] = Qs [m, Dh] . K^T  (K row-major [Nk, Dh] read as [Dh, Nk] "ba") */
+                prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 1, .sw = Dh};
+                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kh, NULL, s)) continue;
+                /* row softmax; P overwrites S in dt */
+                for (int64_t r = 0; r < m; r++) {
+                    float *row = s + r * Nk, mx = -INFINITY, sum = 0;
+                    for (int64_t j = 0; j < Nk; j++) mx = row[j] > mx ? row[j] : mx;
+                    for (int64_t j = 0; j < Nk; j++) {
+                        row[j] = expf(row[j] - mx);
+                        sum += row[j];
+                    }
+                    float inv = 1.0f / sum;
+                    if (dt == KILN_BF16) {
+                        uint16_t *pb = (uint16_t *)row; /* in place: bf16 j written after f32 j read */
+                        for (int64_t j = 0; j < Nk; j++) pb[j] = kt_f32_to_bf16(row[j] * inv);
+                    } else {
+                        for (int64_t j = 0; j < Nk; j++) row[j] *= inv;
+                    }
+                }
+                /* O [m, Dh] = P [m, Nk] . V [Nk, Dh]; P rows keep the f32 row stride */
+                int64_t prow = dt == KILN_BF16 ? 2 * Nk : Nk;
+                prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = prow, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 2, .sw = Dh};
+                if (!run_matmul(&k2, s, vh, NULL, ot)) continue;
+                for (int64_t r = 0; r < m; r++)
+                    memcpy(o + (b * Nq + i0 + r) * D + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
+            }
+        }
+    (void)saved;
+}
+
+static void attention_f32(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
+                          int64_t Nk, int64_t H, int64_t Dh) {
+    fast_attention(KILN_F32, q, k, v, o, B, Nq, Nk, H, Dh);
+}
+
+static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
+                           int64_t Nk, int64_t H, int64_t Dh) {
+    fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
+}
+
+#define FAST_COMMON                                                                         \
+    .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
+    .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
+    .modulate = fast_modulate, .gate_add = fast_gate_add
+
+static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32, FAST_COMMON};
+static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16, FAST_COMMON};
+
+const kk_backend *kk_fast(kiln_dtype dt) {
+    if (!engine()) return NULL;
+    if (dt == KILN_F32) return &k_fast_f32;
+    if (dt == KILN_BF16) return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16 ? &k_fast_bf16 : NULL;
+    return NULL;
+}
+
+const char *kk_fast_isa(void) {
+    static char name[48];
+    if (!engine()) return "none";
+    const dnnl_version_t *v = dnnl_version();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    const char *tag = isa >= dnnl_cpu_isa_avx512_core_amx ? "amx"
+                      : isa >= dnnl_cpu_isa_avx512_core_bf16 ? "avx512bf16"
+                      : isa >= dnnl_cpu_isa_avx512_core ? "avx512"
+                      : isa >= dnnl_cpu_isa_avx2 ? "avx2" : "sse41";
+    snprintf(name, sizeof name, "%s-dnnl%d.%d", tag, v->major, v->minor);
+    return name;
+}
