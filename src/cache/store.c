@@ -387,16 +387,29 @@ void kcache_clean_staging(const kcache_key *key) {
     char *parent = kb_dirname(key->path);
     const char *base = strrchr(key->path, '/');
     if (parent && base) remove_matching(parent, base + 1, ".staging.", NULL, 0);
-    /* trash left by a process killed while removing */
+    /* trash of this key (<name>.trash.*, <name>.staging.*.trash.*) left by
+     * processes killed while removing: all of it, and no other key's (whose
+     * removal may be running now, under that key's lock) */
     if (parent && base) {
+        size_t bl = strlen(base + 1);
         DIR *d = opendir(parent);
         struct dirent *e;
-        char *victim = NULL;
-        while (d && (e = readdir(d)) && !victim)
-            if (strstr(e->d_name, ".trash.")) victim = kb_path_join(parent, e->d_name);
+        char **victims = NULL;
+        size_t n = 0;
+        while (d && (e = readdir(d))) {
+            if (strncmp(e->d_name, base + 1, bl) || e->d_name[bl] != '.' || !strstr(e->d_name + bl, ".trash."))
+                continue;
+            char **nv = realloc(victims, (n + 1) * sizeof *nv);
+            if (!nv) break;
+            victims = nv;
+            victims[n++] = kb_path_join(parent, e->d_name);
+        }
         if (d) closedir(d);
-        if (victim) rm_rf(victim);
-        free(victim);
+        for (size_t i = 0; i < n; i++) {
+            if (victims[i]) rm_rf(victims[i]);
+            free(victims[i]);
+        }
+        free(victims);
     }
     free(parent);
 }

@@ -171,6 +171,9 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     }
     for (int o = 0; o < g->n_outputs; o++) out_slot[g->outputs[o]] = o;
 
+    /* KILN_PROFILE=1: time every op kind into the ledger (--timings prints it) */
+    const char *pe = getenv("KILN_PROFILE");
+    int profile = pe && *pe && strcmp(pe, "0");
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && st == KILN_OK; i++) {
         const kg_node *nd = &g->nodes[i];
@@ -195,8 +198,14 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             break;
         }
         buf[i] = y;
+        double t0 = profile ? kb_now() : 0;
         if (nd->op == KG_ALIAS) memcpy(y, buf[nd->src[0]], sizeof(float) * (size_t)kg_numel(nd));
         else run_node(g, be, nd, buf, y);
+        if (profile) {
+            char cat[48];
+            snprintf(cat, sizeof cat, "op %s", kg_op_name(nd->op));
+            kb_ledger_add(cat, kb_now() - t0, NULL);
+        }
         /* free sources whose last consumer this was */
         for (int s = 0; s < 3; s++) {
             kg_id src = nd->src[s];

@@ -5,8 +5,7 @@
  * Primitives are created once per shape and kept (a small table under a
  * lock); scratch buffers grow per thread and are reused, so a steady state
  * forward allocates nothing here. GEMM threads: KILN_GEMM_THREADS, default
- * all threads, except 1 for bf16 on AMX, which is faster on the 2-vCPU
- * machines measured (docs/PERFORMANCE.md). */
+ * all threads. Hot loops are compiled per CPU (target_clones). */
 #include "base/base.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
@@ -45,13 +44,13 @@ static dnnl_stream_t stream(void) {
 
 static dnnl_data_type_t dnnl_dt(kiln_dtype t) { return t == KILN_BF16 ? dnnl_bf16 : dnnl_f32; }
 
-static int amx(void) { return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_amx; }
 
 static int gemm_threads(kiln_dtype dt) {
     const char *e = getenv("KILN_GEMM_THREADS");
     int n = e ? atoi(e) : 0;
     if (n >= 1) return n;
-    return dt == KILN_BF16 && amx() ? 1 : kiln_get_threads();
+    (void)dt;
+    return kiln_get_threads();
 }
 
 /* matmul src [m,k] (strides sa) x wei [k,n] (md) -> dst [m,n] f32 (strides sd) */
@@ -254,8 +253,8 @@ kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, vo
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[5];
-    static _Thread_local size_t cap[5];
+    static _Thread_local void *buf[8];
+    static _Thread_local size_t cap[8];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -264,9 +263,82 @@ static void *scratch(int slot, size_t bytes) {
     return buf[slot];
 }
 
-static void to_bf16(const float *x, uint16_t *y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) y[i] = kt_f32_to_bf16(x[i]);
+
+/* ---- vectorizable helpers, compiled per CPU (ifunc dispatch) ------------------ */
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define KK_CLONES __attribute__((target_clones("arch=sapphirerapids", "avx512f", "avx2", "default")))
+#else
+#define KK_CLONES
+#endif
+
+static inline float bits_f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint32_t f_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* e^x for x <= 0-ish softmax arguments: Cody-Waite reduction and a degree-6
+ * polynomial (Cephes' expf), branch-free so loops vectorize; ~1 ulp. */
+static inline float exp_f(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * bits_f((uint32_t)((int32_t)n + 127) << 23);
+}
+
+/* round to nearest even; NaN stays NaN (quiet) - branch-free kt_f32_to_bf16 */
+static inline uint16_t bf16_of(float f) {
+    uint32_t u = f_bits(f);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
+}
+
+KK_CLONES static void to_bf16_scaled(const float *x, uint16_t *y, int64_t n, float scale) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = bf16_of(x[i] * scale);
+}
+
+KK_CLONES static void copy_scaled(const float *x, float *y, int64_t n, float scale) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
+}
+
+/* softmax of row [n] in place (f32), then written to out in dt */
+KK_CLONES static void softmax_row(float *row, int64_t n, void *out, int bf16) {
+    float mx = -INFINITY, sum = 0;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) {
+        row[j] = exp_f(row[j] - mx);
+        sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    if (bf16) {
+        uint16_t *o = out;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) o[j] = bf16_of(row[j] * inv);
+    } else {
+        float *o = out;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) o[j] = row[j] * inv;
+    }
 }
 
 /* ---- the kernels ------------------------------------------------------------------ */
@@ -281,7 +353,9 @@ static void fast_linear(kiln_dtype dt, const float *x, const kk_weight *w, const
     if (dt == KILN_BF16) {
         uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * w->K));
         if (!xb) return;
-        to_bf16(x, xb, rows * w->K);
+        int64_t n = rows * w->K, chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (n > chunk)
+        for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled(x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
         src = xb;
     }
     prim_entry key = {.m = rows, .k = w->K, .n = w->M, .sa = w->K, .sd = w->M, .dt = dnnl_dt(dt), .act = act,
@@ -386,76 +460,118 @@ static void fast_gate_add(const float *res, const float *gate, const float *v, f
         }
 }
 
+/* Cached reorders into the packed weights layout of a matmul with B [k, n]:
+ * src is dense row-major, either B itself ("ab") or B^T ("ba"). */
+typedef struct {
+    int64_t k, n;
+    int dt, tag;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t src, dst;
+} reorder_entry;
+
+static reorder_entry **g_reorders; /* entries never move once made */
+static size_t g_nreorders;
+
+static const reorder_entry *get_reorder(int64_t k, int64_t n, kiln_dtype dt, dnnl_format_tag_t tag) {
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_nreorders; i++) {
+        reorder_entry *r = g_reorders[i];
+        if (r->k == k && r->n == n && r->dt == (int)dt && r->tag == (int)tag) {
+            pthread_mutex_unlock(&g_lock);
+            return r;
+        }
+    }
+    reorder_entry e = {.k = k, .n = n, .dt = (int)dt, .tag = (int)tag};
+    dnnl_dims_t d = {k, n};
+    dnnl_primitive_desc_t pd = NULL;
+    int ok = packed_md(n, k, dt, &e.dst) && !dnnl_memory_desc_init_by_tag(&e.src, 2, d, dnnl_dt(dt), tag) &&
+             !dnnl_reorder_primitive_desc_create(&pd, &e.src, g_eng, &e.dst, g_eng, NULL) &&
+             !dnnl_primitive_create(&e.prim, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    reorder_entry **nr = ok ? realloc(g_reorders, (g_nreorders + 1) * sizeof *nr) : NULL;
+    reorder_entry *out = nr ? malloc(sizeof *out) : NULL;
+    if (nr) g_reorders = nr;
+    if (out) {
+        *out = e;
+        g_reorders[g_nreorders++] = out;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return out;
+}
+
+static int reorder_run(const reorder_entry *r, const void *src, void *dst) {
+    dnnl_memory_t ms, md;
+    if (dnnl_memory_create(&ms, &r->src, g_eng, (void *)src)) return 0;
+    dnnl_memory_create(&md, &r->dst, g_eng, dst);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+    dnnl_stream_t strm = stream();
+    int ok = strm && !dnnl_primitive_execute(r->prim, strm, 2, args) && !dnnl_stream_wait(strm);
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(md);
+    return ok;
+}
+
 /* Attention per (batch, head) in query strips of QT rows: S = Q K^T over all
- * keys (a QT x Nk strip, never Nq x Nk), exact row softmax, O = P V - both
- * products through oneDNN in dt (bf16 with f32 accumulation, or f32). */
-#define QT 128
+ * keys (a QT x Nk strip, never Nq x Nk), exact row softmax, O = P V. K^T and
+ * V are packed once per head into the matmul's weights layout; both products
+ * run through oneDNN in dt (bf16 with f32 accumulation, or f32). */
+#define QT 256
 
 static void fast_attention(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
                            int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
     const int64_t D = H * Dh;
     const float scale = 1.0f / sqrtf((float)Dh);
     size_t esz = dt == KILN_BF16 ? 2 : 4;
-    int saved = omp_get_max_threads();
-    int nt = dt == KILN_BF16 && amx() ? gemm_threads(dt) : saved;
-    /* (batch, head) pairs in parallel; each runs its matmuls single-threaded */
+    const reorder_entry *rk = get_reorder(Dh, Nk, dt, dnnl_ba); /* K^T [Dh, Nk] from K [Nk, Dh] */
+    const reorder_entry *rv = get_reorder(Nk, Dh, dt, dnnl_ab); /* V [Nk, Dh] */
+    if (!rk || !rv) {
+        kb_log(KILN_LOG_ERROR, "oneDNN cannot pack attention operands; using the reference attention");
+        kk_reference()->attention(q, k, v, o, B, Nq, Nk, H, Dh);
+        return;
+    }
+    size_t kp_bytes = dnnl_memory_desc_get_size(&rk->dst), vp_bytes = dnnl_memory_desc_get_size(&rv->dst);
+    int nt = omp_get_max_threads();
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nt)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
-            /* this head's q, k, v, contiguous, in dt */
             uint8_t *qh = scratch(0, esz * (size_t)(Nq * Dh));
             uint8_t *kh = scratch(1, esz * (size_t)(Nk * Dh));
             uint8_t *vh = scratch(2, esz * (size_t)(Nk * Dh));
             float *s = scratch(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
-            if (!qh || !kh || !vh || !s) continue;
+            void *kp = scratch(5, kp_bytes), *vp = scratch(6, vp_bytes);
+            uint8_t *p = scratch(7, esz * (size_t)(QT * Nk));
+            if (!qh || !kh || !vh || !s || !kp || !vp || !p) continue;
             float *ot = s + QT * Nk;
+            /* this head's q (scaled), k, v, dense, in dt */
+            int bf = dt == KILN_BF16;
             for (int64_t i = 0; i < Nq; i++) {
                 const float *src = q + (b * Nq + i) * D + h * Dh;
-                if (dt == KILN_BF16)
-                    for (int64_t d = 0; d < Dh; d++) ((uint16_t *)qh)[i * Dh + d] = kt_f32_to_bf16(src[d] * scale);
-                else
-                    for (int64_t d = 0; d < Dh; d++) ((float *)qh)[i * Dh + d] = src[d] * scale;
+                if (bf) to_bf16_scaled(src, (uint16_t *)qh + i * Dh, Dh, scale);
+                else copy_scaled(src, (float *)qh + i * Dh, Dh, scale);
             }
             for (int64_t j = 0; j < Nk; j++) {
                 const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
-                if (dt == KILN_BF16) {
-                    for (int64_t d = 0; d < Dh; d++) ((uint16_t *)kh)[j * Dh + d] = kt_f32_to_bf16(ks[d]);
-                    for (int64_t d = 0; d < Dh; d++) ((uint16_t *)vh)[j * Dh + d] = kt_f32_to_bf16(vs[d]);
+                if (bf) {
+                    to_bf16_scaled(ks, (uint16_t *)kh + j * Dh, Dh, 1.0f);
+                    to_bf16_scaled(vs, (uint16_t *)vh + j * Dh, Dh, 1.0f);
                 } else {
                     memcpy((float *)kh + j * Dh, ks, sizeof(float) * (size_t)Dh);
                     memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
                 }
             }
+            if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) continue;
             for (int64_t i0 = 0; i0 < Nq; i0 += QT) {
                 int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
-                /* S [m, Nk] = Qs [m, Dh] . K^T  (K row-major [Nk, Dh] read as [Dh, Nk] "ba") */
-                prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 1, .sw = Dh};
-                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kh, NULL, s)) continue;
-                /* row softmax; P overwrites S in dt */
-                for (int64_t r = 0; r < m; r++) {
-                    float *row = s + r * Nk, mx = -INFINITY, sum = 0;
-                    for (int64_t j = 0; j < Nk; j++) mx = row[j] > mx ? row[j] : mx;
-                    for (int64_t j = 0; j < Nk; j++) {
-                        row[j] = expf(row[j] - mx);
-                        sum += row[j];
-                    }
-                    float inv = 1.0f / sum;
-                    if (dt == KILN_BF16) {
-                        uint16_t *pb = (uint16_t *)row; /* in place: bf16 j written after f32 j read */
-                        for (int64_t j = 0; j < Nk; j++) pb[j] = kt_f32_to_bf16(row[j] * inv);
-                    } else {
-                        for (int64_t j = 0; j < Nk; j++) row[j] *= inv;
-                    }
-                }
-                /* O [m, Dh] = P [m, Nk] . V [Nk, Dh]; P rows keep the f32 row stride */
-                int64_t prow = dt == KILN_BF16 ? 2 * Nk : Nk;
-                prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = prow, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 2, .sw = Dh};
-                if (!run_matmul(&k2, s, vh, NULL, ot)) continue;
+                prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
+                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, s)) continue;
+                for (int64_t r = 0; r < m; r++) /* exact row softmax into P (dt, dense) */
+                    softmax_row(s + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
+                prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
+                if (!run_matmul(&k2, p, vp, NULL, ot)) continue;
                 for (int64_t r = 0; r < m; r++)
                     memcpy(o + (b * Nq + i0 + r) * D + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
             }
         }
-    (void)saved;
 }
 
 static void attention_f32(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,

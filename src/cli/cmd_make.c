@@ -1,0 +1,107 @@
+/* cmd_make.c - kiln make-model: a seeded model of any SD3 config (and
+ * matching inputs), for benchmarks, tests and trying kiln without weights. */
+#include "base/base.h"
+#include "cli.h"
+#include "model/sd3.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_usage[] =
+    "kiln make-model DIR [--config FILE | --demo] [--weights bf16|f16|f32] [--seed N]\n"
+    "                     [--inputs FILE --latent HxW --context T --batch B]";
+
+static int help(void) {
+    printf("usage: %s\n\n"
+           "Writes a diffusers model folder DIR with seeded random weights for the architecture in\n"
+           "--config (a diffusers config.json; --demo: the demo's tiny model) and diffusers' sin-cos\n"
+           "position table. With --inputs, also writes a `kiln forward` inputs file (hidden_states,\n"
+           "encoder_hidden_states, pooled_projections, timestep) of the given latent size, context\n"
+           "length and batch.\n",
+           k_usage);
+    return 0;
+}
+
+static kiln_status write_inputs(const char *path, const kiln_config *c, int B, int H, int W, int T, uint64_t seed) {
+    size_t nh = (size_t)B * c->in_channels * H * W, nc = (size_t)B * T * c->joint_attention_dim;
+    size_t np = (size_t)B * c->pooled_projection_dim;
+    float *buf = malloc(sizeof(float) * (nh + nc + np + (size_t)B));
+    if (!buf) return kb_fail(KILN_ERR_NOMEM, "out of memory");
+    kiln_noise(seed + 1, buf, nh);
+    kiln_noise(seed + 2, buf + nh, nc);
+    kiln_noise(seed + 3, buf + nh + nc, np);
+    for (int b = 0; b < B; b++) buf[nh + nc + np + (size_t)b] = 500.0f;
+    st_tensor t[4] = {
+        {.name = "hidden_states", .dtype = KILN_F32, .ndim = 4, .shape = {B, c->in_channels, H, W}, .data = buf, .nbytes = nh * 4},
+        {.name = "encoder_hidden_states", .dtype = KILN_F32, .ndim = 3, .shape = {B, T, c->joint_attention_dim},
+         .data = buf + nh, .nbytes = nc * 4},
+        {.name = "pooled_projections", .dtype = KILN_F32, .ndim = 2, .shape = {B, c->pooled_projection_dim},
+         .data = buf + nh + nc, .nbytes = np * 4},
+        {.name = "timestep", .dtype = KILN_F32, .ndim = 1, .shape = {B}, .data = buf + nh + nc + np, .nbytes = (size_t)B * 4},
+    };
+    kiln_status s = st_write(path, t, 4, NULL, 0);
+    free(buf);
+    return s;
+}
+
+int cmd_make(int argc, char **argv) {
+    const char *dir = NULL, *config = NULL, *inputs = NULL, *v;
+    int demo = 0, H = 0, W = 0;
+    long T = 77, B = 1;
+    uint64_t seed = 1;
+    kiln_dtype wdt = KILN_BF16;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
+        if (cli_flag(argv, i, "--demo")) {
+            demo = 1;
+            continue;
+        }
+        if ((r = cli_opt("make-model", argc, argv, &i, "--config", &config)) ||
+            (r = cli_opt("make-model", argc, argv, &i, "--inputs", &inputs))) {
+            if (r < 0) return 2;
+        } else if ((r = cli_opt("make-model", argc, argv, &i, "--weights", &v))) {
+            if (r < 0) return 2;
+            if (!strcmp(v, "bf16")) wdt = KILN_BF16;
+            else if (!strcmp(v, "f16")) wdt = KILN_F16;
+            else if (!strcmp(v, "f32")) wdt = KILN_F32;
+            else return cli_usage_error("make-model", k_usage, "--weights %s: expected bf16, f16 or f32", v);
+        } else if ((r = cli_opt("make-model", argc, argv, &i, "--seed", &v))) {
+            if (r < 0 || cli_parse_u64("make-model", "--seed", v, &seed)) return 2;
+        } else if ((r = cli_opt("make-model", argc, argv, &i, "--latent", &v))) {
+            if (r < 0 || cli_parse_hw("make-model", "--latent", v, &H, &W)) return 2;
+        } else if ((r = cli_opt("make-model", argc, argv, &i, "--context", &v))) {
+            if (r < 0 || cli_parse_int("make-model", "--context", v, 1, 1 << 16, &T)) return 2;
+        } else if ((r = cli_opt("make-model", argc, argv, &i, "--batch", &v))) {
+            if (r < 0 || cli_parse_int("make-model", "--batch", v, 1, 64, &B)) return 2;
+        } else if (argv[i][0] == '-') {
+            return cli_usage_error("make-model", k_usage, "unknown option %s", argv[i]);
+        } else if (dir) {
+            return cli_usage_error("make-model", k_usage, "more than one DIR given");
+        } else {
+            dir = argv[i];
+        }
+    }
+    if (!dir || (!config && !demo)) return cli_usage_error("make-model", k_usage, "DIR and --config (or --demo) are required");
+    kiln_config c = kiln_config_demo();
+    if (config) {
+        char *json;
+        kiln_status s = kb_read_file(config, &json, NULL);
+        if (!s) {
+            s = sd3_config_parse(json, &c);
+            if (s) s = kb_wrap(s, "%s", config);
+        }
+        free(json);
+        if (s) return cli_fail("make-model", s);
+    }
+    kiln_status s = kiln_write_seeded_model(dir, &c, seed, wdt);
+    if (s) return cli_fail("make-model", s);
+    printf("model: %s (%s weights, seed %llu)\n", dir, kiln_dtype_name(wdt), (unsigned long long)seed);
+    if (inputs) {
+        if (!H) H = W = c.sample_size;
+        if ((s = sd3_check_latent(&c, H, W)) || (s = write_inputs(inputs, &c, (int)B, H, W, (int)T, seed)))
+            return cli_fail("make-model", s);
+        printf("inputs: %s (batch %ld, latent %dx%d, %ld context tokens)\n", inputs, B, H, W, T);
+    }
+    return 0;
+}
