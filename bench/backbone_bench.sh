@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Side-by-side backbone benchmark: kiln against diffusers' SD3Transformer2DModel
+# (PyTorch eager and torch.compile) on the same weights, inputs and thread count.
+#
+#   bench/backbone_bench.sh [--runs N] [--threads N] [--layers N] [--latent N] [--context T] [--skip-torch]
+#
+# Needs a built kiln (make build) and, for the PyTorch side, bench/.venv
+# (see bench/README.md). Writes its model and inputs under build/bench-backbone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=5 THREADS=2 LAYERS=2 LATENT=64 CONTEXT=333 SKIP_TORCH=0 MODES="eager compile"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) RUNS=$2; shift 2 ;; --threads) THREADS=$2; shift 2 ;; --layers) LAYERS=$2; shift 2 ;;
+    --latent) LATENT=$2; shift 2 ;; --context) CONTEXT=$2; shift 2 ;; --skip-torch) SKIP_TORCH=1; shift ;;
+    --modes) MODES=$2; shift 2 ;;
+    *) echo "usage: $0 [--runs N] [--threads N] [--layers N] [--latent N] [--context T] [--modes 'eager compile'] [--skip-torch]" >&2; exit 2 ;;
+  esac
+done
+KILN=build/kiln
+PY=bench/.venv/bin/python
+DIR=build/bench-backbone/sd3m-${LAYERS}l
+mkdir -p "$DIR"
+cat > "$DIR/config.json" <<JSON
+{"_class_name":"SD3Transformer2DModel","sample_size":128,"patch_size":2,"in_channels":16,"out_channels":16,
+ "num_layers":$LAYERS,"attention_head_dim":64,"num_attention_heads":24,"joint_attention_dim":4096,
+ "caption_projection_dim":1536,"pooled_projection_dim":2048,"pos_embed_max_size":192,"dual_attention_layers":[],"qk_norm":null}
+JSON
+[ -f "$DIR/model/config.json" ] || $KILN make-model "$DIR/model" --config "$DIR/config.json" --weights bf16 >/dev/null
+IN="$DIR/in-${LATENT}-${CONTEXT}.safetensors"
+[ -f "$IN" ] || $KILN make-model "$DIR/model" --config "$DIR/config.json" --weights bf16 \
+   --inputs "$IN" --latent ${LATENT}x${LATENT} --context $CONTEXT >/dev/null
+export OMP_NUM_THREADS=$THREADS KILN_THREADS=$THREADS KILN_LOG=error
+RES="$DIR/results.txt"; : > "$RES"
+
+for dt in bf16 f32; do
+  line=$($KILN forward "$DIR/model" --inputs "$IN" --output "$DIR/kiln-$dt.safetensors" --dtype $dt --repeat $RUNS | grep median)
+  ms=$(echo "$line" | awk '{print $3}')
+  echo "kiln-$dt $ms" >> "$RES"
+done
+if [ $SKIP_TORCH = 0 ]; then
+  for mode in $MODES; do for dt in bf16 f32; do
+    ms=$($PY bench/torch_bench.py --model "$DIR/model" --inputs "$IN" --dtype $dt --mode $mode --threads $THREADS \
+         --runs $RUNS --json --output "$DIR/torch-$mode-$dt.safetensors" | python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["median_ms"])')
+    echo "torch-$mode-$dt $ms" >> "$RES"
+  done; done
+fi
+python3 - "$RES" "$LAYERS" "$LATENT" "$CONTEXT" "$THREADS" <<'PY'
+import sys
+res = dict(l.split() for l in open(sys.argv[1]) if l.strip())
+L, lat, T, thr = (int(x) for x in sys.argv[2:6])
+D, N, C, p = 1536, (lat // 2) ** 2, 16, 2
+flop = L * (24 * N * D * D + 4 * (N + T) ** 2 * D) + (L - 1) * 24 * T * D * D + 6 * T * D * D
+flop += 2 * N * C * p * p * D * 2
+print(f"config: SD3-medium blocks, {L} layers, latent {lat}x{lat} ({N} image tokens), {T} context tokens, batch 1, {thr} threads")
+print(f"work: {flop/1e9:.1f} GFLOP per forward\n")
+print("| implementation | median ms | GFLOP/s | kiln bf16 time / this |")
+print("|---|---|---|---|")
+kb = float(res.get("kiln-bf16", "nan"))
+for k, v in res.items():
+    ms = float(v)
+    print(f"| {k} | {ms:.1f} | {flop / ms / 1e6:.0f} | {kb / ms:.2f}x |")
+PY
