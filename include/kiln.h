@@ -83,9 +83,10 @@ typedef struct kiln_open_opts {
     /* For a single-file checkpoint: a diffusers config.json to use instead of
      * inferring the architecture from tensor shapes. NULL: infer. */
     const char *config_path;
-    /* Compute precision of the GEMMs and attention: KILN_F32 (default when
-     * 0) or KILN_BF16 (f32 accumulation; falls back to F32 on CPUs without
-     * AVX-512 BF16). Everything else is computed in f32. */
+    /* Compute precision of the GEMMs and attention: KILN_BF16 (the default,
+     * also when 0: f32 accumulation; falls back to F32 on CPUs without
+     * AVX-512 BF16) or KILN_F32 (matches diffusers to ~1e-5). Everything
+     * else is computed in f32. */
     kiln_dtype dtype;
     /* Run the reference kernels (the test oracle: plain loops, double sums). */
     int reference;
@@ -147,7 +148,7 @@ typedef struct kiln_load_opts {
     const char *component;   /* diffusers subfolder, default "transformer" */
     kiln_parallel parallel;
     int mesh_rows, mesh_cols;/* default 1 x 1 */
-    kiln_dtype dtype;        /* compute precision (F32 or BF16): what the cache stores */
+    kiln_dtype dtype;        /* compute precision, BF16 (default) or F32: what the cache stores */
     int reference;           /* reference kernels, f32 row-major weights (the oracle) */
     int fsdp;                /* weights sharded across ranks (key flag) */
     int no_create_cache;     /* do not publish on a miss */

@@ -118,7 +118,7 @@ TEST(flow_with_cache_root) {
     /* no complete cache and no source: the error carries the path it looked at */
     kiln_load_opts o = opts(root, NULL);
     CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_CACHE_MISSING, root);
-    CHECK_MSG(strstr(kiln_last_error(), "sd35-tiny/transformer/mesh1x1_f32"), "%s", kiln_last_error());
+    CHECK_MSG(strstr(kiln_last_error(), "sd35-tiny/transformer/mesh1x1_bf16_"), "%s", kiln_last_error());
 
     /* a miss converts and publishes */
     o.source = src;

@@ -47,7 +47,8 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
     (void)sb;
     (void)flag;
     (void)ftw;
-    return remove(p) ? -1 : 0;
+    /* another remover may have taken it first */
+    return remove(p) && errno != ENOENT ? -1 : 0;
 }
 
 static int rm_rf(const char *dir) { return nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
@@ -326,9 +327,15 @@ kiln_status kcache_lock(const kcache_key *key, int *fd) {
             s = kb_fail(KILN_ERR_IO, "cannot open lock %s: %s", lock, strerror(errno));
         } else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
             kb_log(KILN_LOG_INFO, "waiting for another process converting %s", key->path);
-            while (flock(f, LOCK_EX) != 0 && errno == EINTR) {
+            int r;
+            while ((r = flock(f, LOCK_EX)) != 0 && errno == EINTR) {
             }
-            *fd = f;
+            if (r != 0) {
+                s = kb_fail(KILN_ERR_IO, "cannot lock %s: %s", lock, strerror(errno));
+                close(f);
+            } else {
+                *fd = f;
+            }
         } else {
             *fd = f;
         }
@@ -416,6 +423,39 @@ void kcache_clean_staging(const kcache_key *key) {
 
 void kcache_remove_superseded(const kcache_key *key) {
     remove_matching(key->group, key->prefix, "_c", key->name, 1);
+    /* staging and trash leftovers of superseded keys: only where nobody holds
+     * that key's lock (a conversion of it may still be running) */
+    DIR *d = opendir(key->group);
+    if (!d) return;
+    size_t pl = strlen(key->prefix);
+    struct dirent *e;
+    char **victims = NULL;
+    size_t n = 0;
+    while ((e = readdir(d))) {
+        const char *nm = e->d_name;
+        if (strncmp(nm, key->prefix, pl) || strncmp(nm + pl, "_c", 2) || !strncmp(nm, key->name, strlen(key->name)))
+            continue;
+        const char *tail = nm + pl + 2;
+        if (strlen(tail) <= 12 || (strncmp(tail + 12, ".staging.", 9) && strncmp(tail + 12, ".trash.", 7))) continue;
+        char **nv = realloc(victims, (n + 1) * sizeof *nv);
+        if (!nv) break;
+        victims = nv;
+        victims[n++] = kb_strdup(nm);
+    }
+    closedir(d);
+    for (size_t i = 0; i < n; i++) {
+        char *lock = victims[i] ? kb_strfmt("%s/%.*s.lock", key->group, (int)(pl + 14), victims[i]) : NULL;
+        int fd = lock ? open(lock, O_RDWR | O_CLOEXEC) : -1;
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) == 0) { /* no lock file, or nobody converting */
+            char *p = kb_path_join(key->group, victims[i]);
+            if (p) rm_rf(p);
+            free(p);
+        }
+        if (fd >= 0) close(fd); /* releases the lock */
+        free(lock);
+        free(victims[i]);
+    }
+    free(victims);
 }
 
 void kcache_touch(const char *dir) { utimensat(AT_FDCWD, dir, NULL, 0); }

@@ -90,7 +90,7 @@ kiln_load_opts kiln_load_defaults(void) {
     memset(&o, 0, sizeof o);
     o.component = "transformer";
     o.mesh_rows = o.mesh_cols = 1;
-    o.dtype = KILN_F32;
+    o.dtype = KILN_BF16;
     o.parallel.cfg.factor = o.parallel.tp.factor = o.parallel.sp.factor = 1;
     o.parallel.tp.axis = 1;
     o.parallel.sp.axis = 1;

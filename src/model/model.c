@@ -37,7 +37,7 @@ static void set_view(km_weight *w, kiln_dtype packed_dtype) {
 }
 
 kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out) {
-    if (dtype == KILN_DTYPE_INVALID) dtype = KILN_F32;
+    if (dtype == KILN_DTYPE_INVALID) dtype = reference ? KILN_F32 : KILN_BF16; /* bf16: the default, as the CLI's */
     if (dtype != KILN_F32 && dtype != KILN_BF16)
         return kb_fail(KILN_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)", kiln_dtype_name(dtype));
     if (reference && dtype != KILN_F32)
@@ -304,7 +304,7 @@ kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_m
     kc_checkpoint *c = NULL;
     const char *cfg = opts ? opts->config_path : NULL;
     km_compute cp;
-    kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_F32, opts ? opts->reference : 0, &cp);
+    kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_DTYPE_INVALID, opts ? opts->reference : 0, &cp);
     if (!st) st = kc_open(path, cfg, &c);
     if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, cp, out);
     kc_close(c);
