@@ -38,4 +38,24 @@ static inline char *golden_path(const char *c, const char *file) {
     return buf[k];
 }
 
+/* Run a golden case's inputs through m; returns a malloc'd sample. */
+static inline float *golden_forward(kiln_model *m, const char *golden, size_t *n) {
+    st_file *io = NULL;
+    if (st_open(golden_path(golden, "io.safetensors"), &io)) return NULL;
+    const st_tensor *hs = golden_info(io, "hidden_states"), *ctx = golden_info(io, "encoder_hidden_states");
+    float *h = golden_tensor(io, "hidden_states", NULL), *c = golden_tensor(io, "encoder_hidden_states", NULL);
+    float *p = golden_tensor(io, "pooled_projections", NULL), *t = golden_tensor(io, "timestep", NULL);
+    *n = (size_t)st_numel(golden_info(io, "sample"));
+    float *out = calloc(*n, sizeof(float));
+    kiln_forward_args a = {(int)hs->shape[0], (int)hs->shape[2], (int)hs->shape[3], (int)ctx->shape[1], h, c, p, t};
+    kiln_status s = kiln_forward(m, &a, out);
+    CHECK_MSG(s == KILN_OK, "forward: %s", kiln_last_error());
+    free(h);
+    free(c);
+    free(p);
+    free(t);
+    st_close(io);
+    return out;
+}
+
 #endif

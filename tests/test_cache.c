@@ -9,24 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static float *run_sd35(kiln_model *m, size_t *n) {
-    st_file *io = NULL;
-    if (st_open(golden_path("sd35-tiny", "io.safetensors"), &io)) return NULL;
-    const st_tensor *hs = golden_info(io, "hidden_states"), *ctx = golden_info(io, "encoder_hidden_states");
-    float *h = golden_tensor(io, "hidden_states", NULL), *c = golden_tensor(io, "encoder_hidden_states", NULL);
-    float *p = golden_tensor(io, "pooled_projections", NULL), *t = golden_tensor(io, "timestep", NULL);
-    *n = (size_t)st_numel(golden_info(io, "sample"));
-    float *out = calloc(*n, sizeof(float));
-    kiln_forward_args a = {(int)hs->shape[0], (int)hs->shape[2], (int)hs->shape[3], (int)ctx->shape[1], h, c, p, t};
-    CHECK_OK(kiln_forward(m, &a, out));
-    free(h);
-    free(c);
-    free(p);
-    free(t);
-    st_close(io);
-    return out;
-}
-
 static kiln_load_opts opts(const char *root, const char *source) {
     kiln_load_opts o = kiln_load_defaults();
     o.model_name = "sd35-tiny";
@@ -138,15 +120,15 @@ TEST(flow_with_cache_root) {
 
     /* a hit, from another "process" (after the first is released) */
     size_t n1, n2, n3;
-    float *miss_out = run_sd35(m, &n1);
+    float *miss_out = golden_forward(m, "sd35-tiny", &n1);
     kiln_model_free(m);
     m = NULL;
     CHECK_OK(kiln_load_model(&o, &m));
     CHECK(m && !strcmp(kiln_model_origin(m), "hit"));
-    float *hit_out = m ? run_sd35(m, &n2) : NULL;
+    float *hit_out = m ? golden_forward(m, "sd35-tiny", &n2) : NULL;
     /* the conversion path without any cache: bitwise the same numbers */
     CHECK_OK(kiln_model_open(src, NULL, &ref));
-    float *conv_out = ref ? run_sd35(ref, &n3) : NULL;
+    float *conv_out = ref ? golden_forward(ref, "sd35-tiny", &n3) : NULL;
     CHECK(miss_out && hit_out && conv_out && n1 == n2 && n2 == n3);
     if (miss_out && hit_out && conv_out) {
         CHECK(!memcmp(miss_out, hit_out, n1 * 4));
@@ -338,13 +320,13 @@ TEST(callback_source) {
     CHECK_OK(kiln_load_model(&o, &m));
     CHECK(m && !strcmp(kiln_model_origin(m), "miss"));
     size_t n1, n2;
-    float *a = m ? run_sd35(m, &n1) : NULL;
+    float *a = m ? golden_forward(m, "sd35-tiny", &n1) : NULL;
     kiln_model_free(m);
     m = NULL;
     o.source_fn = emit_nothing_then_fail; /* a hit never touches the source */
     CHECK_OK(kiln_load_model(&o, &m));
     CHECK(m && !strcmp(kiln_model_origin(m), "hit"));
-    float *b = m ? run_sd35(m, &n2) : NULL;
+    float *b = m ? golden_forward(m, "sd35-tiny", &n2) : NULL;
     CHECK(a && b && n1 == n2 && !memcmp(a, b, n1 * 4));
     kiln_model_free(m);
     m = NULL;

@@ -7,26 +7,6 @@
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-/* Run a golden case's inputs through m; returns a malloc'd sample. */
-static float *forward_golden(kiln_model *m, const char *golden, size_t *n) {
-    st_file *io = NULL;
-    if (st_open(golden_path(golden, "io.safetensors"), &io)) return NULL;
-    const st_tensor *hs = golden_info(io, "hidden_states"), *ctx = golden_info(io, "encoder_hidden_states");
-    float *h = golden_tensor(io, "hidden_states", NULL), *c = golden_tensor(io, "encoder_hidden_states", NULL);
-    float *p = golden_tensor(io, "pooled_projections", NULL), *t = golden_tensor(io, "timestep", NULL);
-    *n = (size_t)st_numel(golden_info(io, "sample"));
-    float *out = calloc(*n, sizeof(float));
-    kiln_forward_args a = {(int)hs->shape[0], (int)hs->shape[2], (int)hs->shape[3], (int)ctx->shape[1], h, c, p, t};
-    kiln_status s = kiln_forward(m, &a, out);
-    CHECK_MSG(s == KILN_OK, "forward: %s", kiln_last_error());
-    free(h);
-    free(c);
-    free(p);
-    free(t);
-    st_close(io);
-    return out;
-}
-
 static void copy_file(const char *from, const char *to) {
     char *data;
     size_t len;
@@ -318,7 +298,7 @@ static void single_file_matches(const char *golden, int layers) {
         kiln_model_get_info(m, &info);
         CHECK(!strcmp(info.layout, "sd3-single-file"));
         size_t n1, n2;
-        float *a = forward_golden(ref, golden, &n1), *b = forward_golden(m, golden, &n2);
+        float *a = golden_forward(ref, golden, &n1), *b = golden_forward(m, golden, &n2);
         CHECK(a && b && n1 == n2 && !memcmp(a, b, n1 * sizeof(float)));
         free(a);
         free(b);
@@ -389,7 +369,7 @@ TEST(sharded_folder_matches) {
     CHECK_OK(kiln_model_open(dir, NULL, &m));
     if (ref && m) {
         size_t n1, n2;
-        float *a = forward_golden(ref, "sd35-tiny", &n1), *b = forward_golden(m, "sd35-tiny", &n2);
+        float *a = golden_forward(ref, "sd35-tiny", &n1), *b = golden_forward(m, "sd35-tiny", &n2);
         CHECK(a && b && n1 == n2 && !memcmp(a, b, n1 * sizeof(float)));
         free(a);
         free(b);
