@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
     double cache_gb = (double)tree_bytes(root) / 1e9;
     double mc = median(conv, runs), mm = median(miss, runs), mh = median(hit, runs);
     double fc = median(conv_first, fr), fh = median(hit_first, fr);
-    printf("checkpoint: %s, %.2f GB bf16 (%d layers, SD3-medium blocks); cache %.2f GB f32; %d threads\n", ckpt,
+    printf("checkpoint: %s, %.2f GB bf16 (%d layers, SD3-medium blocks); cache %.2f GB (bf16 GEMM weights packed for oneDNN, the default); %d threads\n", ckpt,
            ckpt_gb, layers, cache_gb, kiln_get_threads());
     printf("| path (fresh process each) | median | vs miss |\n|---|---|---|\n");
     printf("| convert, no cache | %.1f ms | %.3fx |\n", mc * 1e3, mc / mm);
@@ -177,7 +177,7 @@ int main(int argc, char **argv) {
     printf("| hit: map, ready to run | %.2f ms | %.4fx (%.2f%%) |\n", mh * 1e3, mh / mm, 100 * mh / mm);
     printf("| first output, converting | %.1f ms | |\n", fc * 1e3);
     printf("| first output, from a hit | %.1f ms | %.3fx of converting |\n", fh * 1e3, fh / fc);
-    printf("(first output: latent %dx%d, 8 context tokens, batch 1, reference kernels; medians of %d and %d runs)\n",
+    printf("(first output: latent %dx%d, 8 context tokens, batch 1, fast bf16 kernels; medians of %d and %d runs)\n",
            latent, latent, runs, fr);
     printf("targets: hit < 1%% of miss: %s; hit < 50 ms for >= 1 GB: %s\n", mh / mm < 0.01 ? "yes" : "NO",
            mh < 0.05 && ckpt_gb >= 1.0 ? "yes" : "NO");
