@@ -119,6 +119,47 @@ TEST(elementwise_matches_reference) {
     kb_free_aligned(y1);
 }
 
+#include "tensor/dtype.h"
+
+/* bf16 activations between ops: the same numbers as f32 in, f32 out, to bf16 precision */
+TEST(bf16_activation_io) {
+    const kk_backend *fast = kk_fast(KILN_BF16), *ref = kk_reference();
+    if (!fast || !fast->linear_io) return;
+    int64_t rows = 45, K = 96, M = 70, B = 1, N = 45, D = 96;
+    float *x = rnd(31, (size_t)(rows * K), 1), *w = rnd(32, (size_t)(M * K), 0.1f), *b = rnd(33, (size_t)M, 0.1f);
+    float *y0 = rnd(34, (size_t)(rows * M), 0), *y1 = rnd(35, (size_t)(rows * M), 0);
+    uint16_t *xb = kb_alloc_aligned(2 * (size_t)(rows * K)), *yb = kb_alloc_aligned(2 * (size_t)(rows * M));
+    char layout[40];
+    size_t bytes;
+    CHECK_OK(kk_fast_layout(M, K, KILN_BF16, layout, &bytes));
+    void *packed = kb_alloc_aligned(bytes);
+    CHECK_OK(kk_fast_pack(w, M, K, KILN_BF16, packed));
+    kk_weight wr = {M, K, w, NULL, KILN_F32}, wf = {M, K, NULL, packed, KILN_BF16};
+    ref->linear(x, &wr, b, y0, rows, KK_ACT_GELU_TANH);
+    kt_from_f32(KILN_BF16, x, xb, (size_t)(rows * K));
+    for (int xin = 0; xin < 2; xin++)
+        for (int yout = 0; yout < 2; yout++) {
+            fast->linear_io(xin ? (const void *)xb : (const void *)x, xin, &wf, b, yout ? (void *)yb : (void *)y1, yout,
+                            rows, KK_ACT_GELU_TANH);
+            if (yout) kt_to_f32(KILN_BF16, yb, y1, (size_t)(rows * M));
+            double err = rel_l2(y1, y0, (size_t)(rows * M));
+            CHECK_MSG(err <= 1e-2, "linear_io x_bf16 %d y_bf16 %d: error %.3g", xin, yout, err);
+        }
+    float *sh = rnd(36, (size_t)D, 0.3f), *sc = rnd(37, (size_t)D, 0.3f);
+    float *z0 = rnd(38, (size_t)(N * D), 0), *z1 = rnd(39, (size_t)(N * D), 0);
+    uint16_t *zb = kb_alloc_aligned(2 * (size_t)(N * D));
+    ref->layernorm_modulate(x, sh, sc, z0, B, N, D, 1e-6f);
+    fast->layernorm_modulate_bf16(x, sh, sc, zb, B, N, D, 1e-6f);
+    kt_to_f32(KILN_BF16, zb, z1, (size_t)(N * D));
+    CHECK_MSG(rel_l2(z1, z0, (size_t)(N * D)) <= 1e-2, "layernorm_modulate_bf16");
+    ref->modulate(x, sh, sc, z0, B, N, D);
+    fast->modulate_bf16(x, sh, sc, zb, B, N, D);
+    kt_to_f32(KILN_BF16, zb, z1, (size_t)(N * D));
+    CHECK_MSG(rel_l2(z1, z0, (size_t)(N * D)) <= 1e-2, "modulate_bf16");
+    void *bufs[] = {x, w, b, y0, y1, xb, yb, packed, sh, sc, z0, z1, zb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
+}
+
 TEST(packed_layouts_are_stable) {
     /* the same shape and dtype always gives the same layout name and size */
     char a[40], b[40];
@@ -134,6 +175,7 @@ int main(void) {
     RUN(linear_matches_reference);
     RUN(attention_matches_reference);
     RUN(elementwise_matches_reference);
+    RUN(bf16_activation_io);
     RUN(packed_layouts_are_stable);
     return TEST_SUMMARY();
 }

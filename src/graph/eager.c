@@ -76,11 +76,17 @@ static void run_node(const kg_graph *g, const kk_backend *be, const kg_node *n, 
     case KG_LINEAR: {
         int64_t M = n->shape[n->ndim - 1];
         (void)b;
-        be->linear(a, g->nodes[n->src[1]].kw, c, y, numel / (M ? M : 1), (int)ip[0]);
+        if (A->out_bf16 || n->out_bf16)
+            be->linear_io(a, A->out_bf16, g->nodes[n->src[1]].kw, c, y, n->out_bf16, numel / (M ? M : 1), (int)ip[0]);
+        else
+            be->linear(a, g->nodes[n->src[1]].kw, c, y, numel / (M ? M : 1), (int)ip[0]);
         break;
     }
     case KG_LN_MODULATE:
-        be->layernorm_modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
+        if (n->out_bf16)
+            be->layernorm_modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
+        else
+            be->layernorm_modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
         break;
     case KG_ALIAS: break; /* handled by the executor: the buffer is handed over */
     case KG_ADD: {
@@ -100,7 +106,10 @@ static void run_node(const kg_graph *g, const kk_backend *be, const kg_node *n, 
         be->rmsnorm_heads(a, b, y, numel / (D ? D : 1), H, D / H, n->fparam);
         break;
     }
-    case KG_MODULATE: be->modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]); break;
+    case KG_MODULATE:
+        if (n->out_bf16) be->modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2]);
+        else be->modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]);
+        break;
     case KG_GATE_ADD: be->gate_add(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]); break;
     case KG_SLICE_COLS:
         for (int64_t r = 0; r < n->shape[0]; r++)
@@ -191,8 +200,9 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             buf[i] = (float *)nd->data;
             continue;
         }
-        float *y = out_slot[i] >= 0 ? outputs[out_slot[i]]
-                                    : kb_alloc_aligned(sizeof(float) * (size_t)kg_numel(nd));
+        /* bf16 buffers are half the size; kg_plan_bf16 never marks outputs */
+        size_t esz = nd->out_bf16 ? 2 : sizeof(float);
+        float *y = out_slot[i] >= 0 ? outputs[out_slot[i]] : kb_alloc_aligned(esz * (size_t)kg_numel(nd));
         if (!y) {
             st = KILN_ERR_NOMEM;
             break;

@@ -325,6 +325,12 @@ void kg_fuse(kg_graph *g) {
         if (n->op == KG_GELU_TANH && p->op == KG_LINEAR && p->iparam[0] == KK_ACT_NONE) {
             p->iparam[0] = KK_ACT_GELU_TANH;
             n->op = KG_ALIAS;
+            /* consumers read the linear directly; the alias is left dead */
+            for (int j = i + 1; j < g->n; j++)
+                for (int s = 0; s < 3; s++)
+                    if (g->nodes[j].src[s] == i) g->nodes[j].src[s] = s0;
+            for (int o = 0; o < g->n_outputs; o++)
+                if (g->outputs[o] == i) g->outputs[o] = s0;
         } else if (n->op == KG_MODULATE && p->op == KG_LAYERNORM) {
             n->op = KG_LN_MODULATE;
             n->fparam = p->fparam;
@@ -333,4 +339,39 @@ void kg_fuse(kg_graph *g) {
         }
     }
     free(uses);
+}
+
+void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
+    if (g->status || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
+    /* ok[i]: every consumer so far is a linear reading i as its input, with bf16 packed weights */
+    char *ok = malloc((size_t)g->n), *used = calloc((size_t)g->n, 1);
+    if (!ok || !used) {
+        free(ok);
+        free(used);
+        return;
+    }
+    memset(ok, 1, (size_t)g->n);
+    for (int o = 0; o < g->n_outputs; o++) ok[g->outputs[o]] = 0;
+    for (int i = 0; i < g->n; i++) {
+        const kg_node *n = &g->nodes[i];
+        for (int s = 0; s < 3; s++) {
+            kg_id src = n->src[s];
+            if (src < 0) continue;
+            used[src] = 1;
+            const kk_weight *kw = n->op == KG_LINEAR ? g->nodes[n->src[1]].kw : NULL;
+            if (!(n->op == KG_LINEAR && s == 0 && kw && kw->packed && kw->packed_dtype == KILN_BF16)) ok[src] = 0;
+        }
+    }
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        int producer = n->op == KG_LINEAR || n->op == KG_LN_MODULATE || n->op == KG_MODULATE;
+        if (producer && used[i] && ok[i]) n->out_bf16 = 1;
+        /* a linear producing bf16 needs bf16-capable weights itself */
+        if (n->op == KG_LINEAR && n->out_bf16) {
+            const kk_weight *kw = g->nodes[n->src[1]].kw;
+            if (!kw || !kw->packed || kw->packed_dtype != KILN_BF16) n->out_bf16 = 0;
+        }
+    }
+    free(ok);
+    free(used);
 }

@@ -52,6 +52,7 @@ typedef struct kg_node {
     const char *name;     /* INPUT/WEIGHT: owned by the graph */
     const float *data;    /* WEIGHT: bound f32 data (not owned; NULL if only packed) */
     const kk_weight *kw;  /* WEIGHT: the weight as linear kernels consume it */
+    int out_bf16;         /* set by kg_plan_bf16: the output is kept in bf16 */
 } kg_node;
 
 /* Resolves a weight name to its shape, f32 data (NULL when the weight only
@@ -97,6 +98,10 @@ void kg_mark_output(kg_graph *g, kg_id x);
 /* Fusion for a backend: linear + tanh-GELU into one linear with an epilogue,
  * layernorm + modulate into one op. The graph computes the same function. */
 void kg_fuse(kg_graph *g);
+/* For a backend with bf16 activation I/O: keep in bf16 the outputs of
+ * linear, layernorm_modulate and modulate nodes that only linears with bf16
+ * packed weights consume, so those GEMMs need no conversion pass. */
+void kg_plan_bf16(kg_graph *g, const kk_backend *be);
 
 /* ---- executors ---------------------------------------------------------- */
 /* Run every node in order with the backend's kernels. inputs[slot] point to

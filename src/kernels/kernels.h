@@ -44,6 +44,15 @@ typedef struct kk_backend {
     /* o [B,Nq,H*Dh] = softmax(q k^T / sqrt(Dh)) v, per batch and head */
     void (*attention)(const float *q, const float *k, const float *v, float *o, int64_t B,
                       int64_t Nq, int64_t Nk, int64_t H, int64_t Dh);
+    /* Optional (NULL: not offered): bf16 activations between ops, so a GEMM
+     * whose input another op produced needs no conversion pass. x_bf16 /
+     * y_bf16 say whether x / y hold bf16 (uint16) instead of f32. */
+    void (*linear_io)(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
+                      int64_t rows, int act);
+    void (*layernorm_modulate_bf16)(const float *x, const float *shift, const float *scale, uint16_t *y,
+                                    int64_t B, int64_t N, int64_t D, float eps);
+    void (*modulate_bf16)(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
+                          int64_t N, int64_t D);
 } kk_backend;
 
 /* The reference kernels: straightforward loops, double accumulation. */

@@ -349,6 +349,7 @@ kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out) 
     kiln_status st = sd3_build_forward(&m->cfg, &g, a->batch, a->height, a->width, a->context_len);
     if (!st) {
         kg_fuse(&g);
+        kg_plan_bf16(&g, m->backend);
         const float *in[4] = {a->hidden, a->context, a->pooled, a->timestep};
         float *outs[1] = {out};
         st = kg_run_eager(&g, m->backend, in, outs);

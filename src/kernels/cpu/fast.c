@@ -60,7 +60,8 @@ static int gemm_threads(kiln_dtype dt) {
 /* matmul src [m,k] (strides sa) x wei [k,n] (md) -> dst [m,n] f32 (strides sd) */
 typedef struct {
     int64_t m, k, n, sa, sd;
-    int dt, act, bias, wkind; /* wkind 0: packed weights md, 1: "ba" strided (attention K^T), 2: ab */
+    int dt, act, bias, wkind; /* wkind 0: packed weights md, 1: "ba" strided, 2: "ab" strided */
+    int ydt;                  /* destination type; 0 means f32 */
     int64_t sw;
     dnnl_primitive_t prim;
 } prim_entry;
@@ -91,7 +92,7 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
         prim_entry *p = &g_prims[i];
         if (p->m == key->m && p->k == key->k && p->n == key->n && p->sa == key->sa && p->sd == key->sd &&
             p->dt == key->dt && p->act == key->act && p->bias == key->bias && p->wkind == key->wkind &&
-            p->sw == key->sw) {
+            p->sw == key->sw && p->ydt == key->ydt) {
             pthread_mutex_unlock(&g_lock);
             return p->prim;
         }
@@ -101,7 +102,7 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
     dnnl_dims_t da = {key->m, key->k}, dc = {key->m, key->n}, dbias = {1, key->n};
     dnnl_dims_t sa = {key->sa, 1}, sc = {key->sd, 1};
     int ok = !dnnl_memory_desc_init_by_strides(&a, 2, da, (dnnl_data_type_t)key->dt, sa) &&
-             !dnnl_memory_desc_init_by_strides(&c, 2, dc, dnnl_f32, sc) &&
+             !dnnl_memory_desc_init_by_strides(&c, 2, dc, key->ydt ? (dnnl_data_type_t)key->ydt : dnnl_f32, sc) &&
              !dnnl_memory_desc_init_by_tag(&bias, 2, dbias, dnnl_f32, dnnl_ab);
     if (ok && key->wkind == 0) {
         ok = packed_md(key->n, key->k, key->dt == dnnl_bf16 ? KILN_BF16 : KILN_F32, &b);
@@ -347,27 +348,40 @@ KK_CLONES static void softmax_row(float *row, int64_t n, void *out, int bf16) {
 
 /* ---- the kernels ------------------------------------------------------------------ */
 
-static void fast_linear(kiln_dtype dt, const float *x, const kk_weight *w, const float *b, float *y, int64_t rows,
-                        int act) {
-    if (!w->packed || w->packed_dtype != dt) { /* an unpacked weight: the reference */
+/* y (f32 or bf16) = act(x W^T + b); x is f32 (converted here for bf16
+ * GEMMs) or already bf16 */
+static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_weight *w, const float *b, void *y,
+                           int y_bf16, int64_t rows, int act) {
+    if (!w->packed || w->packed_dtype != dt || (x_bf16 && dt != KILN_BF16) || (y_bf16 && dt != KILN_BF16)) {
+        /* an unpacked weight (or a combination the GEMM does not take): the reference, in f32 */
         kk_reference()->linear(x, w, b, y, rows, act);
         return;
     }
     const void *src = x;
-    if (dt == KILN_BF16) {
+    if (dt == KILN_BF16 && !x_bf16) {
         uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * w->K));
         if (!xb) return;
         int64_t n = rows * w->K, chunk = 1 << 16;
 #pragma omp parallel for schedule(static) if (n > chunk)
-        for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled(x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
+        for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled((const float *)x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
         src = xb;
     }
     prim_entry key = {.m = rows, .k = w->K, .n = w->M, .sa = w->K, .sd = w->M, .dt = dnnl_dt(dt), .act = act,
-                      .bias = b != NULL, .wkind = 0};
+                      .bias = b != NULL, .wkind = 0, .ydt = y_bf16 ? dnnl_bf16 : dnnl_f32};
     int saved = omp_get_max_threads(), nt = gemm_threads(dt);
     omp_set_num_threads(nt);
     if (!run_matmul(&key, src, w->packed, b, y)) kb_log(KILN_LOG_ERROR, "oneDNN matmul failed");
     omp_set_num_threads(saved);
+}
+
+static void fast_linear(kiln_dtype dt, const float *x, const kk_weight *w, const float *b, float *y, int64_t rows,
+                        int act) {
+    fast_linear_io(dt, x, 0, w, b, y, 0, rows, act);
+}
+
+static void linear_io_bf16(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
+                           int64_t rows, int act) {
+    fast_linear_io(KILN_BF16, x, x_bf16, w, b, y, y_bf16, rows, act);
 }
 
 static void linear_f32(const float *x, const kk_weight *w, const float *b, float *y, int64_t rows, int act) {
@@ -423,6 +437,32 @@ static void fast_ln_modulate(const float *x, const float *shift, const float *sc
             row_stats(xr, D, eps, &mu, &inv);
 #pragma omp simd
             for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
+        }
+}
+
+static void fast_ln_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
+                                  int64_t N, int64_t D, float eps) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
+            uint16_t *yr = y + (b * N + n) * D;
+            float mu, inv;
+            row_stats(xr, D, eps, &mu, &inv);
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) yr[i] = bf16_of((xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
+        }
+}
+
+static void fast_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
+                               int64_t N, int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
+            uint16_t *yr = y + (b * N + n) * D;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) yr[i] = bf16_of(xr[i] * (1.0f + sc[i]) + sh[i]);
         }
 }
 
@@ -594,7 +634,9 @@ static void attention_bf16(const float *q, const float *k, const float *v, float
     .modulate = fast_modulate, .gate_add = fast_gate_add
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32, FAST_COMMON};
-static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16, FAST_COMMON};
+static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16,
+                                       .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
+                                       .modulate_bf16 = fast_modulate_bf16, FAST_COMMON};
 
 const kk_backend *kk_fast(kiln_dtype dt) {
     if (!engine()) return NULL;
