@@ -296,3 +296,28 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     o.reference = c->reference;
     return kiln_load_model(&o, out);
 }
+
+/* seeded conditioning under diffusers' pipeline names */
+kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T, uint64_t seed) {
+    size_t ne = (size_t)T * (size_t)c->joint_attention_dim, np = (size_t)c->pooled_projection_dim;
+    float *buf = malloc(sizeof(float) * 2 * (ne + np));
+    if (!buf) return kb_fail(KILN_ERR_NOMEM, "out of memory");
+    kiln_noise(seed, buf, ne);
+    kiln_noise(seed + 1, buf + ne, np);
+    kiln_noise(seed + 2, buf + ne + np, ne);
+    kiln_noise(seed + 3, buf + 2 * ne + np, np);
+    st_tensor t[4] = {
+        {.name = "prompt_embeds", .dtype = KILN_F32, .ndim = 3, .shape = {1, T, c->joint_attention_dim},
+         .data = buf, .nbytes = ne * 4},
+        {.name = "pooled_prompt_embeds", .dtype = KILN_F32, .ndim = 2, .shape = {1, c->pooled_projection_dim},
+         .data = buf + ne, .nbytes = np * 4},
+        {.name = "negative_prompt_embeds", .dtype = KILN_F32, .ndim = 3,
+         .shape = {1, T, c->joint_attention_dim}, .data = buf + ne + np, .nbytes = ne * 4},
+        {.name = "negative_pooled_prompt_embeds", .dtype = KILN_F32, .ndim = 2,
+         .shape = {1, c->pooled_projection_dim}, .data = buf + 2 * ne + np, .nbytes = np * 4},
+    };
+    kiln_status s = st_write(path, t, 4, NULL, 0);
+    free(buf);
+    return s;
+}
+

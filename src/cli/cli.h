@@ -75,6 +75,9 @@ kiln_status cli_write_f32(const char *path, const char *name, const float *data,
  * and a PNG preview beside it. Returns the exit code. */
 int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
                      int quiet);
+/* Seeded conditioning under diffusers' pipeline names (prompt_embeds,
+ * pooled_prompt_embeds and the negative_* pair), T tokens. */
+kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T, uint64_t seed);
 /* path with its .safetensors suffix replaced by .png (malloc'd) */
 char *cli_preview_path(const char *path);
 

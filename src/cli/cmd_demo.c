@@ -22,30 +22,6 @@ static int help(void) {
     return 0;
 }
 
-/* seeded conditioning under diffusers' pipeline names */
-static kiln_status write_cond(const char *path, const kiln_config *c, int T) {
-    size_t ne = (size_t)T * (size_t)c->joint_attention_dim, np = (size_t)c->pooled_projection_dim;
-    float *buf = malloc(sizeof(float) * 2 * (ne + np));
-    if (!buf) return kb_fail(KILN_ERR_NOMEM, "out of memory");
-    kiln_noise(101, buf, ne);
-    kiln_noise(102, buf + ne, np);
-    kiln_noise(103, buf + ne + np, ne);
-    kiln_noise(104, buf + 2 * ne + np, np);
-    st_tensor t[4] = {
-        {.name = "prompt_embeds", .dtype = KILN_F32, .ndim = 3, .shape = {1, T, c->joint_attention_dim},
-         .data = buf, .nbytes = ne * 4},
-        {.name = "pooled_prompt_embeds", .dtype = KILN_F32, .ndim = 2, .shape = {1, c->pooled_projection_dim},
-         .data = buf + ne, .nbytes = np * 4},
-        {.name = "negative_prompt_embeds", .dtype = KILN_F32, .ndim = 3,
-         .shape = {1, T, c->joint_attention_dim}, .data = buf + ne + np, .nbytes = ne * 4},
-        {.name = "negative_pooled_prompt_embeds", .dtype = KILN_F32, .ndim = 2,
-         .shape = {1, c->pooled_projection_dim}, .data = buf + 2 * ne + np, .nbytes = np * 4},
-    };
-    kiln_status s = st_write(path, t, 4, NULL, 0);
-    free(buf);
-    return s;
-}
-
 int cmd_demo(int argc, char **argv) {
     const char *dir = "kiln-demo", *v;
     long steps = 8;
@@ -87,7 +63,7 @@ int cmd_demo(int argc, char **argv) {
         kb_ledger_add("demo_write_model", kb_now() - t0, "seeded bf16 weights");
         printf("  model:  %s (written from seed 2026, bf16 weights)\n", model);
     }
-    if ((s = write_cond(cond, &cfg, 32))) {
+    if ((s = cli_write_seeded_cond(cond, &cfg, 32, 101))) {
         rc = cli_fail("demo", s);
         goto done;
     }

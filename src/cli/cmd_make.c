@@ -9,7 +9,7 @@
 
 static const char k_usage[] =
     "kiln make-model DIR [--config FILE | --demo] [--weights bf16|f16|f32] [--seed N]\n"
-    "                     [--inputs FILE --latent HxW --context T --batch B]";
+    "                     [--inputs FILE --latent HxW --context T --batch B] [--cond FILE --context T]";
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -17,7 +17,8 @@ static int help(void) {
            "--config (a diffusers config.json; --demo: the demo's tiny model) and diffusers' sin-cos\n"
            "position table. With --inputs, also writes a `kiln forward` inputs file (hidden_states,\n"
            "encoder_hidden_states, pooled_projections, timestep) of the given latent size, context\n"
-           "length and batch.\n",
+           "length and batch. With --cond, a `kiln generate` conditioning file (prompt_embeds,\n"
+           "pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds) of T tokens.\n",
            k_usage);
     return 0;
 }
@@ -45,7 +46,7 @@ static kiln_status write_inputs(const char *path, const kiln_config *c, int B, i
 }
 
 int cmd_make(int argc, char **argv) {
-    const char *dir = NULL, *config = NULL, *inputs = NULL, *v;
+    const char *dir = NULL, *config = NULL, *inputs = NULL, *cond = NULL, *v;
     int demo = 0, H = 0, W = 0;
     long T = 77, B = 1;
     uint64_t seed = 1;
@@ -58,7 +59,8 @@ int cmd_make(int argc, char **argv) {
             continue;
         }
         if ((r = cli_opt("make-model", argc, argv, &i, "--config", &config)) ||
-            (r = cli_opt("make-model", argc, argv, &i, "--inputs", &inputs))) {
+            (r = cli_opt("make-model", argc, argv, &i, "--inputs", &inputs)) ||
+            (r = cli_opt("make-model", argc, argv, &i, "--cond", &cond))) {
             if (r < 0) return 2;
         } else if ((r = cli_opt("make-model", argc, argv, &i, "--weights", &v))) {
             if (r < 0) return 2;
@@ -102,6 +104,10 @@ int cmd_make(int argc, char **argv) {
         if ((s = sd3_check_latent(&c, H, W)) || (s = write_inputs(inputs, &c, (int)B, H, W, (int)T, seed)))
             return cli_fail("make-model", s);
         printf("inputs: %s (batch %ld, latent %dx%d, %ld context tokens)\n", inputs, B, H, W, T);
+    }
+    if (cond) {
+        if ((s = cli_write_seeded_cond(cond, &c, (int)T, seed + 100))) return cli_fail("make-model", s);
+        printf("cond: %s (%ld tokens, prompt and negative)\n", cond, T);
     }
     return 0;
 }
