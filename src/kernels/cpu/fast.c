@@ -5,8 +5,8 @@
  * Primitives are created once per shape and kept (a small table under a
  * lock); scratch buffers grow per thread and are reused, so a steady state
  * forward allocates nothing here. GEMM threads: KILN_GEMM_THREADS, default
- * all threads but 1 for bf16 on AMX (see gemm_threads). Hot loops are
- * compiled per CPU (target_clones). */
+ * all threads (see gemm_threads). Hot loops are compiled per CPU
+ * (target_clones). */
 #include "base/base.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
@@ -46,15 +46,15 @@ static dnnl_stream_t stream(void) {
 static dnnl_data_type_t dnnl_dt(kiln_dtype t) { return t == KILN_BF16 ? dnnl_bf16 : dnnl_f32; }
 
 
-/* AMX GEMMs from two threads at once collapse on the 2-vCPU machines this
- * was measured on (bench_kernels: 56-76 GFLOP/s with 2 threads against
- * 570-1950 with 1), so bf16 GEMMs on AMX default to one thread. */
+/* Isolated AMX GEMMs sometimes ran faster on one thread than on two on the
+ * 2-vCPU machines measured (bench_kernels), but whole forwards were faster
+ * with both (docs/PERFORMANCE.md), so all threads is the default and
+ * KILN_GEMM_THREADS overrides it. */
 static int gemm_threads(kiln_dtype dt) {
     const char *e = getenv("KILN_GEMM_THREADS");
     int n = e ? atoi(e) : 0;
-    if (n >= 1) return n;
-    if (dt == KILN_BF16 && dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_amx) return 1;
-    return kiln_get_threads();
+    (void)dt;
+    return n >= 1 ? n : kiln_get_threads();
 }
 
 /* matmul src [m,k] (strides sa) x wei [k,n] (md) -> dst [m,n] f32 (strides sd) */
