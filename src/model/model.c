@@ -179,10 +179,11 @@ static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const sd3
     return KILN_OK;
 }
 
-static kiln_model *model_new(void) {
+static kiln_model *model_new(km_compute cp) {
     kiln_model *m = kb_calloc(1, sizeof *m);
     if (!m) return NULL;
-    m->backend = kk_reference();
+    m->compute = cp;
+    m->backend = backend_of(cp);
     m->refs = 1;
     snprintf(m->origin, sizeof m->origin, "open");
     return m;
@@ -191,11 +192,7 @@ static kiln_model *model_new(void) {
 kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, km_compute cp,
                                kiln_model **out) {
     *out = NULL;
-    kiln_model *m = model_new();
-    if (m) {
-        m->compute = cp;
-        m->backend = backend_of(cp);
-    }
+    kiln_model *m = model_new(cp);
     sd3_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
@@ -227,11 +224,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
 
 kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     *out = NULL;
-    kiln_model *m = model_new();
-    if (m) {
-        m->compute = cp;
-        m->backend = backend_of(cp);
-    }
+    kiln_model *m = model_new(cp);
     sd3_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
