@@ -88,7 +88,7 @@ static void run_node(const kg_graph *g, const kk_backend *be, const kg_node *n, 
         else
             be->layernorm_modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
         break;
-    case KG_ALIAS: break; /* handled by the executor: the buffer is handed over */
+    case KG_ALIAS: break; /* never live: kg_fuse points its consumers at the producer */
     case KG_ADD: {
         int64_t nb = kg_numel(&g->nodes[n->src[1]]);
         for (int64_t i = 0; i < numel; i++) y[i] = a[i] + b[i % nb];
@@ -187,11 +187,6 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     for (int i = 0; i < n && st == KILN_OK; i++) {
         const kg_node *nd = &g->nodes[i];
         if (!live[i]) continue;
-        if (nd->op == KG_ALIAS && out_slot[i] < 0) { /* take over the producer's buffer */
-            buf[i] = buf[nd->src[0]];
-            buf[nd->src[0]] = NULL;
-            continue;
-        }
         if (nd->op == KG_INPUT) {
             buf[i] = (float *)inputs[nd->iparam[0]];
             continue;
@@ -209,8 +204,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
         }
         buf[i] = y;
         double t0 = profile ? kb_now() : 0;
-        if (nd->op == KG_ALIAS) memcpy(y, buf[nd->src[0]], sizeof(float) * (size_t)kg_numel(nd));
-        else run_node(g, be, nd, buf, y);
+        run_node(g, be, nd, buf, y);
         if (profile) {
             char cat[48];
             snprintf(cat, sizeof cat, "op %s", kg_op_name(nd->op));

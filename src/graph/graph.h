@@ -36,7 +36,8 @@ typedef enum kg_op {
     KG_POS_CROP,       /* table [1,M*M,D] -> [1,h*w,D] centre crop; iparam = M, h, w */
     /* made by kg_fuse, never by the model: */
     KG_LN_MODULATE,    /* layernorm(x) * (1 + scale) + shift; src = x, shift, scale; fparam = eps */
-    KG_ALIAS,          /* the same values as src0 (an op folded into its producer) */
+    KG_ALIAS,          /* an op folded into its producer src0; kg_fuse rewires its consumers,
+                        * so executors never run it */
     KG_OP_COUNT
 } kg_op;
 
