@@ -23,6 +23,7 @@ void kg_init(kg_graph *g, kg_resolver resolve, void *user) {
 void kg_free(kg_graph *g) {
     for (int i = 0; i < g->n; i++) free((char *)g->nodes[i].name);
     free(g->nodes);
+    free(g->regions);
     memset(g, 0, sizeof *g);
 }
 
@@ -305,6 +306,22 @@ void kg_mark_output(kg_graph *g, kg_id x) {
         return;
     }
     g->outputs[g->n_outputs++] = x;
+}
+
+void kg_region_begin(kg_graph *g, int layer) {
+    if (g->status) return;
+    kg_region *r = realloc(g->regions, sizeof *r * (size_t)(g->n_regions + 1));
+    if (!r) {
+        fail(g, KILN_ERR_NOMEM, "out of memory building the graph");
+        return;
+    }
+    g->regions = r;
+    r[g->n_regions++] = (kg_region){g->n, -1, layer};
+}
+
+void kg_region_end(kg_graph *g) {
+    if (g->status || !g->n_regions || g->regions[g->n_regions - 1].end >= 0) return;
+    g->regions[g->n_regions - 1].end = g->n;
 }
 
 /* ---- fusion --------------------------------------------------------------------- */

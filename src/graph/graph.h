@@ -61,9 +61,18 @@ typedef struct kg_node {
 typedef int (*kg_resolver)(void *user, const char *name, int *ndim, int64_t shape[4],
                            const float **data, const kk_weight **kw);
 
+/* A run of nodes [start, end) that one repeated piece of the model built
+ * (a transformer block): the compiler emits each distinct kind once. */
+typedef struct kg_region {
+    int start, end;
+    int layer;
+} kg_region;
+
 typedef struct kg_graph {
     kg_node *nodes;
     int n, cap;
+    kg_region *regions;
+    int n_regions;
     kg_id outputs[4];
     int n_outputs;
     int n_inputs;
@@ -95,6 +104,9 @@ kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c
 kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim);
 kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w);
 void kg_mark_output(kg_graph *g, kg_id x);
+/* Mark the nodes built between begin and end as one region (layer i). */
+void kg_region_begin(kg_graph *g, int layer);
+void kg_region_end(kg_graph *g);
 
 /* Fusion for a backend: linear + tanh-GELU into one linear with an epilogue,
  * layernorm + modulate into one op. The graph computes the same function. */
@@ -108,6 +120,12 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be);
 /* Run every node in order with the backend's kernels. inputs[slot] point to
  * the input tensors; outputs[i] receive the marked outputs (caller-allocated,
  * kg_numel floats each). Intermediates are freed after their last use. */
+/* Which nodes the outputs need (live[i]), and the last live node reading
+ * each one (last_use[i]; i itself when none). Arrays of g->n. */
+void kg_liveness(const kg_graph *g, char *live, int *last_use);
+/* Run one node: buf[j] holds node j's data (f32, or bf16 where out_bf16;
+ * a weight node's buf is its f32 data), y receives node n's output. */
+void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y);
 kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *const *inputs,
                          float *const *outputs);
 

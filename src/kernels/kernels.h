@@ -55,6 +55,22 @@ typedef struct kk_backend {
                           int64_t N, int64_t D);
 } kk_backend;
 
+/* Data movement shared by every executor (src/kernels/layout.c). */
+/* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p] */
+void kk_patchify(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p);
+/* x [B,h*w,p*p*C] -> y [B,C,h*p,w*p] */
+void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C);
+/* t [B] -> y [B,dim] sinusoidal (cos | sin) */
+void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim);
+/* table [M*M,D] -> y [h*w,D], centre crop */
+void kk_pos_crop(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D);
+/* y [n] = a [n] + b [i % nb] */
+void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t nb);
+/* y [rows,len] = x [rows, off .. off+len) of rows of stride floats */
+void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
+/* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
+void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
+
 /* The reference kernels: straightforward loops, double accumulation. */
 const kk_backend *kk_reference(void);
 

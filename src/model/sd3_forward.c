@@ -140,7 +140,11 @@ kiln_status sd3_build_forward(const kiln_config *c, kg_graph *g, int64_t B, int6
     kg_id silu_temb = kg_silu(g, temb);
 
     ctx = lin(&f, ctx, "context_embedder", 0);
-    for (int i = 0; i < c->num_layers; i++) hs = joint_block(&f, i, hs, &ctx, silu_temb);
+    for (int i = 0; i < c->num_layers; i++) { /* a region: compiled once per distinct block kind */
+        kg_region_begin(g, i);
+        hs = joint_block(&f, i, hs, &ctx, silu_temb);
+        kg_region_end(g);
+    }
 
     /* norm_out: AdaLayerNormContinuous, chunks (scale, shift) */
     kg_id emb = lin(&f, silu_temb, "norm_out.linear", 0);

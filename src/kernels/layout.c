@@ -1,0 +1,69 @@
+/* layout.c - the data-movement kernels every executor shares (eager, the
+ * planned executor and compiled packages call these same functions, so
+ * they compute bit for bit the same thing). */
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p], feature order (c, py, px) to match a
+ * conv weight [D,C,p,p] read as [D, C*p*p]; token order row-major (h, w). */
+void kk_patchify(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p) {
+    int64_t h = H / p, w = W / p;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t ty = 0; ty < h; ty++)
+            for (int64_t tx = 0; tx < w; tx++)
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t py = 0; py < p; py++)
+                        for (int64_t px = 0; px < p; px++)
+                            *y++ = x[((b * C + c) * H + ty * p + py) * W + tx * p + px];
+}
+
+/* x [B,h*w,p*p*C] (feature order py, px, c) -> y [B,C,h*p,w*p] */
+void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C) {
+    int64_t H = h * p, W = w * p;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t ty = 0; ty < h; ty++)
+            for (int64_t tx = 0; tx < w; tx++) {
+                const float *in = x + ((b * h + ty) * w + tx) * p * p * C;
+                for (int64_t py = 0; py < p; py++)
+                    for (int64_t px = 0; px < p; px++)
+                        for (int64_t c = 0; c < C; c++)
+                            y[((b * C + c) * H + ty * p + py) * W + tx * p + px] = in[(py * p + px) * C + c];
+            }
+}
+
+/* diffusers' get_timestep_embedding(flip_sin_to_cos=True, shift 0, max_period
+ * 10000): [cos(t f_i), sin(t f_i)] with f_i = exp(-ln(10000) i / half). */
+void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < half; i++) {
+            double f = exp(-log(10000.0) * (double)i / (double)half);
+            double a = (double)t[b] * f;
+            y[b * dim + i] = (float)cos(a);
+            y[b * dim + half + i] = (float)sin(a);
+        }
+}
+
+/* centre crop of an M x M table [M*M, D] to h x w, as diffusers' cropped_pos_embed */
+void kk_pos_crop(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D) {
+    int64_t top = (M - h) / 2, left = (M - w) / 2;
+    for (int64_t i = 0; i < h; i++)
+        memcpy(y + i * w * D, table + ((top + i) * M + left) * D, sizeof(float) * (size_t)(w * D));
+}
+
+void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t nb) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i % nb];
+}
+
+void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len) {
+    for (int64_t r = 0; r < rows; r++) memcpy(y + r * len, x + r * stride + off, sizeof(float) * (size_t)len);
+}
+
+void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(y + r * (na + nb), a + r * na, sizeof(float) * (size_t)na);
+        memcpy(y + r * (na + nb) + na, b + r * nb, sizeof(float) * (size_t)nb);
+    }
+}
