@@ -117,6 +117,51 @@ typedef struct kiln_forward_args {
 } kiln_forward_args;
 kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out);
 
+/* ---- ahead-of-time compiled packages (docs/package.md) ------------------
+ * kiln_compile exports the backbone with symbolic dimensions, generates C,
+ * builds it with $KILN_CC (default cc) into a weightless package and
+ * publishes it under the package folder: $KILN_PACKAGE_DIR, else
+ * <cache root>/packages. kiln_forward then runs, step by step, whichever
+ * of these works first (each fallback logged with its reason):
+ *   dynamic  a package whose ranges cover the shape
+ *   fixed    a fixed-shape package for this exact shape, compiled on demand
+ *            when this model has been compiled here before
+ *   planned  the in-process planned executor (one arena, no compiler)
+ *   eager    op by op
+ * All four compute the same function with the same kernels. */
+typedef struct kiln_compile_opts {
+    /* Symbols: batch, h_tok, w_tok (latent size / patch), ctx_len. Each is
+     * "name=min:max" (dynamic) or "name=value" (static), comma-separated;
+     * symbols not named are static at the example's value. */
+    const char *dims;
+    int batch, height, width, context_len; /* the example request; 0 = default
+                                            * (batch 2, latent 64 or the largest
+                                            * the position table allows, 333) */
+    int whole_graph;         /* 0: regional (each block kind emitted once) */
+    int capture;             /* run the example eagerly and refuse to publish a
+                              * package that does not reproduce it */
+    const char *package_dir; /* NULL: the default folder above */
+} kiln_compile_opts;
+kiln_compile_opts kiln_compile_defaults(void);
+
+typedef struct kiln_compile_result {
+    char path[1024];   /* the package folder */
+    int reused;        /* an identical package was already published */
+    int block_kinds, regions, nodes;
+    double seconds, cc_seconds;
+    size_t so_bytes, arena_bytes;
+    double capture_rel_err; /* with capture: relative L2 against eager */
+} kiln_compile_result;
+kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *r);
+
+/* The execution chain, e.g. "dynamic,fixed,planned,eager" (the default, or
+ * $KILN_EXEC) or "eager" to restore the op-by-op forward. */
+kiln_status kiln_model_set_exec(kiln_model *m, const char *chain);
+/* The package folder to look in and publish to (NULL: the default). */
+kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir);
+/* Which step ran the last forward: "dynamic", "fixed", "planned", "eager". */
+const char *kiln_model_last_exec(const kiln_model *m);
+
 /* ---- the weight cache: convert once, map everywhere -------------------- */
 
 /* One parallel dimension: a factor (1 = off) and the mesh axis it runs on. */

@@ -53,6 +53,10 @@ kiln_status kb_read_file(const char *path, char **out, size_t *len);
 /* Write a whole file atomically: tmp file in the same folder, fsync, rename. */
 kiln_status kb_write_file_atomic(const char *path, const void *data, size_t len);
 kiln_status kb_mkdir_p(const char *path);
+/* Delete a folder and everything in it (a missing folder is fine). */
+kiln_status kb_remove_tree(const char *dir);
+/* Rename a folder aside first, then delete it: readers never see it half gone. */
+kiln_status kb_remove_dir(const char *dir);
 
 /* A read-only mapping of a whole file. */
 typedef struct kb_map {
@@ -61,6 +65,10 @@ typedef struct kb_map {
 } kb_map;
 kiln_status kb_map_file(const char *path, kb_map *m);
 void kb_unmap(kb_map *m);
+
+/* SHA-256 as 64 lowercase hex digits (src/base/sha256.c). */
+void kb_sha256(const void *data, size_t n, char hex[65]);
+kiln_status kb_sha256_file(const char *path, char hex[65]);
 
 /* Human-readable byte count, e.g. "1.5 GiB", into buf. */
 const char *kb_human_bytes(double bytes, char *buf, size_t cap);

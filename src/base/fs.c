@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -182,4 +183,32 @@ const char *kb_human_bytes(double b, char *buf, size_t cap) {
     if (i == 0) snprintf(buf, cap, "%.0f B", b);
     else snprintf(buf, cap, "%.1f %s", b, u[i]);
     return buf;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    /* another remover may have taken it first */
+    return remove(p) && errno != ENOENT ? -1 : 0;
+}
+
+kiln_status kb_remove_tree(const char *dir) {
+    if (nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+        return kb_fail(KILN_ERR_IO, "cannot remove %s: %s", dir, strerror(errno));
+    return KILN_OK;
+}
+
+kiln_status kb_remove_dir(const char *dir) {
+    static int counter;
+    char *aside = kb_strfmt("%s.trash.%ld.%d", dir, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+    if (!aside) return KILN_ERR_NOMEM;
+    kiln_status s = KILN_OK;
+    if (rename(dir, aside) != 0) {
+        if (errno != ENOENT) s = kb_fail(KILN_ERR_IO, "cannot remove %s: %s", dir, strerror(errno));
+    } else {
+        s = kb_remove_tree(aside);
+    }
+    free(aside);
+    return s;
 }

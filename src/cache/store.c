@@ -43,29 +43,9 @@ static void fsync_path(const char *path) {
     }
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    /* another remover may have taken it first */
-    return remove(p) && errno != ENOENT ? -1 : 0;
-}
+static int rm_rf(const char *dir) { return kb_remove_tree(dir) ? -1 : 0; }
 
-static int rm_rf(const char *dir) { return nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
-
-kiln_status kcache_remove(const char *dir) {
-    static int counter;
-    char *aside = kb_strfmt("%s.trash.%ld.%d", dir, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-    if (!aside) return KILN_ERR_NOMEM;
-    kiln_status s = KILN_OK;
-    if (rename(dir, aside) != 0) {
-        if (errno != ENOENT) s = kb_fail(KILN_ERR_IO, "cannot remove %s: %s", dir, strerror(errno));
-    } else if (rm_rf(aside) != 0) {
-        s = kb_fail(KILN_ERR_IO, "cannot remove %s: %s", aside, strerror(errno));
-    }
-    free(aside);
-    return s;
-}
+kiln_status kcache_remove(const char *dir) { return kb_remove_dir(dir); }
 
 /* ---- publish -------------------------------------------------------------------- */
 

@@ -118,7 +118,12 @@ const char cli_common_help[] =
     "  --component NAME    the diffusers component (default: transformer)\n"
     "  --no-create-cache   on a miss, convert but do not publish\n"
     "  --verify            check every tensor's hash on a hit\n"
-    "  --mesh RxC --tp N --sp N --cfgp N --fsdp   the parallel part of the key\n";
+    "  --mesh RxC --tp N --sp N --cfgp N --fsdp   the parallel part of the key\n"
+    "execution (see docs/package.md):\n"
+    "  --exec CHAIN        the steps to try, in order (default: KILN_EXEC or\n"
+    "                      dynamic,fixed,planned,eager; `eager` alone runs op by op)\n"
+    "  --no-package        skip compiled packages (same as --exec planned,eager)\n"
+    "  --package-dir DIR   compiled packages (default: KILN_PACKAGE_DIR, else CACHE/packages)\n";
 
 cli_common cli_common_defaults(void) {
     cli_common c;
@@ -169,6 +174,12 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
         return 1;
     }
     if (cli_flag(argv, *i, "--no-create-cache")) return c->no_create_cache = 1;
+    if (cli_flag(argv, *i, "--no-package")) {
+        c->exec = "planned,eager";
+        return 1;
+    }
+    if ((r = cli_opt(cmd, argc, argv, i, "--exec", &c->exec))) return r;
+    if ((r = cli_opt(cmd, argc, argv, i, "--package-dir", &c->package_dir))) return r;
     if (cli_flag(argv, *i, "--verify")) return c->verify = 1;
     if (cli_flag(argv, *i, "--fsdp")) return c->fsdp = 1;
     if ((r = cli_opt(cmd, argc, argv, i, "--config", &c->config))) return r;
@@ -294,7 +305,14 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     o.config_path = c->config;
     o.dtype = c->dtype;
     o.reference = c->reference;
-    return kiln_load_model(&o, out);
+    kiln_status st = kiln_load_model(&o, out);
+    if (!st && c->exec) st = kiln_model_set_exec(*out, c->exec);
+    if (!st && c->package_dir) st = kiln_model_set_package_dir(*out, c->package_dir);
+    if (st && *out) {
+        kiln_model_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* seeded conditioning under diffusers' pipeline names */

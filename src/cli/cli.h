@@ -16,6 +16,8 @@ int cmd_generate(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_make(int argc, char **argv);
+int cmd_compile(int argc, char **argv);
+int cmd_package(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -48,6 +50,8 @@ typedef struct cli_common {
     kiln_parallel parallel;
     kiln_dtype dtype; /* --dtype bf16|f32, default bf16 */
     int reference;    /* --reference: the reference kernels (f32) */
+    const char *exec;        /* --exec CHAIN / --no-package */
+    const char *package_dir; /* --package-dir */
 } cli_common;
 /* Defaults for cli_common. */
 cli_common cli_common_defaults(void);

@@ -12,6 +12,8 @@ static const struct {
     {"forward", cmd_forward, "one backbone call on tensors from a safetensors file"},
     {"generate", cmd_generate, "flow-matching sampling with classifier-free guidance"},
     {"cache", cmd_cache, "build, list, verify, remove and garbage-collect weight caches"},
+    {"compile", cmd_compile, "compile the backbone into a weightless package with dynamic dimensions"},
+    {"package", cmd_package, "list, verify and remove compiled packages"},
     {"make-model", cmd_make, "write a seeded model of any SD3 config (and inputs) for trials and benchmarks"},
     {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
 };
@@ -27,7 +29,7 @@ static void usage(FILE *f) {
             "\nMODEL is a diffusers model folder (config.json + diffusion_pytorch_model"
             ".safetensors[.index.json])\nor a single safetensors checkpoint (diffusers or original "
             "SD3 names).\n\nenvironment: KILN_THREADS (kernel threads), KILN_LOG "
-            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root)\n");
+            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root),\n             KILN_PACKAGE_DIR (compiled packages), KILN_EXEC (execution chain), KILN_CC (C compiler)\n");
 }
 
 int main(int argc, char **argv) {

@@ -214,7 +214,22 @@ static kiln_status finish_hit(kcache_entry *e, km_compute cp, const char *origin
     return KILN_OK;
 }
 
+static kiln_status load_model(const kiln_load_opts *o, kiln_model **out);
+
 kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
+    kiln_status st = load_model(o, out);
+    if (st || (*out)->exec.cache_root) return st;
+    /* packages live beside the weights by default */
+    const char *root = o->cache_root && *o->cache_root ? o->cache_root : getenv("KILN_CACHE_DIR");
+    if (root && *root && !((*out)->exec.cache_root = kb_strdup(root))) {
+        kiln_model_free(*out);
+        *out = NULL;
+        return KILN_ERR_NOMEM;
+    }
+    return KILN_OK;
+}
+
+static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
     if (!o || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: options and out are required");
     *out = NULL;
     if (o->source && o->source_fn)

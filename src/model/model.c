@@ -186,6 +186,7 @@ static kiln_model *model_new(km_compute cp) {
     m->backend = backend_of(cp);
     m->refs = 1;
     snprintf(m->origin, sizeof m->origin, "open");
+    km_exec_init(m);
     return m;
 }
 
@@ -314,6 +315,7 @@ void km_destroy(kiln_model *m) {
             kb_free_aligned(m->w[i].packed);
         }
     }
+    km_exec_free(m);
     free(m->w);
     kcache_close(m->cache);
     free(m->cache_path);
@@ -336,18 +338,5 @@ kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
 kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     if (!m || !a || !out || !a->hidden || !a->context || !a->pooled || !a->timestep)
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_forward: model, inputs and output are required");
-    double t0 = kb_now();
-    kg_graph g;
-    kg_init(&g, km_resolve, m);
-    kiln_status st = sd3_build_forward(&m->cfg, &g, a->batch, a->height, a->width, a->context_len);
-    if (!st) {
-        kg_fuse(&g);
-        kg_plan_bf16(&g, m->backend);
-        const float *in[4] = {a->hidden, a->context, a->pooled, a->timestep};
-        float *outs[1] = {out};
-        st = kg_run_eager(&g, m->backend, in, outs);
-    }
-    kg_free(&g);
-    if (!st) kb_ledger_add("forward", kb_now() - t0, m->backend->name);
-    return st;
+    return km_forward(m, a, out);
 }

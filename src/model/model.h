@@ -8,6 +8,8 @@
 #include "kiln.h"
 #include "model/sd3.h"
 
+#include <pthread.h>
+
 struct kk_backend;
 
 typedef struct km_weight {
@@ -31,6 +33,26 @@ typedef struct km_compute {
     int reference;    /* reference kernels on f32 row-major weights */
 } km_compute;
 
+struct kx_package;
+
+enum { KM_EXEC_DYNAMIC = 1, KM_EXEC_FIXED = 2, KM_EXEC_PLANNED = 4, KM_EXEC_EAGER = 8 };
+#define KM_MAX_STEPS 4
+
+/* How forwards run (src/model/exec.c): the fallback chain, the packages
+ * opened so far (manifests only until first used) and the planned
+ * executor's arena. One forward at a time per model. */
+typedef struct km_exec {
+    int chain[KM_MAX_STEPS], n_steps;
+    char *package_dir;         /* NULL: $KILN_PACKAGE_DIR, else <cache root>/packages */
+    char *cache_root;          /* from the load options, for the default package folder */
+    struct kx_package **pkgs;
+    int n_pkgs;
+    void *arena;               /* planned executor */
+    size_t arena_bytes;
+    const char *last;          /* the step that ran the last forward */
+    pthread_mutex_t lock;
+} km_exec;
+
 struct kiln_model {
     kiln_config cfg;
     km_compute compute;
@@ -44,6 +66,7 @@ struct kiln_model {
     char *cache_path;
     char *registry_key;         /* set while the model is in the loaded-models registry */
     int refs;
+    km_exec exec;
 };
 
 const km_weight *km_find(const kiln_model *m, const char *name);
@@ -61,6 +84,11 @@ kiln_status km_from_cache(struct kcache_entry *e, km_compute cp, kiln_model **ou
 kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out);
 /* The cache key's layout part for a compute choice ("" for the reference). */
 const char *km_compute_layout(km_compute cp);
+/* Set up / tear down a model's execution state (exec.c). */
+void km_exec_init(kiln_model *m);
+void km_exec_free(kiln_model *m);
+/* kiln_forward's body: the fallback chain. */
+kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out);
 /* Free a model for real (the registry calls this at refcount 0). */
 void km_destroy(kiln_model *m);
 

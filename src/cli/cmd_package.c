@@ -1,0 +1,143 @@
+/* cmd_package.c - kiln package ls | verify | rm: the compiled packages
+ * under the package folder (root/<family>/<dims>-<hash>). */
+#include "base/base.h"
+#include "cli.h"
+#include "compile/compile.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_usage[] = "kiln package ls | verify [PACKAGE...] | rm PACKAGE... | rm --all  [--package-dir DIR]";
+
+static int help(void) {
+    printf("usage: %s\n\n"
+           "  ls                 every package: family, dimensions, mode\n"
+           "  verify [PACKAGE]   check manifests, the shared objects' SHA-256 and the CPU features\n"
+           "                     (default: all); exit 1 if any fails\n"
+           "  rm PACKAGE... | --all   remove packages (as printed by ls, or a folder path)\n\n"
+           "The folder is --package-dir DIR, else KILN_PACKAGE_DIR, else <cache root>/packages\n"
+           "(--cache-dir or KILN_CACHE_DIR). Format: docs/package.md.\n",
+           k_usage);
+    return 0;
+}
+
+/* every package folder under root, as "family/name" (malloc'd list) */
+static char **list(const char *root, int *n) {
+    *n = 0;
+    char **out = NULL;
+    DIR *d = opendir(root);
+    if (!d) return NULL;
+    struct dirent *f;
+    while ((f = readdir(d))) {
+        if (f->d_name[0] == '.') continue;
+        char *fam = kb_path_join(root, f->d_name);
+        DIR *e = fam ? opendir(fam) : NULL;
+        struct dirent *p;
+        while (e && (p = readdir(e))) {
+            if (p->d_name[0] == '.' || strstr(p->d_name, ".trash.")) continue;
+            char **v = realloc(out, sizeof *v * (size_t)(*n + 1));
+            if (!v) break;
+            out = v;
+            out[(*n)++] = kb_strfmt("%s/%s", f->d_name, p->d_name);
+        }
+        if (e) closedir(e);
+        free(fam);
+    }
+    closedir(d);
+    return out;
+}
+
+static char *resolve(const char *root, const char *arg) {
+    if (kb_is_dir(arg)) return kb_strdup(arg);
+    return kb_path_join(root, arg);
+}
+
+int cmd_package(int argc, char **argv) {
+    const char *dir = NULL, *sub = NULL, *cache = NULL;
+    int all = 0, first = 0;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
+        if ((r = cli_opt("package", argc, argv, &i, "--package-dir", &dir)) ||
+            (r = cli_opt("package", argc, argv, &i, "--cache-dir", &cache))) {
+            if (r < 0) return 2;
+            continue;
+        }
+        if (cli_flag(argv, i, "--all")) {
+            all = 1;
+            continue;
+        }
+        if (argv[i][0] == '-') return cli_usage_error("package", k_usage, "unknown option %s", argv[i]);
+        if (!sub) {
+            sub = argv[i];
+            first = i + 1;
+        }
+    }
+    if (!sub) return cli_usage_error("package", k_usage, "a subcommand is required (ls, verify, rm)");
+    char *root = NULL;
+    if (!dir || !*dir) dir = getenv("KILN_PACKAGE_DIR");
+    if (!cache || !*cache) cache = getenv("KILN_CACHE_DIR");
+    if (dir && *dir) root = kb_strdup(dir);
+    else if (cache && *cache) root = kb_path_join(cache, "packages");
+    if (!root) return cli_error("package", "no package folder: pass --package-dir DIR or set KILN_PACKAGE_DIR or KILN_CACHE_DIR");
+    /* the names after the subcommand */
+    const char *names[256];
+    int nn = 0;
+    for (int i = first; i < argc && nn < 256; i++) {
+        if (argv[i][0] == '-') {
+            if (!strcmp(argv[i], "--package-dir") || !strcmp(argv[i], "--cache-dir")) i++;
+            continue;
+        }
+        names[nn++] = argv[i];
+    }
+    int n = 0, rc = 0;
+    char **pk = list(root, &n);
+    if (!strcmp(sub, "ls")) {
+        if (!n) printf("no packages under %s\n", root);
+        for (int i = 0; i < n; i++) {
+            char *path = kb_path_join(root, pk[i]);
+            kx_package *p = NULL;
+            if (path && !kx_package_open(path, &p)) printf("%-90s %s\n", pk[i], kx_package_summary(p));
+            else printf("%-90s (unreadable: %s)\n", pk[i], kiln_last_error());
+            kx_package_close(p);
+            free(path);
+        }
+    } else if (!strcmp(sub, "verify")) {
+        int checked = 0;
+        for (int i = 0; i < (nn ? nn : n); i++) {
+            char *path = nn ? resolve(root, names[i]) : kb_path_join(root, pk[i]);
+            kiln_status s = path ? kx_package_verify(path) : KILN_ERR_NOMEM;
+            printf("%s %s%s%s\n", s ? "FAIL" : "ok  ", nn ? names[i] : pk[i], s ? ": " : "", s ? kiln_last_error() : "");
+            rc |= s != KILN_OK;
+            checked++;
+            free(path);
+        }
+        if (!checked) printf("no packages under %s\n", root);
+    } else if (!strcmp(sub, "rm")) {
+        if (!nn && !all) {
+            rc = cli_usage_error("package", k_usage, "rm needs PACKAGE names or --all");
+        } else {
+            for (int i = 0; i < (all ? n : nn); i++) {
+                char *path = all ? kb_path_join(root, pk[i]) : resolve(root, names[i]);
+                char *man = path ? kb_path_join(path, "manifest.json") : NULL;
+                if (!man || !kb_is_file(man)) {
+                    cli_error("package", "%s is not a package (no manifest.json)", all ? pk[i] : names[i]);
+                    rc = 1;
+                } else if (kb_remove_dir(path)) {
+                    rc = cli_error("package", "%s", kiln_last_error());
+                } else {
+                    printf("removed %s\n", all ? pk[i] : names[i]);
+                }
+                free(man);
+                free(path);
+            }
+        }
+    } else {
+        rc = cli_usage_error("package", k_usage, "unknown subcommand '%s'", sub);
+    }
+    for (int i = 0; i < n; i++) free(pk[i]);
+    free(pk);
+    free(root);
+    return rc;
+}

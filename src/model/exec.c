@@ -1,0 +1,477 @@
+/* exec.c - how a forward runs: the fallback chain over compiled packages,
+ * the planned executor and eager execution, and kiln_compile, which hands
+ * the model's one graph definition to the compiler. Every step computes
+ * the same function with the same kernels; a step that cannot run logs
+ * why and the next one takes over. */
+#include "base/base.h"
+#include "cache/cache.h"
+#include "compile/compile.h"
+#include "model/model.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const k_steps[KM_MAX_STEPS] = {"dynamic", "fixed", "planned", "eager"};
+#define DEFAULT_CHAIN "dynamic,fixed,planned,eager"
+enum { SYM_BATCH, SYM_H, SYM_W, SYM_CTX, N_SYMS };
+static const char *const k_sym_names[N_SYMS] = {"batch", "h_tok", "w_tok", "ctx_len"};
+
+static kiln_status parse_chain(const char *text, int *chain, int *n) {
+    *n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text ? text : "");
+    for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+        int k = 0;
+        while (k < KM_MAX_STEPS && strcmp(t, k_steps[k])) k++;
+        if (k == KM_MAX_STEPS)
+            return kb_fail(KILN_ERR_INVALID_ARG, "unknown execution step '%s' (the steps are dynamic, fixed, planned, eager)", t);
+        for (int j = 0; j < *n; j++)
+            if (chain[j] == k) return kb_fail(KILN_ERR_INVALID_ARG, "execution step '%s' is named twice", t);
+        chain[(*n)++] = k;
+    }
+    if (!*n) return kb_fail(KILN_ERR_INVALID_ARG, "the execution chain is empty (e.g. %s)", DEFAULT_CHAIN);
+    return KILN_OK;
+}
+
+void km_exec_init(kiln_model *m) {
+    km_exec *x = &m->exec;
+    pthread_mutex_init(&x->lock, NULL);
+    const char *env = getenv("KILN_EXEC");
+    if (env && *env && parse_chain(env, x->chain, &x->n_steps)) {
+        kb_log(KILN_LOG_WARN, "KILN_EXEC: %s; using %s", kiln_last_error(), DEFAULT_CHAIN);
+        env = NULL;
+    }
+    if (!env || !*env) parse_chain(DEFAULT_CHAIN, x->chain, &x->n_steps);
+}
+
+void km_exec_free(kiln_model *m) {
+    km_exec *x = &m->exec;
+    for (int i = 0; i < x->n_pkgs; i++) kx_package_close(x->pkgs[i]);
+    free(x->pkgs);
+    kb_free_aligned(x->arena);
+    free(x->package_dir);
+    free(x->cache_root);
+    pthread_mutex_destroy(&x->lock);
+}
+
+kiln_status kiln_model_set_exec(kiln_model *m, const char *chain) {
+    if (!m) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_set_exec: model is required");
+    int c[KM_MAX_STEPS], n;
+    kiln_status st = parse_chain(chain, c, &n);
+    if (st) return st;
+    pthread_mutex_lock(&m->exec.lock);
+    memcpy(m->exec.chain, c, sizeof c);
+    m->exec.n_steps = n;
+    pthread_mutex_unlock(&m->exec.lock);
+    return KILN_OK;
+}
+
+kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir) {
+    if (!m) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_set_package_dir: model is required");
+    char *d = dir && *dir ? kb_strdup(dir) : NULL;
+    if (dir && *dir && !d) return KILN_ERR_NOMEM;
+    pthread_mutex_lock(&m->exec.lock);
+    free(m->exec.package_dir);
+    m->exec.package_dir = d;
+    for (int i = 0; i < m->exec.n_pkgs; i++) kx_package_close(m->exec.pkgs[i]);
+    m->exec.n_pkgs = 0;
+    pthread_mutex_unlock(&m->exec.lock);
+    return KILN_OK;
+}
+
+const char *kiln_model_last_exec(const kiln_model *m) { return m && m->exec.last ? m->exec.last : ""; }
+
+/* ---- the model's side of compiling ------------------------------------------------ */
+
+/* $KILN_PACKAGE_DIR, the model's own setting, else <cache root>/packages (malloc'd; NULL: none) */
+static char *package_root(const kiln_model *m) {
+    if (m->exec.package_dir) return kb_strdup(m->exec.package_dir);
+    const char *env = getenv("KILN_PACKAGE_DIR");
+    if (env && *env) return kb_strdup(env);
+    const char *root = m->exec.cache_root;
+    if (!root) root = getenv("KILN_CACHE_DIR");
+    return root && *root ? kb_path_join(root, "packages") : NULL;
+}
+
+/* Everything a package depends on except its dimensions: architecture,
+ * compute dtype, quantization, the CPU layout of the packed weights, kiln. */
+static void family(const kiln_model *m, char *buf, size_t cap) {
+    char *cfg = sd3_config_to_json(&m->cfg);
+    uint64_t h = cfg ? kcache_hash_bytes(cfg, strlen(cfg), 7) : 0;
+    free(cfg);
+    const char *layout = km_compute_layout(m->compute);
+    snprintf(buf, cap, "sd3-%012llx-%s-%s-q0-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
+             m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", KILN_VERSION);
+}
+
+static kiln_status build_graph(void *user, const int64_t *s, kg_graph *g) {
+    kiln_model *m = user;
+    kg_init(g, km_resolve, m);
+    int64_t p = m->cfg.patch_size;
+    kiln_status st = sd3_build_forward(&m->cfg, g, s[SYM_BATCH], p * s[SYM_H], p * s[SYM_W], s[SYM_CTX]);
+    if (!st) {
+        kg_fuse(g);
+        kg_plan_bf16(g, m->backend);
+    }
+    return st ? st : g->status;
+}
+
+static int bind_weight(void *user, const char *name, kx_bound *b) {
+    const km_weight *w = km_find(user, name);
+    if (!w) return 0;
+    b->ndim = w->ndim;
+    memcpy(b->shape, w->shape, sizeof b->shape);
+    b->kw = &w->kw;
+    b->data = w->data;
+    b->dtype = w->packed ? w->kw.packed_dtype : KILN_F32;
+    b->layout = w->layout;
+    return 1;
+}
+
+static void shapes_of(const kiln_model *m, const kiln_forward_args *a, int64_t sh[4][4]) {
+    memset(sh, 0, sizeof(int64_t) * 16);
+    const kiln_config *c = &m->cfg;
+    int64_t in0[4] = {a->batch, c->in_channels, a->height, a->width}, in1[4] = {a->batch, a->context_len, c->joint_attention_dim},
+            in2[4] = {a->batch, c->pooled_projection_dim}, in3[4] = {a->batch};
+    memcpy(sh[0], in0, sizeof in0);
+    memcpy(sh[1], in1, sizeof in1);
+    memcpy(sh[2], in2, sizeof in2);
+    memcpy(sh[3], in3, sizeof in3);
+}
+
+typedef struct capture {
+    kiln_model *m;
+    int64_t s[N_SYMS];
+    double rel_err;
+} capture;
+
+/* seeded example inputs for symbol values s (malloc'd, 4 buffers) */
+static float **example_inputs(const kiln_model *m, const int64_t *s) {
+    const kiln_config *c = &m->cfg;
+    int64_t p = c->patch_size, B = s[SYM_BATCH];
+    int64_t n[4] = {B * c->in_channels * p * s[SYM_H] * p * s[SYM_W], B * s[SYM_CTX] * c->joint_attention_dim,
+                    B * c->pooled_projection_dim, B};
+    float **in = calloc(5, sizeof *in);
+    uint64_t r = 0x9e3779b97f4a7c15ULL;
+    for (int k = 0; in && k < 5; k++) {
+        int64_t len = k < 4 ? n[k] : 0;
+        if (k == 4) break;
+        if (!(in[k] = malloc(sizeof(float) * (size_t)len))) {
+            for (int j = 0; j < k; j++) free(in[j]);
+            free(in);
+            return NULL;
+        }
+        for (int64_t i = 0; i < len; i++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            in[k][i] = k == 3 ? 500.0f : (float)((double)(r >> 40) / (double)(1 << 24) * 2.0 - 1.0);
+        }
+    }
+    return in;
+}
+
+static void free_inputs(float **in) {
+    for (int k = 0; in && k < 4; k++) free(in[k]);
+    free(in);
+}
+
+static double rel_l2(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* --capture: the package in staging must reproduce an eager forward of the example */
+static kiln_status check_capture(void *user, const char *staging) {
+    capture *cap = user;
+    kiln_model *m = cap->m;
+    const int64_t *s = cap->s;
+    int64_t p = m->cfg.patch_size, nout = s[SYM_BATCH] * m->cfg.out_channels * p * s[SYM_H] * p * s[SYM_W];
+    float **in = example_inputs(m, s);
+    float *want = malloc(sizeof(float) * (size_t)nout), *got = malloc(sizeof(float) * (size_t)nout);
+    kx_package *pkg = NULL;
+    kiln_status st = in && want && got ? KILN_OK : KILN_ERR_NOMEM;
+    kg_graph g;
+    if (!st && !(st = build_graph(m, s, &g))) {
+        float *outs[1] = {want};
+        st = kg_run_eager(&g, m->backend, (const float *const *)in, outs);
+    }
+    kg_free(&g);
+    if (!st) st = kx_package_open(staging, &pkg);
+    if (!st) st = kx_package_load(pkg, m->backend, bind_weight, m);
+    if (!st) {
+        float *outs[1] = {got};
+        st = kx_package_run(pkg, s, (const float *const *)in, outs);
+    }
+    if (!st) {
+        cap->rel_err = rel_l2(got, want, nout);
+        if (!(cap->rel_err <= 1e-6))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "compile: the package does not reproduce the eager forward on the captured "
+                                               "example (relative L2 %.3g); not published", cap->rel_err);
+    }
+    kx_package_close(pkg);
+    free_inputs(in);
+    free(want);
+    free(got);
+    return st;
+}
+
+static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional, capture *cap, kx_compile_info *info) {
+    char fam[160], *model_json = NULL, *cfg = sd3_config_to_json(&m->cfg);
+    family(m, fam, sizeof fam);
+    char *root = package_root(m);
+    if (!root) {
+        free(cfg);
+        return kb_fail(KILN_ERR_INVALID_ARG, "compile: no package folder: set KILN_PACKAGE_DIR or KILN_CACHE_DIR "
+                                             "(or pass --package-dir)");
+    }
+    if (cfg && cap)
+        model_json = kb_strfmt("{\"config\":%s,\"example\":{\"batch\":%lld,\"h_tok\":%lld,\"w_tok\":%lld,\"ctx_len\":%lld}}",
+                               cfg, (long long)cap->s[0], (long long)cap->s[1], (long long)cap->s[2], (long long)cap->s[3]);
+    else if (cfg)
+        model_json = kb_strfmt("{\"config\":%s}", cfg);
+    const char *layout = km_compute_layout(m->compute);
+    char isa[24] = "";
+    snprintf(isa, sizeof isa, "%.*s", (int)strcspn(layout, "-"), layout);
+    kx_compile_req r = {.build = build_graph, .build_user = m, .weight = bind_weight, .weight_user = m, .nsym = N_SYMS,
+                        .regional = regional, .root = root, .family = fam,
+                        .dtype = m->compute.dtype == KILN_BF16 ? "bf16" : "f32", .quant = "none", .cpu_isa = isa,
+                        .model_json = model_json, .check = cap ? check_capture : NULL, .check_user = cap};
+    memcpy(r.sym, syms, sizeof r.sym);
+    double t0 = kb_now();
+    kiln_status st = kx_compile(&r, info);
+    if (!st) kb_ledger_add("compile", kb_now() - t0, info->reused ? "reused" : "built");
+    free(root);
+    free(cfg);
+    free(model_json);
+    return st;
+}
+
+kiln_compile_opts kiln_compile_defaults(void) {
+    kiln_compile_opts o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+static kiln_status parse_dims(const char *dims, kx_sym *syms) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", dims ? dims : "");
+    for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) return kb_fail(KILN_ERR_INVALID_ARG, "--dim %s: expected name=min:max or name=value", t);
+        *eq = 0;
+        int k = 0;
+        while (k < N_SYMS && strcmp(t, k_sym_names[k])) k++;
+        if (k == N_SYMS)
+            return kb_fail(KILN_ERR_INVALID_ARG, "--dim %s: unknown dimension (the dimensions are batch, h_tok, w_tok, ctx_len)", t);
+        char *end;
+        long long lo = strtoll(eq + 1, &end, 10), hi = lo;
+        if (*end == ':') hi = strtoll(end + 1, &end, 10);
+        if (*end || end == eq + 1 || lo < 1 || hi < lo)
+            return kb_fail(KILN_ERR_INVALID_ARG, "--dim %s=%s: expected a positive value or range min:max with min <= max", t, eq + 1);
+        syms[k].lo = lo;
+        syms[k].hi = hi;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *res) {
+    if (!m || !o || !res) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_compile: model, options and result are required");
+    memset(res, 0, sizeof *res);
+    const kiln_config *c = &m->cfg;
+    int p = c->patch_size;
+    int64_t side = 64 < (int64_t)p * c->pos_embed_max_size ? 64 : (int64_t)p * c->pos_embed_max_size;
+    int64_t B = o->batch ? o->batch : 2, H = o->height ? o->height : side, W = o->width ? o->width : side,
+            T = o->context_len ? o->context_len : 333;
+    kiln_status st = sd3_check_latent(c, H, W);
+    if (st) return kb_wrap(st, "compile: the example request");
+    kx_sym syms[KX_MAX_SYMS] = {{"batch", B, B}, {"h_tok", H / p, H / p}, {"w_tok", W / p, W / p}, {"ctx_len", T, T}};
+    if ((st = parse_dims(o->dims, syms))) return st;
+    capture cap = {m, {0}, 0};
+    for (int i = 0; i < N_SYMS; i++) { /* the example inside every range */
+        int64_t v = i == 0 ? B : i == 1 ? H / p : i == 2 ? W / p : T;
+        cap.s[i] = v < syms[i].lo ? syms[i].lo : v > syms[i].hi ? syms[i].hi : v;
+    }
+    if (o->package_dir && (st = kiln_model_set_package_dir(m, o->package_dir))) return st;
+    double t0 = kb_now();
+    kx_compile_info info;
+    pthread_mutex_lock(&m->exec.lock);
+    st = compile_syms(m, syms, !o->whole_graph, o->capture ? &cap : NULL, &info);
+    pthread_mutex_unlock(&m->exec.lock);
+    if (st) return st;
+    snprintf(res->path, sizeof res->path, "%s", info.path);
+    res->reused = info.reused;
+    res->block_kinds = info.n_kinds;
+    res->regions = info.n_regions;
+    res->nodes = info.n_nodes;
+    res->seconds = kb_now() - t0;
+    res->cc_seconds = info.cc_s;
+    res->so_bytes = info.so_bytes;
+    res->arena_bytes = info.arena_bytes;
+    res->capture_rel_err = cap.rel_err;
+    return KILN_OK;
+}
+
+/* ---- the fallback chain ------------------------------------------------------------- */
+
+static kiln_status open_new_packages(kiln_model *m, const char *famdir) {
+    DIR *d = opendir(famdir);
+    if (!d) return KILN_OK;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || strstr(e->d_name, ".trash.")) continue;
+        char *path = kb_path_join(famdir, e->d_name);
+        if (!path) break;
+        int known = 0;
+        for (int i = 0; i < m->exec.n_pkgs && !known; i++) known = !strcmp(kx_package_dir(m->exec.pkgs[i]), path);
+        kx_package *p = NULL;
+        if (!known && kb_is_dir(path)) {
+            if (kx_package_open(path, &p)) kb_log(KILN_LOG_WARN, "%s; skipped", kiln_last_error());
+            kx_package **v = p ? realloc(m->exec.pkgs, sizeof *v * (size_t)(m->exec.n_pkgs + 1)) : NULL;
+            if (v) {
+                m->exec.pkgs = v;
+                v[m->exec.n_pkgs++] = p;
+            } else {
+                kx_package_close(p);
+            }
+        }
+        free(path);
+    }
+    closedir(d);
+    return KILN_OK;
+}
+
+/* A package of the wanted kind (fixed or dynamic) whose guards pass; why
+ * not, in reason. */
+static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, const int64_t sh[4][4], int64_t *s,
+                                char *reason, size_t cap) {
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) open_new_packages(m, famdir); /* published since we last looked */
+        int seen = 0;
+        for (int i = 0; i < m->exec.n_pkgs; i++) {
+            kx_package *p = m->exec.pkgs[i];
+            if (kx_package_fixed(p) != fixed) continue;
+            seen++;
+            if (!kx_package_solve(p, 4, (const int64_t(*)[4])sh, s)) return p;
+            snprintf(reason, cap, "%s", kiln_last_error());
+        }
+        if (!seen) snprintf(reason, cap, "no %s package for this model in %s", fixed ? "fixed-shape" : "dynamic", famdir);
+    }
+    return NULL;
+}
+
+static kiln_status run_package(kiln_model *m, kx_package *p, const int64_t *s, const float *const *in, float *out) {
+    kiln_status st = kx_package_load(p, m->backend, bind_weight, m);
+    float *outs[1] = {out};
+    return st ? st : kx_package_run(p, s, in, outs);
+}
+
+static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
+    kg_graph g;
+    int64_t p = m->cfg.patch_size;
+    int64_t s[N_SYMS] = {a->batch, p ? a->height / p : 0, p ? a->width / p : 0, a->context_len};
+    kx_plan plan = {0};
+    kiln_status st = sd3_check_latent(&m->cfg, a->height, a->width);
+    if (!st) st = build_graph(m, s, &g);
+    else kg_init(&g, NULL, NULL);
+    if (!st) st = kx_plan_graph(&g, &plan);
+    if (!st && plan.arena_bytes > m->exec.arena_bytes) { /* grows to the largest shape seen, then stays */
+        kb_free_aligned(m->exec.arena);
+        m->exec.arena_bytes = 0;
+        if (!(m->exec.arena = kb_alloc_aligned(plan.arena_bytes)))
+            st = kb_fail(KILN_ERR_NOMEM, "planned executor: cannot allocate a %zu-byte arena", plan.arena_bytes);
+        else m->exec.arena_bytes = plan.arena_bytes;
+    }
+    float *outs[1] = {out};
+    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, in, outs);
+    kx_plan_free(&plan);
+    kg_free(&g);
+    return st;
+}
+
+static kiln_status run_eager(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
+    kg_graph g;
+    kg_init(&g, km_resolve, m);
+    kiln_status st = sd3_build_forward(&m->cfg, &g, a->batch, a->height, a->width, a->context_len);
+    if (!st) {
+        kg_fuse(&g);
+        kg_plan_bf16(&g, m->backend);
+        float *outs[1] = {out};
+        st = kg_run_eager(&g, m->backend, in, outs);
+    }
+    kg_free(&g);
+    return st;
+}
+
+kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
+    double t0 = kb_now();
+    const float *in[4] = {a->hidden, a->context, a->pooled, a->timestep};
+    int64_t sh[4][4];
+    shapes_of(m, a, sh);
+    pthread_mutex_lock(&m->exec.lock);
+    char fam[160], reason[1024] = "";
+    family(m, fam, sizeof fam);
+    char *root = NULL, *famdir = NULL;
+    int need_pkg = 0;
+    for (int i = 0; i < m->exec.n_steps; i++) need_pkg |= m->exec.chain[i] <= 1;
+    if (need_pkg && (root = package_root(m))) famdir = kb_path_join(root, fam);
+    kiln_status st = KILN_ERR_UNSUPPORTED;
+    m->exec.last = NULL;
+    /* invalid shapes fail the same way on every path: let eager/planned say why */
+    int shape_ok = sd3_check_latent(&m->cfg, a->height, a->width) == KILN_OK && a->batch > 0 && a->context_len > 0;
+    kb_clear_error();
+    for (int k = 0; k < m->exec.n_steps; k++) {
+        int step = m->exec.chain[k], warn = 0;
+        int64_t s[KX_MAX_SYMS];
+        kx_package *p = NULL;
+        if (step <= 1 && !shape_ok) {
+            snprintf(reason, sizeof reason, "the shape is invalid");
+            continue;
+        }
+        if (step <= 1 && !famdir) {
+            snprintf(reason, sizeof reason, "no package folder (set KILN_PACKAGE_DIR or KILN_CACHE_DIR)");
+            st = KILN_ERR_UNSUPPORTED;
+        } else if (step == 0) {
+            p = find_package(m, famdir, 0, (const int64_t(*)[4])sh, s, reason, sizeof reason);
+            st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
+            warn = p != NULL;
+        } else if (step == 1) {
+            p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason);
+            if (!p && kb_is_dir(famdir)) { /* this model was compiled here before: compile this shape */
+                int64_t pt = m->cfg.patch_size;
+                kx_sym fixed[KX_MAX_SYMS] = {{"batch", a->batch, a->batch}, {"h_tok", a->height / pt, a->height / pt},
+                                             {"w_tok", a->width / pt, a->width / pt}, {"ctx_len", a->context_len, a->context_len}};
+                kx_compile_info info;
+                kb_log(KILN_LOG_INFO, "forward: compiling a fixed-shape package (%s)", reason);
+                if (!compile_syms(m, fixed, 1, NULL, &info)) p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason);
+                else snprintf(reason, sizeof reason, "%s", kiln_last_error());
+                warn = 1;
+            }
+            st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
+            warn |= p != NULL;
+        } else if (step == 2) {
+            st = run_planned(m, a, in, out);
+        } else {
+            st = run_eager(m, a, in, out);
+        }
+        if (!st) {
+            m->exec.last = k_steps[step];
+            break;
+        }
+        if (p || step >= 2) snprintf(reason, sizeof reason, "%s", kiln_last_error());
+        if (k + 1 < m->exec.n_steps)
+            kb_log(warn ? KILN_LOG_WARN : KILN_LOG_INFO, "forward: %s: %s; falling back to %s", k_steps[step], reason,
+                   k_steps[m->exec.chain[k + 1]]);
+    }
+    if (st && !m->exec.last) st = kb_fail(st, "forward: %s", reason);
+    pthread_mutex_unlock(&m->exec.lock);
+    free(root);
+    free(famdir);
+    if (!st) kb_ledger_add("forward", kb_now() - t0, m->exec.last);
+    return st;
+}
