@@ -159,6 +159,10 @@ kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile
 kiln_status kiln_model_set_exec(kiln_model *m, const char *chain);
 /* The package folder to look in and publish to (NULL: the default). */
 kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir);
+/* Read the manifests of this model's packages now (nothing is loaded or
+ * run: safe in a parent before fork; each child loads and binds the shared
+ * object on its first forward). *n receives how many are open. */
+kiln_status kiln_model_open_packages(kiln_model *m, int *n);
 /* Which step ran the last forward: "dynamic", "fixed", "planned", "eager". */
 const char *kiln_model_last_exec(const kiln_model *m);
 

@@ -4,18 +4,53 @@
 #include "golden_util.h"
 
 /* every path: the reference kernels and the fast backend in f32 within 1e-5,
- * the fast backend in bf16 within 1e-2 */
+ * the fast backend in bf16 within 1e-2; and every step of the execution
+ * chain on its own: a compiled dynamic package that covers the case's shape,
+ * a fixed-shape package compiled on demand, the planned executor, eager */
 typedef struct {
     const char *label;
     kiln_open_opts o;
     double tol;
+    const char *exec; /* the only step allowed (NULL: the default chain) */
 } mode;
 
 static const mode k_modes[] = {
-    {"reference f32", {.dtype = KILN_F32, .reference = 1}, 1e-5},
-    {"fast f32", {.dtype = KILN_F32}, 1e-5},
-    {"fast bf16", {.dtype = KILN_BF16}, 1e-2},
+    {"reference f32", {.dtype = KILN_F32, .reference = 1}, 1e-5, NULL},
+    {"fast f32", {.dtype = KILN_F32}, 1e-5, NULL},
+    {"fast bf16", {.dtype = KILN_BF16}, 1e-2, NULL},
+    {"fast f32, dynamic package", {.dtype = KILN_F32}, 1e-5, "dynamic"},
+    {"fast bf16, dynamic package", {.dtype = KILN_BF16}, 1e-2, "dynamic"},
+    {"fast f32, fixed-shape package", {.dtype = KILN_F32}, 1e-5, "fixed"},
+    {"fast f32, planned executor", {.dtype = KILN_F32}, 1e-5, "planned"},
+    {"fast f32, eager", {.dtype = KILN_F32}, 1e-5, "eager"},
+    {"reference f32, dynamic package", {.dtype = KILN_F32, .reference = 1}, 1e-5, "dynamic"},
 };
+
+static char g_pkg_dir[1024];
+
+/* Restrict m to the mode's one step; for a dynamic package, compile one
+ * whose ranges cover B x H x W (latent) x T but are wider than it. */
+static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int T) {
+    if (!md->exec) return;
+    CHECK_OK(kiln_model_set_package_dir(m, g_pkg_dir));
+    CHECK_OK(kiln_model_set_exec(m, md->exec));
+    if (strcmp(md->exec, "dynamic")) return;
+    int p = kiln_model_config(m)->patch_size, h = H / p, w = W / p;
+    char dims[160];
+    snprintf(dims, sizeof dims, "batch=1:2,h_tok=%d:%d,w_tok=%d:%d", h > 2 ? h - 2 : 1, h + 1, w > 2 ? w - 2 : 1, w + 1);
+    kiln_compile_opts co = kiln_compile_defaults();
+    co.dims = dims;
+    co.batch = B;
+    co.height = H;
+    co.width = W;
+    co.context_len = T;
+    kiln_compile_result r;
+    CHECK_OK(kiln_compile(m, &co, &r));
+}
+
+static void check_exec(const kiln_model *m, const mode *md) {
+    if (md->exec) CHECK_MSG(!strcmp(kiln_model_last_exec(m), md->exec), "ran by %s, not %s", kiln_model_last_exec(m), md->exec);
+}
 
 static void run_backbone_mode(const char *name, const mode *md) {
     kiln_model *m = NULL;
@@ -37,7 +72,9 @@ static void run_backbone_mode(const char *name, const mode *md) {
     float *got = calloc(n_out, sizeof(float));
     kiln_forward_args a = {(int)hs->shape[0], (int)hs->shape[2], (int)hs->shape[3],
                            (int)ctx->shape[1], hidden, context, pooled, t};
+    prepare_exec(m, md, a.batch, a.height, a.width, a.context_len);
     CHECK_OK(kiln_forward(m, &a, got));
+    check_exec(m, md);
     double err = rel_l2(got, want, n_out);
     fprintf(stderr, "  %s, %s: relative L2 error %.3g\n", name, md->label, err);
     CHECK_MSG(err <= md->tol, "%s, %s: error %.3g > %.1g", name, md->label, err, md->tol);
@@ -129,7 +166,9 @@ static void run_sampler(const mode *md) {
     o.uncond_pooled = up;
     o.on_step = on_step;
     o.user = &sc;
+    prepare_exec(m, md, 2, o.latent_h, o.latent_w, o.context_len);
     CHECK_OK(kiln_generate(m, &o, got));
+    check_exec(m, md);
     CHECK(sc.steps_seen == 4);
     double err = rel_l2(got, want, n);
     fprintf(stderr, "  final latents: relative L2 error %.3g\n", err);
@@ -152,9 +191,11 @@ TEST(golden_sampler) {
 }
 
 int main(void) {
+    test_tmpdir(g_pkg_dir, sizeof g_pkg_dir, "golden-packages");
     RUN(golden_sd3_tiny);
     RUN(golden_sd35_tiny);
     RUN(golden_sd3_wide);
     RUN(golden_sampler);
+    test_rmrf(g_pkg_dir);
     return TEST_SUMMARY();
 }

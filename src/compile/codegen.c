@@ -3,6 +3,7 @@
  * The generated file is self-contained (no kiln headers): it declares the
  * runtime table kx_rt from the one X-macro in compile.h and exports
  *   int kiln_pkg_abi(void);
+ *   const char *kiln_pkg_digest(void);   (the manifest's plan, see package.c)
  *   int kiln_pkg_forward(const kx_rt *rt, const int64_t *S, void *const *P);
  * S holds the symbol values, P[i] node i's buffer (bound by the host from
  * the manifest's placements: arena offsets, inputs, outputs, weights).
@@ -229,7 +230,7 @@ static char *signature(const kx_export *x, const kx_plan *p, const kg_region *rg
 #define KX_STR(...) KX_STR2(__VA_ARGS__)
 #define KX_RT_DECL(name, ret, args) "    " #ret " (*" #name ")" #args ";\n"
 
-kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, char **src, int *n_kinds) {
+kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const char *digest, char **src, int *n_kinds) {
     *src = NULL;
     *n_kinds = 0;
     const kg_graph *g = &x->g;
@@ -238,7 +239,9 @@ kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, char 
         regional ? "regional" : "whole graph");
     out(&b, "#include <stdint.h>\n\nstruct kk_weight;\ntypedef struct kx_rt {\n    int abi;\n%s} kx_rt;\n\n",
         KX_RT_FUNCS(KX_RT_DECL));
-    out(&b, "int kiln_pkg_abi(void) { return %d; }\n\n", KX_ABI);
+    out(&b, "int kiln_pkg_abi(void) { return %d; }\n", KX_ABI);
+    out(&b, "/* SHA-256 of the manifest's plan this code was generated for */\n");
+    out(&b, "const char *kiln_pkg_digest(void) { return \"%s\"; }\n\n", digest);
 
     int nr = regional ? g->n_regions : 0;
     int *kind = calloc((size_t)nr + 1, sizeof *kind);  /* region -> kind (index of its first region) */

@@ -137,8 +137,9 @@ void kx_rt_init(kx_rt *rt, const kk_backend *be);
 
 /* C source for the exported, planned graph. regional: each distinct kind
  * of region (transformer block) is emitted once and called per layer.
- * *n_kinds receives the number of distinct block functions. Malloc'd. */
-kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, char **src, int *n_kinds);
+ * *n_kinds receives the number of distinct block functions; digest (the
+ * manifest plan's SHA-256) is compiled in for the loader to check. Malloc'd. */
+kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const char *digest, char **src, int *n_kinds);
 
 #endif
 

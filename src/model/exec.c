@@ -346,6 +346,23 @@ static kiln_status open_new_packages(kiln_model *m, const char *famdir) {
     return KILN_OK;
 }
 
+kiln_status kiln_model_open_packages(kiln_model *m, int *n) {
+    if (!m) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_open_packages: model is required");
+    char fam[160], *root = package_root(m), *famdir = NULL;
+    family(m, fam, sizeof fam);
+    if (root && !(famdir = kb_path_join(root, fam))) {
+        free(root);
+        return KILN_ERR_NOMEM;
+    }
+    pthread_mutex_lock(&m->exec.lock);
+    if (famdir) open_new_packages(m, famdir);
+    if (n) *n = m->exec.n_pkgs;
+    pthread_mutex_unlock(&m->exec.lock);
+    free(root);
+    free(famdir);
+    return KILN_OK;
+}
+
 /* A package of the wanted kind (fixed or dynamic) whose guards pass; why
  * not, in reason. */
 static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, const int64_t sh[4][4], int64_t *s,
