@@ -86,7 +86,7 @@ int cmd_compile(int argc, char **argv) {
     kiln_model *m = NULL;
     kiln_status s = cli_load_model(model, &com, &m);
     if (s) return cli_fail("compile", s);
-    fprintf(stderr, "compile: exporting, planning and building (dims: %s)...\n", *dims ? dims : "all fixed");
+    if (kb_log_level() >= KILN_LOG_WARN) fprintf(stderr, "compile: exporting, planning and building (dims: %s)...\n", *dims ? dims : "all fixed");
     kiln_compile_result res;
     s = kiln_compile(m, &o, &res);
     kiln_model_free(m);

@@ -1,0 +1,447 @@
+/* test_compile.c - the ahead-of-time compiler and its fallback chain:
+ * guards and their messages, export errors, shapes outside the range, no C
+ * compiler, tampered or mismatched packages (refused with a reason, the
+ * next step computes the same numbers), racing publishers, the package CLI,
+ * and the forked-worker pattern: a parent opens the cache and the package,
+ * four children each run a different width. (Every golden also runs
+ * through each step of the chain in test_goldens.) */
+#include "compile/compile.h"
+#include "golden_util.h"
+#include "model/model.h"
+
+#include <cjson/cJSON.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_tmp[1024];
+#define MODEL_DIR golden_path("sd35-tiny", NULL) /* patch 2, position table 96, dual attention */
+
+typedef struct inputs {
+    kiln_forward_args a;
+    float *buf[4];
+    size_t n_out;
+} inputs;
+
+static void make_inputs(const kiln_model *m, int B, int H, int W, int T, uint64_t seed, inputs *in) {
+    const kiln_config *c = kiln_model_config(m);
+    size_t n[4] = {(size_t)B * c->in_channels * H * W, (size_t)B * T * c->joint_attention_dim,
+                   (size_t)B * c->pooled_projection_dim, (size_t)B};
+    for (int k = 0; k < 4; k++) {
+        in->buf[k] = malloc(sizeof(float) * n[k]);
+        for (size_t i = 0; i < n[k]; i++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            in->buf[k][i] = k == 3 ? 300.0f + 100.0f * (float)i : (float)((double)(seed >> 40) / (1 << 24) * 2 - 1);
+        }
+    }
+    in->a = (kiln_forward_args){B, H, W, T, in->buf[0], in->buf[1], in->buf[2], in->buf[3]};
+    in->n_out = (size_t)B * c->out_channels * H * W;
+}
+
+static void free_inputs(inputs *in) {
+    for (int k = 0; k < 4; k++) free(in->buf[k]);
+}
+
+/* run with one chain; returns the output (malloc'd) or NULL */
+static float *run(kiln_model *m, const char *chain, const inputs *in, kiln_status *st) {
+    float *out = calloc(in->n_out, sizeof(float));
+    kiln_model_set_exec(m, chain);
+    *st = kiln_forward(m, &in->a, out);
+    if (*st) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+static kiln_model *open_model(const char *pkg_dir) {
+    kiln_model *m = NULL;
+    kiln_open_opts o = {.dtype = KILN_F32};
+    CHECK_OK(kiln_model_open(MODEL_DIR, &o, &m));
+    if (m && pkg_dir) CHECK_OK(kiln_model_set_package_dir(m, pkg_dir));
+    return m;
+}
+
+static void subdir(char *buf, size_t cap, const char *name) {
+    snprintf(buf, cap, "%s/%s", g_tmp, name);
+    mkdir(buf, 0755);
+}
+
+static kiln_status compile(kiln_model *m, const char *dims, int H, int W, kiln_compile_result *r) {
+    kiln_compile_opts o = kiln_compile_defaults();
+    o.dims = dims;
+    o.batch = 2;
+    o.height = H;
+    o.width = W;
+    o.context_len = 77;
+    return kiln_compile(m, &o, r);
+}
+
+/* output of every step must equal eager's */
+static void same_as_eager(kiln_model *m, const inputs *in, const float *got, const char *what) {
+    kiln_status st;
+    float *want = run(m, "eager", in, &st);
+    CHECK_OK(st);
+    if (want && got) {
+        double e = rel_l2(got, want, in->n_out);
+        CHECK_MSG(e <= 1e-6, "%s: relative L2 %.3g against eager", what, e);
+    }
+    free(want);
+}
+
+TEST(guards) {
+    kx_sym s[4] = {{"batch", 1, 2}, {"h_tok", 4, 4}, {"w_tok", 8, 16}, {"ctx_len", 77, 77}};
+    kx_iospec in[2] = {{"hidden_states", 4, {{{0}}}}, {"timestep", 1, {{{0}}}}};
+    in[0].dim[0].c[1] = 1;  /* batch */
+    in[0].dim[1].c[0] = 16; /* channels */
+    in[0].dim[2].c[2] = 2;  /* 2*h_tok */
+    in[0].dim[3].c[4] = 2;  /* 2*w_tok */
+    in[1].dim[0].c[1] = 1;  /* batch */
+    char es[64];
+    kx_expr_str(&in[0].dim[3], s, 4, es, sizeof es);
+    CHECK(!strcmp(es, "2*w_tok"));
+    kx_expr e = {{0}};
+    e.c[6] = 1, e.c[0] = 333;
+    kx_expr_str(&e, s, 4, es, sizeof es);
+    CHECK_MSG(!strcmp(es, "h_tok*w_tok+333"), "%s", es);
+    int64_t v[4];
+    CHECK_OK(kx_solve(s, 4, in, 2, (const int64_t[][4]){{2, 16, 8, 24}, {2}}, v));
+    CHECK(v[0] == 2 && v[1] == 4 && v[2] == 12 && v[3] == 77);
+    CHECK_FAILS(kx_solve(s, 4, in, 2, (const int64_t[][4]){{2, 16, 8, 40}, {2}}, v), KILN_ERR_RANGE,
+                "w_tok = 20 (from hidden_states dimension 3) is outside the package's range [8, 16]");
+    CHECK_FAILS(kx_solve(s, 4, in, 2, (const int64_t[][4]){{2, 16, 8, 25}, {2}}, v), KILN_ERR_RANGE,
+                "hidden_states dimension 3 is 25, which is not of the form 2*w_tok");
+    CHECK_FAILS(kx_solve(s, 4, in, 2, (const int64_t[][4]){{2, 16, 10, 24}, {2}}, v), KILN_ERR_RANGE,
+                "the package is fixed at h_tok = 4");
+    CHECK_FAILS(kx_solve(s, 4, in, 2, (const int64_t[][4]){{2, 16, 8, 24}, {1}}, v), KILN_ERR_RANGE,
+                "shared dimensions differ");
+    CHECK_FAILS(kx_solve(s, 4, in, 2, (const int64_t[][4]){{2, 8, 8, 24}, {2}}, v), KILN_ERR_RANGE,
+                "hidden_states dimension 1 is 8, the package needs 16");
+}
+
+/* a toy builder: x [n] -> silu(x) [n], ignoring symbol 1; or changing structure with symbol 0 */
+static kiln_status toy_build(void *user, const int64_t *s, kg_graph *g) {
+    int mode = *(int *)user;
+    kg_init(g, NULL, NULL);
+    kg_id x = kg_input(g, "x", 1, (int64_t[]){s[0]});
+    if (mode == 1 && s[0] % 2) x = kg_silu(g, x); /* structure depends on the symbol */
+    kg_mark_output(g, kg_silu(g, x));
+    return g->status;
+}
+
+TEST(export_errors) {
+    kx_export x;
+    int mode = 0;
+    kx_sym s[2] = {{"n", 4, 9}, {"unused", 1, 3}};
+    CHECK_FAILS(kx_export_graph(toy_build, &mode, s, 2, &x), KILN_ERR_SHAPE,
+                "unused is declared dynamic but the graph does not depend on it");
+    s[1].hi = 1;
+    CHECK_OK(kx_export_graph(toy_build, &mode, s, 2, &x));
+    CHECK(x.dim[0][0].c[1] == 1 && x.dim[0][0].c[0] == 0 && x.g.nodes[0].shape[0] == 9); /* built at the largest */
+    kx_export_free(&x);
+    mode = 1;
+    CHECK_FAILS(kx_export_graph(toy_build, &mode, s, 2, &x), KILN_ERR_SHAPE, "structure changes with n");
+
+    char dir[1100];
+    subdir(dir, sizeof dir, "export");
+    kiln_model *m = open_model(dir);
+    if (!m) return;
+    kiln_compile_result r;
+    CHECK_FAILS(compile(m, "w_tok=8:100", 16, 24, &r), KILN_ERR_RANGE, "position table");
+    CHECK_FAILS(compile(m, "w_tok=0:5", 16, 24, &r), KILN_ERR_INVALID_ARG, "w_tok=0:5");
+    CHECK_FAILS(compile(m, "depth=3", 16, 24, &r), KILN_ERR_INVALID_ARG, "unknown dimension");
+    CHECK_FAILS(compile(m, "w_tok", 16, 24, &r), KILN_ERR_INVALID_ARG, "expected name=min:max");
+    CHECK_FAILS(compile(m, NULL, 15, 24, &r), KILN_ERR_SHAPE, "example request");
+    CHECK_FAILS(kiln_model_set_exec(m, "dynamic,jit"), KILN_ERR_INVALID_ARG, "unknown execution step 'jit'");
+    kiln_model_set_package_dir(m, NULL);
+    unsetenv("KILN_PACKAGE_DIR");
+    CHECK_FAILS(compile(m, NULL, 16, 24, &r), KILN_ERR_INVALID_ARG, "no package folder");
+    kiln_model_free(m);
+}
+
+TEST(outside_the_range_falls_back) {
+    char dir[1100];
+    subdir(dir, sizeof dir, "range");
+    kiln_model *m = open_model(dir);
+    if (!m) return;
+    kiln_compile_result r;
+    CHECK_OK(compile(m, "w_tok=10:12,batch=1:2", 16, 24, &r));
+    CHECK_MSG(r.block_kinds == 3 && r.regions == 4, "%d kinds, %d regions", r.block_kinds, r.regions); /* dual-attention x2, plain, last */
+    inputs in;
+    make_inputs(m, 2, 16, 32, 77, 1, &in); /* w_tok 16 > 12 */
+    kiln_status st;
+    float *got = run(m, "dynamic", &in, &st);
+    CHECK(st == KILN_ERR_RANGE && strstr(kiln_last_error(), "outside the package's range [10, 12]"));
+    free(got);
+    got = run(m, "dynamic,planned", &in, &st);
+    CHECK_OK(st);
+    CHECK(!strcmp(kiln_model_last_exec(m), "planned"));
+    same_as_eager(m, &in, got, "planned after dynamic refused the shape");
+    free(got);
+    /* the default chain compiles a fixed-shape package for it */
+    got = run(m, "dynamic,fixed,planned,eager", &in, &st);
+    CHECK_OK(st);
+    CHECK(!strcmp(kiln_model_last_exec(m), "fixed"));
+    same_as_eager(m, &in, got, "fixed-shape package");
+    free(got);
+    /* inside the range: the dynamic package, batch 1 too */
+    free_inputs(&in);
+    make_inputs(m, 1, 16, 20, 77, 2, &in);
+    got = run(m, "dynamic", &in, &st);
+    CHECK_OK(st);
+    same_as_eager(m, &in, got, "dynamic package at batch 1, w_tok 10");
+    free(got);
+    free_inputs(&in);
+    kiln_model_free(m);
+}
+
+TEST(no_compiler) {
+    char dir[1100];
+    subdir(dir, sizeof dir, "nocc");
+    kiln_model *m = open_model(dir);
+    if (!m) return;
+    kiln_compile_result r;
+    CHECK_OK(compile(m, NULL, 16, 24, &r)); /* this model has been compiled here */
+    setenv("KILN_CC", "/bin/false", 1);
+    CHECK_FAILS(compile(m, "w_tok=4:8", 16, 24, &r), KILN_ERR_UNSUPPORTED, "the C compiler '/bin/false' failed (exit 1)");
+    setenv("KILN_CC", "/nonexistent/cc", 1);
+    CHECK_FAILS(compile(m, "w_tok=4:8", 16, 24, &r), KILN_ERR_UNSUPPORTED, "cannot run the C compiler '/nonexistent/cc'");
+    setenv("KILN_CC", "/bin/false", 1);
+    inputs in;
+    make_inputs(m, 2, 16, 16, 77, 3, &in);
+    kiln_status st;
+    float *got = run(m, "dynamic,fixed,planned,eager", &in, &st);
+    CHECK_OK(st);
+    CHECK_MSG(!strcmp(kiln_model_last_exec(m), "planned"), "ran by %s", kiln_model_last_exec(m));
+    unsetenv("KILN_CC");
+    same_as_eager(m, &in, got, "planned without a compiler");
+    free(got);
+    free_inputs(&in);
+    kiln_model_free(m);
+}
+
+/* edit one package's manifest with f(cJSON) */
+static void edit_manifest(const char *pkg, void (*f)(cJSON *)) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/manifest.json", pkg);
+    FILE *fp = fopen(path, "rb");
+    static char text[1 << 20];
+    size_t n = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
+    if (fp) fclose(fp);
+    text[n] = 0;
+    cJSON *m = cJSON_Parse(text);
+    CHECK(m != NULL);
+    if (!m) return;
+    f(m);
+    char *out = cJSON_Print(m);
+    fp = fopen(path, "wb");
+    fputs(out, fp);
+    fclose(fp);
+    free(out);
+    cJSON_Delete(m);
+}
+
+static void foreign_cpu(cJSON *m) {
+    cJSON_ReplaceItemInObject(m, "cpu_features", cJSON_CreateStringArray((const char *[]){"avx10_9"}, 1));
+}
+
+static void wider_range(cJSON *m) { /* a guard widened after the build */
+    cJSON *sym = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "symbols"), 2);
+    cJSON_ReplaceItemInObject(sym, "max", cJSON_CreateNumber(40));
+}
+
+static void damage_library(const char *pkg) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.so", pkg);
+    FILE *fp = fopen(path, "r+b");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    fseek(fp, 100, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, 100, SEEK_SET);
+    fputc(c ^ 0x5a, fp);
+    fclose(fp);
+}
+
+/* compile a fresh package, break it, check the refusal and the fallback */
+static void refused(const char *tag, void (*edit)(cJSON *), int damage, const char *reason) {
+    char dir[1100];
+    subdir(dir, sizeof dir, tag);
+    kiln_model *m = open_model(dir);
+    if (!m) return;
+    kiln_compile_result r;
+    CHECK_OK(compile(m, "w_tok=10:12", 16, 24, &r));
+    kiln_model_free(m);
+    if (edit) edit_manifest(r.path, edit);
+    if (damage) damage_library(r.path);
+    m = open_model(dir);
+    inputs in;
+    make_inputs(m, 2, 16, 24, 77, 4, &in);
+    kiln_status st;
+    float *got = run(m, "dynamic", &in, &st);
+    CHECK_MSG(st != KILN_OK && strstr(kiln_last_error(), reason), "%s: %s", tag, kiln_last_error());
+    free(got);
+    CHECK_MSG(kx_package_verify(r.path) != KILN_OK || edit == wider_range, "%s: verify passed", tag);
+    got = run(m, "dynamic,planned", &in, &st);
+    CHECK_OK(st);
+    CHECK(!strcmp(kiln_model_last_exec(m), "planned"));
+    same_as_eager(m, &in, got, tag);
+    free(got);
+    free_inputs(&in);
+    kiln_model_free(m);
+}
+
+TEST(tampered_packages_are_refused) {
+    refused("tampered-so", NULL, 1, "does not match its manifest's SHA-256");
+    refused("foreign-cpu", foreign_cpu, 0, "needs CPU feature avx10_9, which this machine lacks");
+    refused("edited-guard", wider_range, 0, "edited after the build");
+}
+
+/* the model's side of binding, with one weight hidden or reshaped */
+typedef struct {
+    kiln_model *m;
+    const char *hide, *reshape;
+} bind_ctx;
+
+static int bind_some(void *user, const char *name, kx_bound *b) {
+    bind_ctx *c = user;
+    if (c->hide && !strcmp(name, c->hide)) return 0;
+    const km_weight *w = km_find(c->m, name);
+    if (!w) return 0;
+    *b = (kx_bound){w->ndim, {w->shape[0], w->shape[1], w->shape[2], w->shape[3]}, &w->kw, w->data,
+                    w->packed ? w->kw.packed_dtype : KILN_F32, w->layout};
+    if (c->reshape && !strcmp(name, c->reshape)) b->shape[0]++;
+    return 1;
+}
+
+TEST(binding_checks_every_weight) {
+    char dir[1100];
+    subdir(dir, sizeof dir, "bind");
+    kiln_model *m = open_model(dir);
+    if (!m) return;
+    kiln_compile_result r;
+    CHECK_OK(compile(m, NULL, 16, 24, &r));
+    const char *cases[3][3] = {{"transformer_blocks.1.attn.to_q.weight", NULL, "transformer_blocks.1.attn.to_q.weight (missing)"},
+                               {NULL, "context_embedder.weight", "context_embedder.weight (shape differs)"},
+                               {NULL, NULL, NULL}};
+    for (int i = 0; i < 3; i++) {
+        kx_package *p = NULL;
+        CHECK_OK(kx_package_open(r.path, &p));
+        if (!p) break;
+        bind_ctx c = {m, cases[i][0], cases[i][1]};
+        if (cases[i][2]) CHECK_FAILS(kx_package_load(p, m->backend, bind_some, &c), KILN_ERR_MISSING, cases[i][2]);
+        else CHECK_OK(kx_package_load(p, m->backend, bind_some, &c));
+        kx_package_close(p);
+    }
+    kiln_model_free(m);
+}
+
+static int sh(const char *fmt, const char *a, const char *b) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, fmt, getenv("KILN_BIN") ? getenv("KILN_BIN") : "build/kiln", a, b);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(racing_publishers_and_the_cli) {
+    char dir[1100];
+    subdir(dir, sizeof dir, "race");
+    /* four processes compile the same package at once: all succeed, one is published */
+    CHECK(sh("for i in 1 2 3 4; do %s compile '%s' --dtype f32 --package-dir '%s' --dim w_tok=8:12 --latent 16x24 "
+             "--context-len 77 --log error >/dev/null & done; wait", MODEL_DIR, dir) == 0);
+    char cmd_out[8192] = "";
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s package ls --package-dir '%s'", getenv("KILN_BIN") ? getenv("KILN_BIN") : "build/kiln", dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(cmd_out, 1, sizeof cmd_out - 1, p) : 0;
+    if (p) pclose(p);
+    cmd_out[n] = 0;
+    int lines = 0;
+    for (char *q = cmd_out; (q = strchr(q, '\n')); q++) lines++;
+    CHECK_MSG(lines == 1 && strstr(cmd_out, "w_tok=8..12"), "%s", cmd_out);
+    CHECK(sh("%s package verify --package-dir '%s' >/dev/null%s", dir, "") == 0);
+    snprintf(cmd, sizeof cmd, "test -z \"$(find '%s' -name '.staging*')\"", dir);
+    CHECK(system(cmd) == 0); /* no staging folder left behind */
+    CHECK(sh("%s package rm --all --package-dir '%s' >/dev/null%s", dir, "") == 0);
+    CHECK(sh("%s package ls --package-dir '%s' | grep -q 'no packages'%s", dir, "") == 0);
+    CHECK(sh("%s package frobnicate --package-dir '%s' 2>/dev/null%s", dir, "") == 2);
+}
+
+/* The forked-worker pattern: the parent maps the cache and opens the
+ * package (manifest only, no kernel has run), four children each run a
+ * different width through the package; the parent then checks each. */
+TEST(forked_workers) {
+    char cache[1100];
+    subdir(cache, sizeof cache, "fork-cache");
+    const char *bin = getenv("KILN_BIN") ? getenv("KILN_BIN") : "build/kiln";
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s compile '%s' --dtype f32 --cache-dir '%s' --dim w_tok=6:12 --batch 2 --latent 16x24 "
+                              "--context-len 77 --log error >/dev/null", bin, MODEL_DIR, cache);
+    CHECK(system(cmd) == 0);
+    kiln_load_opts o = kiln_load_defaults();
+    o.model_name = "fork";
+    o.source = MODEL_DIR;
+    o.cache_root = cache;
+    o.dtype = KILN_F32;
+    kiln_model *m = NULL;
+    /* the cache build (which packs weights with threads) runs in a child too */
+    snprintf(cmd, sizeof cmd, "%s cache build '%s' --dtype f32 --name fork --cache-dir '%s' --log error >/dev/null", bin,
+             MODEL_DIR, cache);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(kiln_load_model(&o, &m));
+    if (!m) return;
+    CHECK(!strcmp(kiln_model_origin(m), "hit"));
+    int n = 0;
+    CHECK_OK(kiln_model_open_packages(m, &n));
+    CHECK(n == 1);
+    const int widths[4] = {12, 14, 20, 24};
+    pid_t pid[4];
+    for (int k = 0; k < 4; k++) {
+        if ((pid[k] = fork()) == 0) {
+            inputs in;
+            make_inputs(m, 2, 16, widths[k], 77, 10 + (uint64_t)k, &in);
+            kiln_status st;
+            float *got = run(m, "dynamic", &in, &st);
+            char path[1200];
+            snprintf(path, sizeof path, "%s/out%d.bin", g_tmp, k);
+            FILE *f = got ? fopen(path, "wb") : NULL;
+            int ok = f && fwrite(got, sizeof(float), in.n_out, f) == in.n_out;
+            if (f) fclose(f);
+            if (!got) fprintf(stderr, "child %d: %s\n", k, kiln_last_error());
+            _exit(ok ? 0 : 1);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        int ws = 0;
+        waitpid(pid[k], &ws, 0);
+        CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child %d (width %d) failed", k, widths[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+        inputs in;
+        make_inputs(m, 2, 16, widths[k], 77, 10 + (uint64_t)k, &in);
+        float *got = calloc(in.n_out, sizeof(float));
+        char path[1200];
+        snprintf(path, sizeof path, "%s/out%d.bin", g_tmp, k);
+        FILE *f = fopen(path, "rb");
+        CHECK(f && fread(got, sizeof(float), in.n_out, f) == in.n_out);
+        if (f) fclose(f);
+        same_as_eager(m, &in, got, "a forked child's package run");
+        free(got);
+        free_inputs(&in);
+    }
+    kiln_model_free(m);
+}
+
+int main(void) {
+    test_tmpdir(g_tmp, sizeof g_tmp, "compile");
+    RUN(guards);
+    RUN(forked_workers); /* first: the parent must not have started kernel threads before it forks */
+    RUN(export_errors);
+    RUN(outside_the_range_falls_back);
+    RUN(no_compiler);
+    RUN(tampered_packages_are_refused);
+    RUN(binding_checks_every_weight);
+    RUN(racing_publishers_and_the_cli);
+    test_rmrf(g_tmp);
+    return TEST_SUMMARY();
+}
