@@ -76,7 +76,7 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         free(png);
         return cli_fail(cmd, s);
     }
-    if (!quiet) fprintf(stderr, "%s: %.2f s -> %s (preview %s)\n", cmd, total, output, png);
+    if (!quiet) fprintf(stderr, "%s: %.2f s (backbone: %s) -> %s (preview %s)\n", cmd, total, kiln_model_last_exec(m), output, png);
     free(png);
     return 0;
 }
