@@ -346,11 +346,22 @@ static int sh(const char *fmt, const char *a, const char *b) {
 TEST(racing_publishers_and_the_cli) {
     char dir[1100];
     subdir(dir, sizeof dir, "race");
+    /* a compiler that died mid-build left its staging folder: the next compile removes it */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char cmd0[1400];
     /* four processes compile the same package at once: all succeed, one is published */
     CHECK(sh("for i in 1 2 3 4; do %s compile '%s' --dtype f32 --package-dir '%s' --dim w_tok=8:12 --latent 16x24 "
              "--context-len 77 --log error >/dev/null & done; wait", MODEL_DIR, dir) == 0);
     char cmd_out[8192] = "";
     char cmd[4096];
+    /* plant the dead compiler's leftovers in the family folder and compile again */
+    snprintf(cmd0, sizeof cmd0, "f=$(ls -d '%s'/sd3-*) && mkdir \"$f/.staging-%ld-0\" && touch \"$f/.staging-%ld-0/model.c\"", dir,
+             (long)dead, (long)dead);
+    CHECK(system(cmd0) == 0);
+    CHECK(sh("%s compile '%s' --dtype f32 --package-dir '%s' --dim w_tok=8:12 --latent 16x24 --context-len 77 --log error "
+             ">/dev/null", MODEL_DIR, dir) == 0);
     snprintf(cmd, sizeof cmd, "%s package ls --package-dir '%s'", getenv("KILN_BIN") ? getenv("KILN_BIN") : "build/kiln", dir);
     FILE *p = popen(cmd, "r");
     size_t n = p ? fread(cmd_out, 1, sizeof cmd_out - 1, p) : 0;

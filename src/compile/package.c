@@ -11,7 +11,9 @@
 #include "tensor/dtype.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -564,6 +566,27 @@ static void dims_label(const kx_sym *s, int n, char *buf, size_t cap) {
     }
 }
 
+/* Staging folders of compilers that died (their pid is gone) and folders
+ * a remover renamed aside are deleted; a live compiler's are left alone. */
+static void clean_leftovers(const char *famdir) {
+    DIR *d = opendir(famdir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = 0;
+        int stale = strstr(e->d_name, ".trash.") != NULL;
+        if (!strncmp(e->d_name, ".staging-", 9) && (pid = strtol(e->d_name + 9, NULL, 10)) > 0)
+            stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+        char *path = stale ? kb_path_join(famdir, e->d_name) : NULL;
+        if (path) {
+            kb_log(KILN_LOG_INFO, "compile: removing %s, left by a compiler that died", path);
+            kb_remove_tree(path);
+        }
+        free(path);
+    }
+    closedir(d);
+}
+
 kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
     memset(info, 0, sizeof *info);
     if (!r->root || !*r->root || !r->family || !*r->family)
@@ -605,6 +628,7 @@ kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
     if (!st && (!(famdir = kb_path_join(r->root, r->family)) || !(final = kb_strfmt("%s/%s-%s", famdir, label, hash))))
         st = KILN_ERR_NOMEM;
     if (!st) snprintf(info->path, sizeof info->path, "%s", final);
+    if (!st) clean_leftovers(famdir);
     if (!st && kb_is_file(manifest = kb_strfmt("%s/" PKG_MANIFEST, final))) {
         info->reused = 1; /* the same code, already built and published */
         goto done;
