@@ -102,8 +102,11 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
 /* ---- runtime ABI of generated code ------------------------------------- */
 
 /* Every function a package calls, in ABI order (stringified into the
- * generated source, so host and package share this one definition). */
-#define KX_RT_FUNCS(X)                                                                                         \
+ * generated source, so host and package share this one definition):
+ * the backend's kernels (kk_backend fields of the same names), then the
+ * layout kernels every executor shares (kk_<name>). */
+#define KX_RT_FUNCS(X) KX_RT_BACKEND(X) KX_RT_LAYOUT(X)
+#define KX_RT_BACKEND(X)                                                                                       \
     X(linear, void, (const float *, const struct kk_weight *, const float *, float *, int64_t, int))           \
     X(linear_io, void, (const void *, int, const struct kk_weight *, const float *, void *, int, int64_t, int)) \
     X(silu, void, (const float *, float *, int64_t))                                                             \
@@ -115,7 +118,8 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
     X(modulate, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t))       \
     X(modulate_bf16, void, (const float *, const float *, const float *, uint16_t *, int64_t, int64_t, int64_t)) \
     X(gate_add, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t))       \
-    X(attention, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
+    X(attention, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))
+#define KX_RT_LAYOUT(X)                                                                                        \
     X(patchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                   \
     X(unpatchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                 \
     X(timestep_proj, void, (const float *, float *, int64_t, int64_t))                                         \

@@ -32,29 +32,12 @@
 void kx_rt_init(kx_rt *rt, const kk_backend *be) {
     memset(rt, 0, sizeof *rt);
     rt->abi = KX_ABI;
-#define KX_RT_BE(name, ret, args) rt->name = be->name;
-    /* the backend's kernels ... */
-    rt->linear = be->linear;
-    rt->linear_io = be->linear_io;
-    rt->silu = be->silu;
-    rt->gelu_tanh = be->gelu_tanh;
-    rt->layernorm = be->layernorm;
-    rt->layernorm_modulate = be->layernorm_modulate;
-    rt->layernorm_modulate_bf16 = be->layernorm_modulate_bf16;
-    rt->rmsnorm_heads = be->rmsnorm_heads;
-    rt->modulate = be->modulate;
-    rt->modulate_bf16 = be->modulate_bf16;
-    rt->gate_add = be->gate_add;
-    rt->attention = be->attention;
-#undef KX_RT_BE
-    /* ... and the layout kernels every executor shares */
-    rt->patchify = kk_patchify;
-    rt->unpatchify = kk_unpatchify;
-    rt->timestep_proj = kk_timestep_proj;
-    rt->pos_crop = kk_pos_crop;
-    rt->add_bcast = kk_add_bcast;
-    rt->slice_rows = kk_slice_rows;
-    rt->concat_rows = kk_concat_rows;
+#define KX_RT_FROM_BACKEND(name, ret, args) rt->name = be->name;
+#define KX_RT_FROM_LAYOUT(name, ret, args) rt->name = kk_##name;
+    KX_RT_BACKEND(KX_RT_FROM_BACKEND)
+    KX_RT_LAYOUT(KX_RT_FROM_LAYOUT)
+#undef KX_RT_FROM_BACKEND
+#undef KX_RT_FROM_LAYOUT
 }
 
 int kx_cpu_has(const char *feature) { return kk_cpu_has(feature); }

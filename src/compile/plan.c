@@ -117,19 +117,8 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
         case KX_WEIGHT: buf[i] = (float *)g->nodes[i].data; break;
         }
     }
-    const char *pe = getenv("KILN_PROFILE");
-    int profile = pe && *pe && strcmp(pe, "0");
-    for (int i = 0; i < g->n; i++) {
-        const kg_node *nd = &g->nodes[i];
-        if (p->place[i].kind != KX_ARENA && p->place[i].kind != KX_OUTPUT) continue;
-        double t0 = profile ? kb_now() : 0;
-        kg_exec_node(g, be, nd, buf, buf[i]);
-        if (profile) {
-            char cat[48];
-            snprintf(cat, sizeof cat, "op %s", kg_op_name(nd->op));
-            kb_ledger_add(cat, kb_now() - t0, NULL);
-        }
-    }
+    for (int i = 0; i < g->n; i++)
+        if (p->place[i].kind == KX_ARENA || p->place[i].kind == KX_OUTPUT) kg_exec_node(g, be, &g->nodes[i], buf, buf[i]);
     free(buf);
     return KILN_OK;
 }

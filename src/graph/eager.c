@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {
+static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {
     const float *a = n->src[0] >= 0 ? buf[n->src[0]] : NULL;
     const float *b = n->src[1] >= 0 ? buf[n->src[1]] : NULL;
     const float *c = n->src[2] >= 0 ? buf[n->src[2]] : NULL;
@@ -80,6 +80,24 @@ void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, flo
     }
 }
 
+void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {
+    /* KILN_PROFILE=1: time every op kind into the ledger (--timings prints it) */
+    static int profile = -1;
+    int on = __atomic_load_n(&profile, __ATOMIC_RELAXED);
+    if (on < 0) {
+        const char *pe = getenv("KILN_PROFILE");
+        on = pe && *pe && strcmp(pe, "0");
+        __atomic_store_n(&profile, on, __ATOMIC_RELAXED);
+    }
+    double t0 = on ? kb_now() : 0;
+    exec_node(g, be, n, buf, y);
+    if (on) {
+        char cat[48];
+        snprintf(cat, sizeof cat, "op %s", kg_op_name(n->op));
+        kb_ledger_add(cat, kb_now() - t0, NULL);
+    }
+}
+
 void kg_liveness(const kg_graph *g, char *live, int *last_use) {
     /* a node no live node consumes (folded away by kg_fuse) is skipped;
      * walk backwards from the outputs */
@@ -116,9 +134,6 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     for (int i = 0; i < n; i++) out_slot[i] = -1;
     for (int o = 0; o < g->n_outputs; o++) out_slot[g->outputs[o]] = o;
 
-    /* KILN_PROFILE=1: time every op kind into the ledger (--timings prints it) */
-    const char *pe = getenv("KILN_PROFILE");
-    int profile = pe && *pe && strcmp(pe, "0");
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && st == KILN_OK; i++) {
         const kg_node *nd = &g->nodes[i];
@@ -139,13 +154,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             break;
         }
         buf[i] = y;
-        double t0 = profile ? kb_now() : 0;
         kg_exec_node(g, be, nd, buf, y);
-        if (profile) {
-            char cat[48];
-            snprintf(cat, sizeof cat, "op %s", kg_op_name(nd->op));
-            kb_ledger_add(cat, kb_now() - t0, NULL);
-        }
         /* free sources whose last consumer this was */
         for (int s = 0; s < 3; s++) {
             kg_id src = nd->src[s];
