@@ -141,6 +141,11 @@ static void run_node(const kg_graph *g, const kk_backend *be, const kg_node *n, 
     case KG_UNPATCHIFY: unpatchify(a, y, n->shape[0], ip[0], ip[1], ip[2], ip[3]); break;
     case KG_TIMESTEP_PROJ: timestep_proj(a, y, n->shape[0], ip[0]); break;
     case KG_POS_CROP: pos_crop(a, y, ip[0], ip[1], ip[2], n->shape[2]); break;
+    case KG_SHARD:
+    case KG_ALLGATHER:
+    case KG_ALLTOALL:
+    case KG_ALLREDUCE:
+    case KG_FSDP_GATHER: kg_run_dist(g, n, a, y); break;
     }
 }
 

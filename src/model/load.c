@@ -14,6 +14,7 @@
  * publish. */
 #include "base/base.h"
 #include "cache/cache.h"
+#include "dist/dist.h"
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
@@ -79,8 +80,10 @@ void kiln_set_barrier(void (*fn)(void *user), void *user) {
     g_barrier_user = user;
 }
 
-static void barrier(void) {
-    if (g_barrier) g_barrier(g_barrier_user);
+/* a mesh meets at MPI_Barrier; otherwise the installed hook */
+static void barrier(const kd_mesh *mesh) {
+    if (mesh) kd_barrier(mesh);
+    else if (g_barrier) g_barrier(g_barrier_user);
 }
 
 /* ---- the flow -------------------------------------------------------------------------- */
@@ -118,8 +121,12 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     cJSON_AddStringToObject(j, "model", o->model_name);
     cJSON_AddStringToObject(j, "component", o->component);
     cJSON_AddStringToObject(j, "parallel", par);
-    cJSON_AddNumberToObject(j, "mesh_rows", o->mesh_rows);
-    cJSON_AddNumberToObject(j, "mesh_cols", o->mesh_cols);
+    int rows = o->mesh_rows, cols = o->mesh_cols;
+    kd_infer_mesh(&o->parallel, &rows, &cols);
+    cJSON_AddNumberToObject(j, "mesh_rows", rows);
+    cJSON_AddNumberToObject(j, "mesh_cols", cols);
+    /* on a mesh: this rank's folder under the key ("/host_coords_.../shard_tp0of2") */
+    cJSON_AddStringToObject(j, "part", k->path + strlen(k->dir));
     cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(cp.dtype));
     cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
     cJSON_AddStringToObject(j, "layout", cp.reference ? "rowmajor" : km_compute_layout(cp));
@@ -170,9 +177,8 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
  * prefix (superseded ones are removed on publish, so normally there is one;
  * otherwise the most recently used complete one). */
 static void resolve_without_source(kcache_key *k) {
-    char host[160] = "";
-    const char *h = strstr(k->path, "/host_coords_");
-    if (h) snprintf(host, sizeof host, "%s", h);
+    char host[200] = ""; /* [/host_coords_...][/shard_...] */
+    snprintf(host, sizeof host, "%s", k->path + strlen(k->dir));
     DIR *d = opendir(k->group);
     if (!d) return;
     size_t pl = strlen(k->prefix);
@@ -214,6 +220,16 @@ static kiln_status finish_hit(kcache_entry *e, km_compute cp, const char *origin
     return KILN_OK;
 }
 
+/* The part of the model a rank holds, as a folder name: "tp1of2" (tensor
+ * parallel shard 1 of 2), "full" (replicated: CFG or sequence parallel). */
+static void shard_name(const kd_mesh *mesh, char *buf, size_t cap) {
+    if (mesh->size[KD_TP] > 1) snprintf(buf, cap, "tp%dof%d", mesh->index[KD_TP], mesh->size[KD_TP]);
+    else snprintf(buf, cap, "full");
+}
+
+static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_mesh *mesh, int rows, int cols,
+                             kiln_model **out);
+
 kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     if (!o || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: options and out are required");
     *out = NULL;
@@ -222,12 +238,27 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     if (o->source_fn && (!o->source_id || !*o->source_id))
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
     km_compute cp;
-    kiln_status st0 = km_compute_resolve(o->dtype, o->reference, &cp);
-    if (st0) return st0;
-    if ((int64_t)o->mesh_rows * o->mesh_cols > 1)
-        return kb_fail(KILN_ERR_UNSUPPORTED,
-                       "kiln_load_model: a %dx%d mesh needs %d processes under MPI; this process runs alone",
-                       o->mesh_rows, o->mesh_cols, o->mesh_rows * o->mesh_cols);
+    kiln_status st = km_compute_resolve(o->dtype, o->reference, &cp);
+    if (st) return st;
+    /* a mesh: given, or the one the factors span (--tp 2 alone is a 1x2 mesh) */
+    int rows = o->mesh_rows, cols = o->mesh_cols;
+    kd_infer_mesh(&o->parallel, &rows, &cols);
+    kd_mesh *mesh = NULL;
+    if ((int64_t)rows * cols > 1) {
+        if ((st = kd_mesh_create(rows, cols, &o->parallel, o->fsdp, &mesh))) return st;
+        cp.tp = mesh->size[KD_TP];
+        cp.tp_index = mesh->index[KD_TP];
+    }
+    st = load_flow(o, cp, mesh, rows, cols, out);
+    if (!st && mesh && !(*out)->mesh) (*out)->mesh = mesh; /* the model owns its mesh from here */
+    else kd_mesh_free(mesh);
+    return st;
+}
+
+static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_mesh *mesh, int rows, int cols,
+                             kiln_model **out) {
+    char shard[32] = "";
+    if (mesh) shard_name(mesh, shard, sizeof shard);
     double t0 = kb_now();
     const char *root = o->cache_root;
     if (!root || !*root) root = getenv("KILN_CACHE_DIR");
@@ -244,8 +275,9 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         uint64_t h = 0;
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
-        char rkey[64];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d", (unsigned long long)h, (int)cp.dtype, cp.reference);
+        char rkey[96];
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
+                 shard);
         if ((*out = registry_get(rkey))) return KILN_OK;
         if ((st = convert(o, cp, out))) return st;
         snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
@@ -256,11 +288,17 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
 
     kcache_key_inputs in = {
         .model = o->model_name, .component = o->component ? o->component : "transformer",
-        .parallel = o->parallel, .mesh_rows = o->mesh_rows, .mesh_cols = o->mesh_cols,
+        .parallel = o->parallel, .mesh_rows = rows, .mesh_cols = cols,
         .dtype = cp.dtype, .fsdp = o->fsdp, .layout = km_compute_layout(cp), .layout_version = LAYOUT_VERSION,
         .host_coords = o->host_coords, .host_r0 = o->host_r0, .host_r1 = o->host_r1,
-        .host_c0 = o->host_c0, .host_c1 = o->host_c1,
+        .host_c0 = o->host_c0, .host_c1 = o->host_c1, .shard = shard,
     };
+    /* a run spanning several hosts: each publishes the mesh rows and columns it owns */
+    if (mesh && !o->host_coords && mesh->host_coords) {
+        in.host_coords = 1;
+        in.host_r0 = mesh->host_r0, in.host_r1 = mesh->host_r1;
+        in.host_c0 = mesh->host_c0, in.host_c1 = mesh->host_c1;
+    }
     if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &in.source_hash))) return st;
     if (o->source_fn) in.source_hash = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
     kcache_key k;
@@ -271,21 +309,21 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
 
     kcache_entry *e = NULL;
     st = kcache_open(k.path, o->verify, &e);
-    barrier(); /* every rank has looked before anyone writes */
+    barrier(mesh); /* every rank has looked before anyone writes */
     if (!st) {
         kcache_touch(k.dir);
-        barrier();
+        barrier(mesh);
         if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit");
         return KILN_OK;
     }
     if (st != KILN_ERR_CACHE_MISSING && st != KILN_ERR_CORRUPT) {
-        barrier();
+        barrier(mesh);
         return st;
     }
     if (!has_source(o)) {
-        barrier();
+        barrier(mesh);
         if (st == KILN_ERR_CACHE_MISSING)
             return kb_fail(KILN_ERR_CACHE_MISSING,
                            "missing cache: no complete cache at %s and no source checkpoint to build it from "
@@ -299,13 +337,13 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
 
     int fd;
     if ((st = kcache_lock(&k, &fd))) {
-        barrier();
+        barrier(mesh);
         return st;
     }
     /* someone may have published while we waited for the lock */
     if (!kcache_open(k.path, o->verify, &e)) {
         kcache_unlock(fd);
-        barrier();
+        barrier(mesh);
         if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
@@ -329,7 +367,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     }
     kcache_unlock(fd);
     if (!st && !o->no_create_cache) kcache_remove_superseded(&k);
-    barrier(); /* published before anyone looks again */
+    barrier(mesh); /* published before anyone looks again */
     if (st) {
         km_destroy(m);
         return st;

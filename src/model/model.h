@@ -29,6 +29,7 @@ struct kcache_entry;
 typedef struct km_compute {
     kiln_dtype dtype; /* F32 or BF16 */
     int reference;    /* reference kernels on f32 row-major weights */
+    int tp, tp_index; /* tensor parallel: this rank holds shard tp_index of tp (0, 0: all) */
 } km_compute;
 
 struct kiln_model {
@@ -40,6 +41,7 @@ struct kiln_model {
     char layout[32];
     const struct kk_backend *backend;
     struct kcache_entry *cache; /* when set, weights point into its mapping */
+    struct kd_mesh *mesh;       /* a parallel run: this rank's place and groups (owned) */
     char origin[16];            /* "hit", "miss", "rebuilt", "no-cache", "open" */
     char *cache_path;
     char *registry_key;         /* set while the model is in the loaded-models registry */
@@ -61,6 +63,11 @@ kiln_status km_from_cache(struct kcache_entry *e, km_compute cp, kiln_model **ou
 kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out);
 /* The cache key's layout part for a compute choice ("" for the reference). */
 const char *km_compute_layout(km_compute cp);
+/* Tensor parallel: cut the converted f32 weights down to shard index of tp
+ * (before packing; shard.c). */
+kiln_status km_shard_tp(kiln_model *m, int tp, int index);
+/* kiln_forward of a model on a mesh (forward_dist.c). */
+kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *out);
 /* Free a model for real (the registry calls this at refcount 0). */
 void km_destroy(kiln_model *m);
 
