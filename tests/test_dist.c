@@ -244,6 +244,59 @@ TEST(cache_holds_only_the_shard) {
     kiln_model_free(m);
 }
 
+/* FSDP: every block weight is split into byte ranges across the ranks that
+ * would otherwise hold copies; each rank's cache holds its range (U8, layout
+ * fsdp<j>of<n>) and the replicated rest, and is smaller than a whole copy */
+TEST(fsdp_parts) {
+    const char *golden = "sd35-tiny";
+    char root[600];
+    snprintf(root, sizeof root, "%s/fsdp", g_root);
+    layout l = {"sp+fsdp", 1, g_size, par(1, 0, 1, 1, g_size, 1), 1};
+    kiln_load_opts o = mesh_opts(golden, &l, root);
+    o.reference = 1;
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_load_model(&o, &m));
+    if (!m) return;
+    const char *path = kiln_model_cache_path(m);
+    char tail[64];
+    snprintf(tail, sizeof tail, "/shard_fsdp%dof%d", g_rank, g_size);
+    CHECK_MSG(strstr(path, tail) != NULL, "%s lacks %s", path, tail);
+    sd3_spec *spec = NULL;
+    size_t ns = 0;
+    CHECK_OK(sd3_weight_spec(kiln_model_config(m), &spec, &ns));
+    uint64_t full = expected_bytes(spec, ns), block_bytes = 0;
+    for (size_t i = 0; i < ns; i++)
+        if (!strncmp(spec[i].name, "transformer_blocks.", 19)) block_bytes += expected_bytes(&spec[i], 1);
+    free(spec);
+    int64_t got = file_size(path, KCACHE_DATA);
+    kcache_entry *e = NULL;
+    CHECK_OK(kcache_open(path, 1, &e));
+    uint64_t parts = 0;
+    char want_layout[32];
+    snprintf(want_layout, sizeof want_layout, "fsdp%dof%d", g_rank, g_size);
+    for (size_t i = 0; e && i < e->n; i++)
+        if (!strncmp(e->t[i].name, "transformer_blocks.", 19)) {
+            CHECK_MSG(e->t[i].dtype == KILN_U8 && !strcmp(e->t[i].layout, want_layout), "%s: %s", e->t[i].name,
+                      e->t[i].layout);
+            parts += e->t[i].nbytes;
+        }
+    kcache_close(e);
+    uint64_t sum = 0, p = parts;
+    MPI_Allreduce(&p, &sum, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0)
+        fprintf(stderr, "  %s, FSDP %d: rank 0 cache %lld bytes (block parts %llu), whole model %llu bytes\n", golden,
+                g_size, (long long)got, (unsigned long long)parts, (unsigned long long)full);
+    CHECK_MSG(got > 0 && (uint64_t)got < full, "FSDP cache %lld bytes, whole model %llu", (long long)got,
+              (unsigned long long)full);
+    CHECK_MSG(sum == block_bytes, "parts of all ranks %llu, block weights %llu",
+              (unsigned long long)sum, (unsigned long long)block_bytes);
+    CHECK(parts < block_bytes);
+    kiln_model_free(m);
+    /* without a cache root there is nothing for a rank to map its part from */
+    o.cache_root = NULL;
+    CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_INVALID_ARG, "FSDP needs the weight cache");
+}
+
 /* simulated hosts: rank r claims host "h<r>" (KILN_HOST_ID); each publishes
  * under the folder of the mesh coordinates it owns */
 TEST(hosts_own_their_folders) {
@@ -348,6 +401,7 @@ int main(int argc, char **argv) {
     RUN(four_ranks);
     RUN(sampler_cfg_parallel);
     RUN(cache_holds_only_the_shard);
+    RUN(fsdp_parts);
     RUN(hosts_own_their_folders);
     RUN(user_errors);
     int failed = t_failures, any = 0;

@@ -31,8 +31,9 @@ kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *ou
     float *mine = cfg > 1 ? kb_alloc_aligned(sizeof(float) * (size_t)Bl * oimg) : out;
     if (!mine) return kb_fail(KILN_ERR_NOMEM, "out of memory for the forward output");
 
-    sd3_parallel par = {mesh->size[KD_TP], mesh->size[KD_SP], mesh->index[KD_SP], 0};
-    kg_dist dist = {mesh, NULL, NULL};
+    int fsdp = m->compute.fsdp > 1;
+    sd3_parallel par = {mesh->size[KD_TP], mesh->size[KD_SP], mesh->index[KD_SP], fsdp};
+    kg_dist dist = {mesh, fsdp ? km_fsdp_gather : NULL, m};
     kg_graph g;
     kg_init(&g, km_resolve, m);
     g.dist = &dist;

@@ -151,12 +151,23 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
     kiln_status st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (st) return st;
     kcache_tensor *t = kb_calloc(ns, sizeof *t);
+    char fsdp_layout[32];
     char *cfg = sd3_config_to_json(&m->cfg), *kj = key_json(o, cp, k);
     if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
     for (size_t i = 0; !st && i < ns; i++) {
         const km_weight *w = km_find(m, spec[i].name);
         int64_t n = 1;
         for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
+        size_t full = w->packed ? w->packed_bytes : sizeof(float) * (size_t)n;
+        if (cp.fsdp > 1 && km_fsdp_block(w->name) >= 0) { /* FSDP: this rank's byte range only */
+            size_t off, len;
+            km_fsdp_range(full, cp.fsdp, cp.fsdp_index, &off, &len);
+            snprintf(fsdp_layout, sizeof fsdp_layout, "fsdp%dof%d", cp.fsdp_index, cp.fsdp);
+            t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_U8, .ndim = 1, .shape = {(int64_t)len},
+                                   .layout = fsdp_layout, .data = (const uint8_t *)(w->packed ? w->packed : (const void *)w->data) + off,
+                                   .nbytes = len};
+            continue;
+        }
         if (w->packed)
             t[i] = (kcache_tensor){.name = w->name, .dtype = cp.dtype, .ndim = w->ndim, .layout = w->layout,
                                    .data = w->packed, .nbytes = w->packed_bytes};
@@ -223,8 +234,12 @@ static kiln_status finish_hit(kcache_entry *e, km_compute cp, const char *origin
 /* The part of the model a rank holds, as a folder name: "tp1of2" (tensor
  * parallel shard 1 of 2), "full" (replicated: CFG or sequence parallel). */
 static void shard_name(const kd_mesh *mesh, char *buf, size_t cap) {
-    if (mesh->size[KD_TP] > 1) snprintf(buf, cap, "tp%dof%d", mesh->index[KD_TP], mesh->size[KD_TP]);
-    else snprintf(buf, cap, "full");
+    size_t l = 0;
+    buf[0] = 0;
+    if (mesh->size[KD_TP] > 1) l += (size_t)snprintf(buf, cap, "tp%dof%d", mesh->index[KD_TP], mesh->size[KD_TP]);
+    if (mesh->size[KD_FSDP] > 1 && l < cap)
+        snprintf(buf + l, cap - l, "%sfsdp%dof%d", l ? "_" : "", mesh->index[KD_FSDP], mesh->size[KD_FSDP]);
+    if (!buf[0]) snprintf(buf, cap, "full");
 }
 
 static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_mesh *mesh, int rows, int cols,
@@ -248,6 +263,8 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         if ((st = kd_mesh_create(rows, cols, &o->parallel, o->fsdp, &mesh))) return st;
         cp.tp = mesh->size[KD_TP];
         cp.tp_index = mesh->index[KD_TP];
+        cp.fsdp = mesh->size[KD_FSDP];
+        cp.fsdp_index = mesh->index[KD_FSDP];
     }
     st = load_flow(o, cp, mesh, rows, cols, out);
     if (!st && mesh && !(*out)->mesh) (*out)->mesh = mesh; /* the model owns its mesh from here */
@@ -265,6 +282,9 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     if (root && !*root) root = NULL;
     kiln_status st;
 
+    if (!root && cp.fsdp > 1) /* every rank fails here alike: no barrier to match */
+        return kb_fail(KILN_ERR_INVALID_ARG, "FSDP needs the weight cache (each rank maps only its part of every "
+                       "block): set KILN_CACHE_DIR or pass --cache-dir / kiln_load_opts.cache_root");
     if (!root) {
         if (!has_source(o))
             return kb_fail(KILN_ERR_INVALID_ARG,

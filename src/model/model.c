@@ -248,6 +248,13 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], cp.dtype, want_layout,
                                            &want_bytes)))
             break;
+        if (cp.fsdp > 1 && km_fsdp_block(spec[i].name) >= 0) { /* FSDP: a byte range (shard.c) */
+            if ((st = km_fsdp_map(&m->w[m->nw], &spec[i], e, i, cp))) break;
+            m->info.n_params += numel;
+            m->info.bytes_on_disk += (int64_t)t->nbytes;
+            m->nw++;
+            continue;
+        }
         kiln_dtype want_dt = packed ? cp.dtype : KILN_F32;
         int same = !strcmp(t->name, spec[i].name) && t->dtype == want_dt && t->ndim == spec[i].ndim &&
                    !strcmp(t->layout, want_layout) && (!packed || t->nbytes == want_bytes);
@@ -284,6 +291,11 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     }
     m->info.n_tensors = (int64_t)m->nw;
     qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
+    if (cp.fsdp > 1 && (st = km_fsdp_finish(m))) {
+        for (size_t i = 0; i < m->nw; i++) m->w[i].data = NULL, m->w[i].packed = NULL; /* mapped, not owned */
+        km_destroy(m);
+        return st;
+    }
     for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i], cp.dtype);
     snprintf(m->layout, sizeof m->layout, "kiln-cache");
     m->info.layout = m->layout;
@@ -319,6 +331,7 @@ void km_destroy(kiln_model *m) {
     free(m->w);
     kcache_close(m->cache);
     kd_mesh_free(m->mesh);
+    kb_free_aligned(m->fsdp_ws);
     free(m->cache_path);
     free(m->registry_key);
     free(m);

@@ -70,3 +70,116 @@ kiln_status km_shard_tp(kiln_model *m, int tp, int index) {
     }
     return KILN_OK;
 }
+
+/* ---- FSDP: block weights split into byte ranges, gathered per block ------------ */
+
+#include "cache/cache.h"
+#include "dist/dist.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int km_fsdp_block(const char *name) {
+    if (strncmp(name, "transformer_blocks.", 19)) return -1;
+    char *end;
+    long b = strtol(name + 19, &end, 10);
+    return end != name + 19 && *end == '.' && b >= 0 && b < SD3_MAX_LAYERS ? (int)b : -1;
+}
+
+void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len) {
+    size_t chunk = (full + (size_t)n - 1) / (size_t)n;
+    chunk = (chunk + 63) & ~(size_t)63; /* parts start 64-byte aligned */
+    size_t a = chunk * (size_t)j, b = a + chunk;
+    if (a > full) a = full;
+    if (b > full) b = full;
+    *off = a;
+    *len = b - a;
+}
+
+kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const kcache_entry *e, size_t i, km_compute cp) {
+    const kcache_tensor *t = &e->t[i];
+    int64_t numel = 1;
+    for (int d = 0; d < s->ndim; d++) numel *= s->shape[d];
+    /* the whole weight as the kernels consume it: packed linears, else f32 */
+    char layout[40] = "rowmajor";
+    size_t full = sizeof(float) * (size_t)numel;
+    int packed = s->linear && !cp.reference;
+    if (packed) {
+        kiln_status st = kk_fast_layout(s->shape[0], numel / s->shape[0], cp.dtype, layout, &full);
+        if (st) return st;
+    }
+    size_t off, len;
+    km_fsdp_range(full, cp.fsdp, cp.fsdp_index, &off, &len);
+    char want[48];
+    snprintf(want, sizeof want, "fsdp%dof%d", cp.fsdp_index, cp.fsdp);
+    if (strcmp(t->name, s->name) || t->dtype != KILN_U8 || t->ndim != 1 || strcmp(t->layout, want) ||
+        t->nbytes != len)
+        return kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s %s %s of %zu bytes, this rank needs %s U8 %s of %zu",
+                       e->path, i, t->name, kiln_dtype_name(t->dtype), t->layout, t->nbytes, s->name, want, len);
+    memset(w, 0, sizeof *w);
+    if (!(w->name = kb_strdup(t->name))) return KILN_ERR_NOMEM;
+    w->ndim = s->ndim;
+    memcpy(w->shape, s->shape, sizeof w->shape);
+    w->src_dtype = packed ? cp.dtype : KILN_F32;
+    snprintf(w->layout, sizeof w->layout, "%s", layout);
+    w->fsdp = 1;
+    w->block = km_fsdp_block(s->name);
+    w->part = t->data;
+    w->part_bytes = t->nbytes;
+    w->full_bytes = full;
+    if (packed) w->packed_bytes = full;
+    return KILN_OK;
+}
+
+/* offset of each FSDP weight inside the workspace: blocks share it */
+static size_t ws_offsets(kiln_model *m, size_t *off) {
+    size_t need = 0, at[SD3_MAX_LAYERS] = {0};
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        if (!w->fsdp) continue;
+        off[i] = at[w->block];
+        at[w->block] += (w->full_bytes + 63) & ~(size_t)63;
+        if (at[w->block] > need) need = at[w->block];
+    }
+    return need;
+}
+
+kiln_status km_fsdp_finish(kiln_model *m) {
+    size_t *off = kb_calloc(m->nw ? m->nw : 1, sizeof *off);
+    if (!off) return KILN_ERR_NOMEM;
+    size_t need = ws_offsets(m, off);
+    m->fsdp_ws = kb_alloc_aligned(need ? need : 64);
+    if (!m->fsdp_ws) {
+        free(off);
+        return kb_fail(KILN_ERR_NOMEM, "out of memory for the FSDP block workspace (%zu bytes)", need);
+    }
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        if (!w->fsdp) continue;
+        uint8_t *p = (uint8_t *)m->fsdp_ws + off[i];
+        if (w->packed_bytes) w->packed = p;
+        else w->data = (float *)p;
+    }
+    free(off);
+    return KILN_OK;
+}
+
+void km_fsdp_gather(void *user, int block) {
+    kiln_model *m = user;
+    int n = m->mesh->size[KD_FSDP];
+    size_t counts[64];
+    if (n > 64) {
+        kb_log(KILN_LOG_ERROR, "FSDP over %d ranks: at most 64", n);
+        abort();
+    }
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        if (!w->fsdp || w->block != block) continue;
+        for (int j = 0; j < n; j++) {
+            size_t o;
+            km_fsdp_range(w->full_bytes, n, j, &o, &counts[j]);
+        }
+        kd_allgatherv(m->mesh, KD_FSDP, w->part, w->part_bytes, w->packed ? (void *)w->packed : (void *)w->data,
+                      counts);
+    }
+}
