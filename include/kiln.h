@@ -233,8 +233,27 @@ const char *kiln_model_origin(const kiln_model *m);
 const char *kiln_model_cache_path(const kiln_model *m);
 
 /* Multi-process runs: called after the cache check and after the publish
- * (the MPI layer installs MPI_Barrier; the default does nothing). */
+ * (the default does nothing). A model on a mesh meets at MPI_Barrier instead. */
 void kiln_set_barrier(void (*fn)(void *user), void *user);
+
+/* ---- parallel runs on a mesh of ranks (docs/distributed.md) ------------ */
+/* kiln_load_model with mesh_rows x mesh_cols > 1 (or parallel factors > 1,
+ * which then span the mesh) runs under MPI (mpirun -np R, R = rows * cols):
+ * every rank loads and caches only its own shard, and every rank must then
+ * make the same kiln_forward / kiln_generate calls with the same inputs.
+ * Needs a build with MPI (KILN_ERR_UNSUPPORTED otherwise). MPI is
+ * initialised on the first such load (and finalised at exit) unless the
+ * caller did it first; a single process never touches MPI. */
+/* 1 when this build has MPI. */
+int kiln_dist_available(void);
+/* This process's rank and the number of ranks: 0 and 1 unless MPI is
+ * running (kiln_dist_init, or a load on a mesh, started it). */
+int kiln_dist_rank(void);
+int kiln_dist_size(void);
+/* Start MPI now (e.g. to know the rank before loading). */
+kiln_status kiln_dist_init(void);
+/* Bytes this rank has sent through collectives since the start. */
+uint64_t kiln_dist_bytes_sent(void);
 
 /* ---- sampler ---------------------------------------------------------- */
 

@@ -11,6 +11,8 @@ packages=(
   libxxhash-dev     # checksums of the weight cache
   libpng-dev        # latent previews
   libdnnl-dev       # oneDNN: GEMM and attention of the fast backend
+  libopenmpi-dev    # MPI: tensor, sequence and CFG parallel runs (optional at build time)
+  openmpi-bin       # mpirun, for the multi-rank tests
 )
 
 missing=()

@@ -370,7 +370,12 @@ TEST(unsupported_options_are_refused) {
     kiln_load_opts o = opts("/tmp", golden_path("sd35-tiny", NULL));
     kiln_model *m = NULL;
     o.mesh_cols = 2;
-    CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_UNSUPPORTED, "MPI");
+    CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_INVALID_ARG, "does not match the parallel factors");
+    o.parallel.tp.factor = 2; /* a 1x2 mesh, in a process started alone */
+    if (kiln_dist_available()) CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_INVALID_ARG, "needs 2 MPI ranks (mpirun -np 2)");
+    else CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_UNSUPPORTED, "built without MPI");
+    CHECK(kiln_dist_size() == 1 && kiln_dist_rank() == 0); /* MPI was not started */
+    o.parallel.tp.factor = 1;
     o.mesh_cols = 1;
     o.dtype = KILN_F8_E4M3;
     CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_UNSUPPORTED, "F8_E4M3");

@@ -4,6 +4,7 @@
  * Layout (docs/cache.md):
  *   <root>/<model>/<component>/<parallel id>mesh<R>x<C>_<dtype>[_FSDP][_<layout>]_c<content>/
  *       [host_coords_r<r0>-<r1>_c<c0>-<c1>/]   only on runs spanning several hosts
+ *       [shard_<part>/]                          one per distinct rank part on a mesh (tp1of2, full)
  *           weights.bin     the tensors, 64-byte aligned, exactly as the kernels consume them
  *           manifest.json   written last: format, key inputs, config, per tensor name, dtype,
  *                           shape, layout, offset, bytes, xxh3-64; its first line carries the
@@ -30,6 +31,7 @@ typedef struct kcache_key_inputs {
     const char *layout; /* NULL or "" for the plain row-major layout */
     int layout_version; /* bumped when a conversion changes */
     int host_coords, host_r0, host_r1, host_c0, host_c1;
+    const char *shard;    /* a rank's part on a mesh ("tp1of2", "full"): its own folder; NULL alone */
     uint64_t source_hash; /* kcache_source_hash_* */
 } kcache_key_inputs;
 
@@ -38,7 +40,7 @@ typedef struct kcache_key {
     char name[320];     /* the key folder's name */
     char prefix[256];   /* name without _c<content>: caches this one supersedes share it */
     char dir[2400];     /* group/name */
-    char path[2600];    /* dir, or dir/host_coords_... : where the files are */
+    char path[2600];    /* dir[/host_coords_...][/shard_...]: where the files are */
     char content[32];   /* the content hash in hex */
 } kcache_key;
 

@@ -87,11 +87,17 @@ kiln_status kcache_key_make(const char *root, const kcache_key_inputs *in, kcach
         sizeof k->group)
         return kb_fail(KILN_ERR_INVALID_ARG, "cache root path is too long");
     snprintf(k->dir, sizeof k->dir, "%s/%s", k->group, k->name);
+    if (in->shard && *in->shard && !safe_name(in->shard))
+        return kb_fail(KILN_ERR_INVALID_ARG, "shard \"%s\" cannot name a cache folder", in->shard);
     if (in->host_coords)
         snprintf(k->path, sizeof k->path, "%s/host_coords_r%d-%d_c%d-%d", k->dir, in->host_r0, in->host_r1,
                  in->host_c0, in->host_c1);
     else
         snprintf(k->path, sizeof k->path, "%s", k->dir);
+    if (in->shard && *in->shard) {
+        size_t l = strlen(k->path);
+        snprintf(k->path + l, sizeof k->path - l, "/shard_%s", in->shard);
+    }
     return KILN_OK;
 }
 

@@ -108,6 +108,7 @@ int cmd_forward(int argc, char **argv) {
     double dt = kb_now() - t0;
     if (repeat > 0) {
         double *ms = malloc(sizeof(double) * (size_t)repeat);
+        uint64_t sent0 = kiln_dist_bytes_sent();
         for (long k = 0; ms && k < repeat && !s; k++) {
             double t1 = kb_now();
             s = kiln_forward(m, &a, out);
@@ -125,14 +126,20 @@ int cmd_forward(int argc, char **argv) {
                 ms[y - 1] = t;
             }
         double med = repeat % 2 ? ms[repeat / 2] : 0.5 * (ms[repeat / 2 - 1] + ms[repeat / 2]);
-        printf("forward: median %.3f ms over %ld runs\n", med, repeat);
+        uint64_t sent = (kiln_dist_bytes_sent() - sent0) / (uint64_t)repeat;
+        if (kiln_dist_rank() == 0) {
+            printf("forward: median %.3f ms over %ld runs", med, repeat);
+            if (kiln_dist_size() > 1) printf(", %d ranks, rank 0 sent %llu bytes per forward", kiln_dist_size(), (unsigned long long)sent);
+            printf("\n");
+        }
         free(ms);
     }
-    if ((s = cli_write_f32(output, "sample", out, 4, so))) {
+    if (kiln_dist_rank() == 0 && (s = cli_write_f32(output, "sample", out, 4, so))) { /* a mesh: rank 0 writes */
         rc = cli_fail("forward", s);
         goto done;
     }
-    fprintf(stderr, "forward: [%lld, %lld, %lld, %lld] in %.1f ms -> %s\n", (long long)so[0],
+    if (kiln_dist_rank() == 0)
+        fprintf(stderr, "forward: [%lld, %lld, %lld, %lld] in %.1f ms -> %s\n", (long long)so[0],
             (long long)so[1], (long long)so[2], (long long)so[3], dt * 1e3, output);
     rc = 0;
 done:

@@ -51,6 +51,8 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     size_t n = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w;
     float *lat = malloc(sizeof(float) * n);
     if (!lat) return cli_error(cmd, "out of memory");
+    int rank = kiln_dist_rank(); /* on a mesh every rank samples; rank 0 reports and writes */
+    if (rank) quiet = 1;
     progress p = {kb_now(), kb_now(), quiet};
     o->on_step = on_step;
     o->user = &p;
@@ -63,6 +65,10 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         return cli_fail(cmd, s);
     }
     double total = kb_now() - p.t0;
+    if (rank) {
+        free(lat);
+        return 0;
+    }
     int64_t shape[4] = {1, c->in_channels, o->latent_h, o->latent_w};
     char *png = cli_preview_path(output);
     if (!png) {

@@ -77,6 +77,11 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     case KG_UNPATCHIFY: kk_unpatchify(a, y, n->shape[0], ip[0], ip[1], ip[2], ip[3]); break;
     case KG_TIMESTEP_PROJ: kk_timestep_proj(a, y, n->shape[0], ip[0]); break;
     case KG_POS_CROP: kk_pos_crop(a, y, ip[0], ip[1], ip[2], n->shape[2]); break;
+    case KG_SHARD:
+    case KG_ALLGATHER:
+    case KG_ALLTOALL:
+    case KG_ALLREDUCE:
+    case KG_FSDP_GATHER: kg_run_dist(g, n, a, y); break;
     }
 }
 

@@ -10,6 +10,7 @@ static const char *k_op_names[KG_OP_COUNT] = {
     "input", "weight", "linear", "add", "silu", "gelu_tanh", "layernorm", "rmsnorm_heads",
     "modulate", "gate_add", "slice_cols", "concat_tokens", "slice_tokens", "attention",
     "patchify", "unpatchify", "timestep_proj", "pos_crop", "layernorm_modulate", "alias",
+    "shard", "allgather", "alltoall", "allreduce", "fsdp_gather",
 };
 
 const char *kg_op_name(kg_op op) { return op < KG_OP_COUNT ? k_op_names[op] : "?"; }
@@ -73,6 +74,10 @@ static kg_id push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a
     n->src[1] = b;
     n->src[2] = c;
     return g->n++;
+}
+
+kg_id kg_push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg_id b, kg_id c) {
+    return push(g, op, ndim, shape, a, b, c);
 }
 
 static const kg_node *node(const kg_graph *g, kg_id id) { return &g->nodes[id]; }

@@ -38,6 +38,13 @@ typedef enum kg_op {
     KG_LN_MODULATE,    /* layernorm(x) * (1 + scale) + shift; src = x, shift, scale; fparam = eps */
     KG_ALIAS,          /* an op folded into its producer src0; kg_fuse rewires its consumers,
                         * so executors never run it */
+    /* parallel runs (graph_dist.c); group = a kd_group of src/dist/dist.h: */
+    KG_SHARD,          /* this rank's part of x along dim 1 or 2; iparam = dim, parts, index */
+    KG_ALLGATHER,      /* inverse of shard: concat every member's x along dim; iparam = dim, group, parts */
+    KG_ALLTOALL,       /* Ulysses: iparam[0] = to_heads: 1 [B,n,D] -> [B,n*p,D/p] (every token,
+                        * this rank's heads), 0 the inverse; iparam = to_heads, group, parts */
+    KG_ALLREDUCE,      /* sum over the group (after a row-parallel linear); iparam[1] = group */
+    KG_FSDP_GATHER,    /* x passed through, after gathering the weights of block iparam[0] */
     KG_OP_COUNT
 } kg_op;
 
@@ -68,6 +75,14 @@ typedef struct kg_region {
     int layer;
 } kg_region;
 
+/* What the collective ops of a parallel run need (graph_dist.c). */
+struct kd_mesh;
+typedef struct kg_dist {
+    const struct kd_mesh *mesh;
+    void (*fsdp_gather)(void *user, int block); /* fills the weights of a block */
+    void *user;
+} kg_dist;
+
 typedef struct kg_graph {
     kg_node *nodes;
     int n, cap;
@@ -79,6 +94,7 @@ typedef struct kg_graph {
     kiln_status status; /* sticky first error */
     kg_resolver resolve;
     void *resolve_user;
+    const kg_dist *dist; /* parallel runs only; NULL otherwise */
 } kg_graph;
 
 void kg_init(kg_graph *g, kg_resolver resolve, void *user);
@@ -107,6 +123,17 @@ void kg_mark_output(kg_graph *g, kg_id x);
 /* Mark the nodes built between begin and end as one region (layer i). */
 void kg_region_begin(kg_graph *g, int layer);
 void kg_region_end(kg_graph *g);
+
+/* parallel runs (graph_dist.c); parts = the group's size */
+kg_id kg_shard(kg_graph *g, kg_id x, int dim, int parts, int index);
+kg_id kg_allgather(kg_graph *g, kg_id x, int dim, int group, int parts);
+kg_id kg_alltoall(kg_graph *g, kg_id x, int to_heads, int group, int parts);
+kg_id kg_allreduce(kg_graph *g, kg_id x, int group);
+kg_id kg_fsdp_gather(kg_graph *g, kg_id x, int block);
+/* run one of the ops above (the executors call it) */
+void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y);
+/* append a node (shape checked by the caller; graph_dist.c's builders use it) */
+kg_id kg_push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg_id b, kg_id c);
 
 /* Fusion for a backend: linear + tanh-GELU into one linear with an epilogue,
  * layernorm + modulate into one op. The graph computes the same function. */

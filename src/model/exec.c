@@ -283,6 +283,9 @@ static kiln_status parse_dims(const char *dims, kx_sym *syms) {
 kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *res) {
     if (!m || !o || !res) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_compile: model, options and result are required");
     memset(res, 0, sizeof *res);
+    if (m->mesh)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "kiln_compile: compiled packages for a model on a mesh of ranks are not "
+                                             "supported yet (parallel forwards run the eager executor)");
     const kiln_config *c = &m->cfg;
     int p = c->patch_size;
     int64_t side = 64 < (int64_t)p * c->pos_embed_max_size ? 64 : (int64_t)p * c->pos_embed_max_size;

@@ -14,6 +14,7 @@
  * publish. */
 #include "base/base.h"
 #include "cache/cache.h"
+#include "dist/dist.h"
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
@@ -79,8 +80,10 @@ void kiln_set_barrier(void (*fn)(void *user), void *user) {
     g_barrier_user = user;
 }
 
-static void barrier(void) {
-    if (g_barrier) g_barrier(g_barrier_user);
+/* a mesh meets at MPI_Barrier; otherwise the installed hook */
+static void barrier(const kd_mesh *mesh) {
+    if (mesh) kd_barrier(mesh);
+    else if (g_barrier) g_barrier(g_barrier_user);
 }
 
 /* ---- the flow -------------------------------------------------------------------------- */
@@ -118,8 +121,12 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     cJSON_AddStringToObject(j, "model", o->model_name);
     cJSON_AddStringToObject(j, "component", o->component);
     cJSON_AddStringToObject(j, "parallel", par);
-    cJSON_AddNumberToObject(j, "mesh_rows", o->mesh_rows);
-    cJSON_AddNumberToObject(j, "mesh_cols", o->mesh_cols);
+    int rows = o->mesh_rows, cols = o->mesh_cols;
+    kd_infer_mesh(&o->parallel, &rows, &cols);
+    cJSON_AddNumberToObject(j, "mesh_rows", rows);
+    cJSON_AddNumberToObject(j, "mesh_cols", cols);
+    /* on a mesh: this rank's folder under the key ("/host_coords_.../shard_tp0of2") */
+    cJSON_AddStringToObject(j, "part", k->path + strlen(k->dir));
     cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(cp.dtype));
     cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
     cJSON_AddStringToObject(j, "layout", cp.reference ? "rowmajor" : km_compute_layout(cp));
@@ -144,12 +151,23 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
     kiln_status st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (st) return st;
     kcache_tensor *t = kb_calloc(ns, sizeof *t);
+    char fsdp_layout[32];
     char *cfg = sd3_config_to_json(&m->cfg), *kj = key_json(o, cp, k);
     if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
     for (size_t i = 0; !st && i < ns; i++) {
         const km_weight *w = km_find(m, spec[i].name);
         int64_t n = 1;
         for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
+        size_t full = w->packed ? w->packed_bytes : sizeof(float) * (size_t)n;
+        if (cp.fsdp > 1 && km_fsdp_block(w->name) >= 0) { /* FSDP: this rank's byte range only */
+            size_t off, len;
+            km_fsdp_range(full, cp.fsdp, cp.fsdp_index, &off, &len);
+            snprintf(fsdp_layout, sizeof fsdp_layout, "fsdp%dof%d", cp.fsdp_index, cp.fsdp);
+            t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_U8, .ndim = 1, .shape = {(int64_t)len},
+                                   .layout = fsdp_layout, .data = (const uint8_t *)(w->packed ? w->packed : (const void *)w->data) + off,
+                                   .nbytes = len};
+            continue;
+        }
         if (w->packed)
             t[i] = (kcache_tensor){.name = w->name, .dtype = cp.dtype, .ndim = w->ndim, .layout = w->layout,
                                    .data = w->packed, .nbytes = w->packed_bytes};
@@ -170,9 +188,8 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
  * prefix (superseded ones are removed on publish, so normally there is one;
  * otherwise the most recently used complete one). */
 static void resolve_without_source(kcache_key *k) {
-    char host[160] = "";
-    const char *h = strstr(k->path, "/host_coords_");
-    if (h) snprintf(host, sizeof host, "%s", h);
+    char host[200] = ""; /* [/host_coords_...][/shard_...] */
+    snprintf(host, sizeof host, "%s", k->path + strlen(k->dir));
     DIR *d = opendir(k->group);
     if (!d) return;
     size_t pl = strlen(k->prefix);
@@ -215,6 +232,19 @@ static kiln_status finish_hit(kcache_entry *e, km_compute cp, const char *origin
 }
 
 static kiln_status load_model(const kiln_load_opts *o, kiln_model **out);
+/* The part of the model a rank holds, as a folder name: "tp1of2" (tensor
+ * parallel shard 1 of 2), "full" (replicated: CFG or sequence parallel). */
+static void shard_name(const kd_mesh *mesh, char *buf, size_t cap) {
+    size_t l = 0;
+    buf[0] = 0;
+    if (mesh->size[KD_TP] > 1) l += (size_t)snprintf(buf, cap, "tp%dof%d", mesh->index[KD_TP], mesh->size[KD_TP]);
+    if (mesh->size[KD_FSDP] > 1 && l < cap)
+        snprintf(buf + l, cap - l, "%sfsdp%dof%d", l ? "_" : "", mesh->index[KD_FSDP], mesh->size[KD_FSDP]);
+    if (!buf[0]) snprintf(buf, cap, "full");
+}
+
+static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_mesh *mesh, int rows, int cols,
+                             kiln_model **out);
 
 kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     kiln_status st = load_model(o, out);
@@ -237,18 +267,38 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
     if (o->source_fn && (!o->source_id || !*o->source_id))
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
     km_compute cp;
-    kiln_status st0 = km_compute_resolve(o->dtype, o->reference, &cp);
-    if (st0) return st0;
-    if ((int64_t)o->mesh_rows * o->mesh_cols > 1)
-        return kb_fail(KILN_ERR_UNSUPPORTED,
-                       "kiln_load_model: a %dx%d mesh needs %d processes under MPI; this process runs alone",
-                       o->mesh_rows, o->mesh_cols, o->mesh_rows * o->mesh_cols);
+    kiln_status st = km_compute_resolve(o->dtype, o->reference, &cp);
+    if (st) return st;
+    /* a mesh: given, or the one the factors span (--tp 2 alone is a 1x2 mesh) */
+    int rows = o->mesh_rows, cols = o->mesh_cols;
+    kd_infer_mesh(&o->parallel, &rows, &cols);
+    kd_mesh *mesh = NULL;
+    if ((int64_t)rows * cols > 1) {
+        if ((st = kd_mesh_create(rows, cols, &o->parallel, o->fsdp, &mesh))) return st;
+        cp.tp = mesh->size[KD_TP];
+        cp.tp_index = mesh->index[KD_TP];
+        cp.fsdp = mesh->size[KD_FSDP];
+        cp.fsdp_index = mesh->index[KD_FSDP];
+    }
+    st = load_flow(o, cp, mesh, rows, cols, out);
+    if (!st && mesh && !(*out)->mesh) (*out)->mesh = mesh; /* the model owns its mesh from here */
+    else kd_mesh_free(mesh);
+    return st;
+}
+
+static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_mesh *mesh, int rows, int cols,
+                             kiln_model **out) {
+    char shard[32] = "";
+    if (mesh) shard_name(mesh, shard, sizeof shard);
     double t0 = kb_now();
     const char *root = o->cache_root;
     if (!root || !*root) root = getenv("KILN_CACHE_DIR");
     if (root && !*root) root = NULL;
     kiln_status st;
 
+    if (!root && cp.fsdp > 1) /* every rank fails here alike: no barrier to match */
+        return kb_fail(KILN_ERR_INVALID_ARG, "FSDP needs the weight cache (each rank maps only its part of every "
+                       "block): set KILN_CACHE_DIR or pass --cache-dir / kiln_load_opts.cache_root");
     if (!root) {
         if (!has_source(o))
             return kb_fail(KILN_ERR_INVALID_ARG,
@@ -259,8 +309,9 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
         uint64_t h = 0;
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
-        char rkey[64];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d", (unsigned long long)h, (int)cp.dtype, cp.reference);
+        char rkey[96];
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
+                 shard);
         if ((*out = registry_get(rkey))) return KILN_OK;
         if ((st = convert(o, cp, out))) return st;
         snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
@@ -271,11 +322,17 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
 
     kcache_key_inputs in = {
         .model = o->model_name, .component = o->component ? o->component : "transformer",
-        .parallel = o->parallel, .mesh_rows = o->mesh_rows, .mesh_cols = o->mesh_cols,
+        .parallel = o->parallel, .mesh_rows = rows, .mesh_cols = cols,
         .dtype = cp.dtype, .fsdp = o->fsdp, .layout = km_compute_layout(cp), .layout_version = LAYOUT_VERSION,
         .host_coords = o->host_coords, .host_r0 = o->host_r0, .host_r1 = o->host_r1,
-        .host_c0 = o->host_c0, .host_c1 = o->host_c1,
+        .host_c0 = o->host_c0, .host_c1 = o->host_c1, .shard = shard,
     };
+    /* a run spanning several hosts: each publishes the mesh rows and columns it owns */
+    if (mesh && !o->host_coords && mesh->host_coords) {
+        in.host_coords = 1;
+        in.host_r0 = mesh->host_r0, in.host_r1 = mesh->host_r1;
+        in.host_c0 = mesh->host_c0, in.host_c1 = mesh->host_c1;
+    }
     if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &in.source_hash))) return st;
     if (o->source_fn) in.source_hash = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
     kcache_key k;
@@ -286,21 +343,21 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
 
     kcache_entry *e = NULL;
     st = kcache_open(k.path, o->verify, &e);
-    barrier(); /* every rank has looked before anyone writes */
+    barrier(mesh); /* every rank has looked before anyone writes */
     if (!st) {
         kcache_touch(k.dir);
-        barrier();
+        barrier(mesh);
         if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit");
         return KILN_OK;
     }
     if (st != KILN_ERR_CACHE_MISSING && st != KILN_ERR_CORRUPT) {
-        barrier();
+        barrier(mesh);
         return st;
     }
     if (!has_source(o)) {
-        barrier();
+        barrier(mesh);
         if (st == KILN_ERR_CACHE_MISSING)
             return kb_fail(KILN_ERR_CACHE_MISSING,
                            "missing cache: no complete cache at %s and no source checkpoint to build it from "
@@ -314,13 +371,13 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
 
     int fd;
     if ((st = kcache_lock(&k, &fd))) {
-        barrier();
+        barrier(mesh);
         return st;
     }
     /* someone may have published while we waited for the lock */
     if (!kcache_open(k.path, o->verify, &e)) {
         kcache_unlock(fd);
-        barrier();
+        barrier(mesh);
         if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
@@ -344,7 +401,7 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
     }
     kcache_unlock(fd);
     if (!st && !o->no_create_cache) kcache_remove_superseded(&k);
-    barrier(); /* published before anyone looks again */
+    barrier(mesh); /* published before anyone looks again */
     if (st) {
         km_destroy(m);
         return st;

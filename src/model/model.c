@@ -2,6 +2,7 @@
  * config needs, convert them to f32 compute weights, and run forwards. */
 #include "base/base.h"
 #include "cache/cache.h"
+#include "dist/dist.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -51,8 +52,7 @@ kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out)
         reference = 1;
         dtype = KILN_F32;
     }
-    out->dtype = dtype;
-    out->reference = reference;
+    *out = (km_compute){.dtype = dtype, .reference = reference};
     return KILN_OK;
 }
 
@@ -208,6 +208,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (!st) st = check_tensors(c, spec, ns);
     if (!st) st = load_weights(m, c, spec, ns);
+    if (!st && cp.tp > 1) st = km_shard_tp(m, cp.tp, cp.tp_index);
     if (!st && !cp.reference) st = pack_linears(m, spec, ns);
     if (!st) {
         m->info.bytes_on_disk = c->bytes_on_disk;
@@ -232,6 +233,7 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     if (!st && (st = sd3_config_parse(e->config_json ? e->config_json : "", &m->cfg)))
         st = kb_wrap(KILN_ERR_CORRUPT, "cache %s: its config", e->path);
     if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
+    if (!st && cp.tp > 1 && !(st = sd3_check_parallel(&m->cfg, cp.tp, 1))) sd3_shard_spec(cp.tp, spec, ns);
     if (!st && ns != e->n)
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s holds %zu tensors, its config needs %zu", e->path, e->n, ns);
     if (!st && !(m->w = kb_calloc(ns, sizeof *m->w))) st = KILN_ERR_NOMEM;
@@ -247,6 +249,13 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], cp.dtype, want_layout,
                                            &want_bytes)))
             break;
+        if (cp.fsdp > 1 && km_fsdp_block(spec[i].name) >= 0) { /* FSDP: a byte range (shard.c) */
+            if ((st = km_fsdp_map(&m->w[m->nw], &spec[i], e, i, cp))) break;
+            m->info.n_params += numel;
+            m->info.bytes_on_disk += (int64_t)t->nbytes;
+            m->nw++;
+            continue;
+        }
         kiln_dtype want_dt = packed ? cp.dtype : KILN_F32;
         int same = !strcmp(t->name, spec[i].name) && t->dtype == want_dt && t->ndim == spec[i].ndim &&
                    !strcmp(t->layout, want_layout) && (!packed || t->nbytes == want_bytes);
@@ -283,6 +292,11 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     }
     m->info.n_tensors = (int64_t)m->nw;
     qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
+    if (cp.fsdp > 1 && (st = km_fsdp_finish(m))) {
+        for (size_t i = 0; i < m->nw; i++) m->w[i].data = NULL, m->w[i].packed = NULL; /* mapped, not owned */
+        km_destroy(m);
+        return st;
+    }
     for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i], cp.dtype);
     snprintf(m->layout, sizeof m->layout, "kiln-cache");
     m->info.layout = m->layout;
@@ -318,6 +332,8 @@ void km_destroy(kiln_model *m) {
     km_exec_free(m);
     free(m->w);
     kcache_close(m->cache);
+    kd_mesh_free(m->mesh);
+    kb_free_aligned(m->fsdp_ws);
     free(m->cache_path);
     free(m->registry_key);
     free(m);
@@ -338,5 +354,6 @@ kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
 kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     if (!m || !a || !out || !a->hidden || !a->context || !a->pooled || !a->timestep)
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_forward: model, inputs and output are required");
+    if (m->mesh) return km_forward_dist(m, a, out);
     return km_forward(m, a, out);
 }

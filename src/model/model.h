@@ -23,6 +23,11 @@ typedef struct km_weight {
     size_t packed_bytes;
     char layout[40];      /* "rowmajor" or the packed layout's name */
     kk_weight kw;         /* what the kernels see */
+    /* FSDP (shard.c): this rank's byte range of a block weight; data/packed
+     * point into the model's block workspace, filled by a gather */
+    int fsdp, block;
+    const void *part;
+    size_t part_bytes, full_bytes;
 } km_weight;
 
 struct kcache_entry;
@@ -31,6 +36,8 @@ struct kcache_entry;
 typedef struct km_compute {
     kiln_dtype dtype; /* F32 or BF16 */
     int reference;    /* reference kernels on f32 row-major weights */
+    int tp, tp_index; /* tensor parallel: this rank holds shard tp_index of tp (0, 0: all) */
+    int fsdp, fsdp_index; /* FSDP: block weights split in fsdp byte ranges, this rank holds one */
 } km_compute;
 
 struct kx_package;
@@ -62,6 +69,8 @@ struct kiln_model {
     char layout[32];
     const struct kk_backend *backend;
     struct kcache_entry *cache; /* when set, weights point into its mapping */
+    struct kd_mesh *mesh;       /* a parallel run: this rank's place and groups (owned) */
+    void *fsdp_ws;              /* FSDP: the gathered weights of one block (owned) */
     char origin[16];            /* "hit", "miss", "rebuilt", "no-cache", "open" */
     char *cache_path;
     char *registry_key;         /* set while the model is in the loaded-models registry */
@@ -89,6 +98,21 @@ void km_exec_init(kiln_model *m);
 void km_exec_free(kiln_model *m);
 /* kiln_forward's body: the fallback chain. */
 kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out);
+/* Tensor parallel: cut the converted f32 weights down to shard index of tp
+ * (before packing; shard.c). */
+kiln_status km_shard_tp(kiln_model *m, int tp, int index);
+/* FSDP (shard.c). The block a weight belongs to (-1: none, replicated). */
+int km_fsdp_block(const char *name);
+/* Byte range [*off, *off + *len) of part j of n of a weight of full bytes. */
+void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len);
+/* A mapped cache tensor t as this rank's part of spec weight s. */
+kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const struct kcache_entry *e, size_t i, km_compute cp);
+/* After the weights are mapped and sorted: the block workspace. */
+kiln_status km_fsdp_finish(kiln_model *m);
+/* Gather the weights of one block (kg_dist.fsdp_gather; user = the model). */
+void km_fsdp_gather(void *user, int block);
+/* kiln_forward of a model on a mesh (forward_dist.c). */
+kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *out);
 /* Free a model for real (the registry calls this at refcount 0). */
 void km_destroy(kiln_model *m);
 

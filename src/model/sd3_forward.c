@@ -2,6 +2,7 @@
  * It follows diffusers 0.31 SD3Transformer2DModel.forward; names in the
  * comments are diffusers' names so the two can be read side by side. */
 #include "base/base.h"
+#include "dist/dist.h"
 #include "model/sd3.h"
 
 #include <stdio.h>
@@ -9,7 +10,8 @@
 typedef struct {
     kg_graph *g;
     const kiln_config *c;
-    int64_t D, heads;
+    int64_t D, heads; /* model width; heads on this rank (all of them unless tensor parallel) */
+    sd3_parallel par; /* factors 1 for a single process */
 } fwd;
 
 /* Linear layer by diffusers name: name.weight and name.bias */
@@ -19,6 +21,13 @@ static kg_id lin(fwd *f, kg_id x, const char *fmt, int i) {
     snprintf(w, sizeof w, "%s.weight", base);
     snprintf(b, sizeof b, "%s.bias", base);
     return kg_linear(f->g, x, kg_weight(f->g, w), kg_weight(f->g, b));
+}
+
+/* A row-parallel linear (input features split across tensor-parallel
+ * ranks): partial sums, all-reduced. Rank 0's shard holds the bias. */
+static kg_id row_lin(fwd *f, kg_id x, const char *fmt, int i) {
+    kg_id y = lin(f, x, fmt, i);
+    return f->par.tp > 1 ? kg_allreduce(f->g, y, KD_TP) : y;
 }
 
 static kg_id weight(fwd *f, const char *fmt, int i) {
@@ -54,7 +63,32 @@ static kg_id feed_forward(fwd *f, kg_id x, const char *ff, int blk) {
     snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.net.0.proj", ff);
     kg_id h = kg_gelu_tanh(f->g, lin(f, x, fmt, blk));
     snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.net.2", ff);
-    return lin(f, h, fmt, blk);
+    return row_lin(f, h, fmt, blk);
+}
+
+/* Attention of image tokens q/k/v a[] with optional context tokens b[]
+ * (b == NULL: image only). Sequence parallel (Ulysses): a[] hold this rank's
+ * image tokens and every head; an all-to-all trades them for every token of
+ * this rank's heads, the context takes its slice of heads, and the outputs
+ * go back the same way. Returns the image part [B,n,Dl], and the context
+ * part [B,T,Dl] in *o_ctx. */
+static kg_id attend(fwd *f, const kg_id a[3], const kg_id *b, kg_id *o_ctx) {
+    kg_graph *g = f->g;
+    int sp = f->par.sp;
+    kg_id q[3];
+    for (int k = 0; k < 3; k++) {
+        kg_id ai = sp > 1 ? kg_alltoall(g, a[k], 1, KD_SP, sp) : a[k];
+        q[k] = b ? kg_concat_tokens(g, ai, sp > 1 ? kg_shard(g, b[k], 2, sp, f->par.sp_index) : b[k]) : ai;
+    }
+    kg_id o = kg_attention(g, q[0], q[1], q[2], (int)(f->heads / sp));
+    if (g->status) return -1;
+    int64_t n_all = g->nodes[a[0]].shape[1] * sp, n_tot = g->nodes[o].shape[1];
+    if (b) {
+        kg_id oc = kg_slice_tokens(g, o, n_all, n_tot - n_all);
+        *o_ctx = sp > 1 ? kg_allgather(g, oc, 2, KD_SP, sp) : oc;
+        o = kg_slice_tokens(g, o, 0, n_all);
+    }
+    return sp > 1 ? kg_alltoall(g, o, 0, KD_SP, sp) : o;
 }
 
 /* JointTransformerBlock; returns the new image stream, updates *ctx
@@ -62,7 +96,7 @@ static kg_id feed_forward(fwd *f, kg_id x, const char *ff, int blk) {
 static kg_id joint_block(fwd *f, int i, kg_id hs, kg_id *ctx, kg_id silu_temb) {
     kg_graph *g = f->g;
     int last = i == f->c->num_layers - 1, dual = (int)(f->c->dual_attention_mask >> i & 1);
-    int64_t n_img = g->status ? 0 : g->nodes[hs].shape[1];
+    if (f->par.fsdp) hs = kg_fsdp_gather(g, hs, i); /* this block's weights, gathered from the shards */
 
     /* norm1: AdaLayerNormZero (6 chunks) or SD35AdaLayerNormZeroX (9):
      * shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp[, shift_msa2, scale_msa2, gate_msa2] */
@@ -81,52 +115,80 @@ static kg_id joint_block(fwd *f, int i, kg_id hs, kg_id *ctx, kg_id silu_temb) {
     qkv(f, x, i, "attn.to_q", "attn.to_k", "attn.to_v", "attn.norm_q", "attn.norm_k", a);
     qkv(f, c, i, "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.norm_added_q",
         "attn.norm_added_k", b);
-    kg_id o = kg_attention(g, kg_concat_tokens(g, a[0], b[0]), kg_concat_tokens(g, a[1], b[1]),
-                           kg_concat_tokens(g, a[2], b[2]), (int)f->heads);
-    int64_t n_ctx = g->status ? 0 : g->nodes[o].shape[1] - n_img;
-    kg_id o_img = lin(f, kg_slice_tokens(g, o, 0, n_img), "transformer_blocks.%d.attn.to_out.0", i);
+    kg_id o_ctx = -1;
+    kg_id o_img = row_lin(f, attend(f, a, b, &o_ctx), "transformer_blocks.%d.attn.to_out.0", i);
     hs = kg_gate_add(g, hs, chunk(f, emb, 2), o_img);
 
     if (dual) { /* attn2: self-attention on the image stream only */
         kg_id x2 = kg_modulate(g, norm_hs, chunk(f, emb, 6), chunk(f, emb, 7));
         kg_id q2[3];
         qkv(f, x2, i, "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.norm_q", "attn2.norm_k", q2);
-        kg_id o2 = kg_attention(g, q2[0], q2[1], q2[2], (int)f->heads);
-        hs = kg_gate_add(g, hs, chunk(f, emb, 8), lin(f, o2, "transformer_blocks.%d.attn2.to_out.0", i));
+        kg_id o2 = attend(f, q2, NULL, NULL);
+        hs = kg_gate_add(g, hs, chunk(f, emb, 8), row_lin(f, o2, "transformer_blocks.%d.attn2.to_out.0", i));
     }
 
     kg_id n2 = kg_modulate(g, kg_layernorm(g, hs, SD3_NORM_EPS), chunk(f, emb, 3), chunk(f, emb, 4));
     hs = kg_gate_add(g, hs, chunk(f, emb, 5), feed_forward(f, n2, "ff", i));
 
     if (!last) {
-        kg_id o_ctx = lin(f, kg_slice_tokens(g, o, n_img, n_ctx), "transformer_blocks.%d.attn.to_add_out", i);
-        kg_id e = kg_gate_add(g, *ctx, chunk(f, cemb, 2), o_ctx);
+        kg_id e = kg_gate_add(g, *ctx, chunk(f, cemb, 2), row_lin(f, o_ctx, "transformer_blocks.%d.attn.to_add_out", i));
         kg_id n2c = kg_modulate(g, kg_layernorm(g, e, SD3_NORM_EPS), chunk(f, cemb, 3), chunk(f, cemb, 4));
         *ctx = kg_gate_add(g, e, chunk(f, cemb, 5), feed_forward(f, n2c, "ff_context", i));
     }
     return hs;
 }
 
+kiln_status sd3_check_parallel(const kiln_config *c, int tp, int sp) {
+    if (tp < 1 || sp < 1) return kb_fail(KILN_ERR_INVALID_ARG, "parallel factors must be at least 1 (tp %d, sp %d)", tp, sp);
+    if (c->num_attention_heads % tp)
+        return kb_fail(KILN_ERR_INVALID_ARG, "tensor parallel %d does not divide the model's %d attention heads "
+                       "(num_attention_heads)", tp, c->num_attention_heads);
+    if ((c->num_attention_heads / tp) % sp)
+        return kb_fail(KILN_ERR_INVALID_ARG, "sequence parallel %d (Ulysses: heads split across the ranks) does not "
+                       "divide the %d attention heads per tensor-parallel rank", sp, c->num_attention_heads / tp);
+    return KILN_OK;
+}
+
 kiln_status sd3_build_forward(const kiln_config *c, kg_graph *g, int64_t B, int64_t H, int64_t W,
                               int64_t T) {
+    return sd3_build_forward_par(c, g, B, H, W, T, NULL);
+}
+
+kiln_status sd3_build_forward_par(const kiln_config *c, kg_graph *g, int64_t B, int64_t H, int64_t W,
+                                  int64_t T, const sd3_parallel *par) {
     kiln_status st = sd3_check_latent(c, H, W);
     if (st) return st;
     if (B <= 0 || T <= 0)
         return kb_fail(KILN_ERR_SHAPE, "batch (%lld) and context length (%lld) must be positive",
                        (long long)B, (long long)T);
-    fwd f = {g, c, (int64_t)c->num_attention_heads * c->attention_head_dim, c->num_attention_heads};
-    int p = c->patch_size;
+    fwd f = {g, c, (int64_t)c->num_attention_heads * c->attention_head_dim, c->num_attention_heads,
+             {1, 1, 0, 0}};
+    if (par) f.par = *par;
+    if (f.par.tp < 1) f.par.tp = 1;
+    if (f.par.sp < 1) f.par.sp = 1;
+    if ((st = sd3_check_parallel(c, f.par.tp, f.par.sp))) return st;
+    f.heads /= f.par.tp;
+    int p = c->patch_size, sp = f.par.sp;
     int64_t hp = H / p, wp = W / p;
+    if ((hp * wp) % sp)
+        return kb_fail(KILN_ERR_SHAPE, "sequence parallel %d: the %lldx%lld latent has %lld image tokens (patch %d), "
+                       "which do not split into %d equal parts", sp, (long long)H, (long long)W,
+                       (long long)(hp * wp), p, sp);
 
     kg_id x = kg_input(g, "hidden_states", 4, (int64_t[]){B, c->in_channels, H, W});
     kg_id ctx = kg_input(g, "encoder_hidden_states", 3, (int64_t[]){B, T, c->joint_attention_dim});
     kg_id pooled = kg_input(g, "pooled_projections", 2, (int64_t[]){B, c->pooled_projection_dim});
     kg_id t = kg_input(g, "timestep", 1, (int64_t[]){B});
 
-    /* pos_embed: PatchEmbed conv as patchify + linear, plus the cropped table */
-    kg_id hs = kg_linear(g, kg_patchify(g, x, p), kg_weight(g, "pos_embed.proj.weight"),
-                         kg_weight(g, "pos_embed.proj.bias"));
+    /* pos_embed: PatchEmbed conv as patchify + linear, plus the cropped table;
+     * sequence parallel keeps this rank's tokens from here to the output */
+    kg_id patches = kg_patchify(g, x, p);
     kg_id pos = kg_pos_crop(g, kg_weight(g, "pos_embed.pos_embed"), c->pos_embed_max_size, hp, wp);
+    if (sp > 1) {
+        patches = kg_shard(g, patches, 1, sp, f.par.sp_index);
+        pos = kg_shard(g, pos, 1, sp, f.par.sp_index);
+    }
+    kg_id hs = kg_linear(g, patches, kg_weight(g, "pos_embed.proj.weight"), kg_weight(g, "pos_embed.proj.bias"));
     hs = kg_add(g, hs, pos);
 
     /* time_text_embed: timestep_embedder(time_proj(t)) + text_embedder(pooled) */
@@ -150,6 +212,7 @@ kiln_status sd3_build_forward(const kiln_config *c, kg_graph *g, int64_t B, int6
     kg_id emb = lin(&f, silu_temb, "norm_out.linear", 0);
     hs = kg_modulate(g, kg_layernorm(g, hs, SD3_NORM_EPS), chunk(&f, emb, 1), chunk(&f, emb, 0));
     hs = lin(&f, hs, "proj_out", 0);
+    if (sp > 1) hs = kg_allgather(g, hs, 1, KD_SP, sp);
     kg_mark_output(g, kg_unpatchify(g, hs, p, hp, wp, c->out_channels));
     return g->status;
 }

@@ -1,0 +1,185 @@
+/* shard.c - what one tensor-parallel rank holds of the SD3 weights, and the
+ * slicing that makes it from the full tensors (docs/distributed.md). */
+#include "base/base.h"
+#include "model/model.h"
+
+#include <string.h>
+
+/* the part of a block weight's name after "transformer_blocks.<i>." */
+static const char *block_part(const char *name) {
+    if (strncmp(name, "transformer_blocks.", 19)) return NULL;
+    const char *dot = strchr(name + 19, '.');
+    return dot ? dot + 1 : NULL;
+}
+
+static int split_of(const char *name) {
+    static const char *rows[] = {"attn.to_q.",       "attn.to_k.",       "attn.to_v.",       "attn.add_q_proj.",
+                                 "attn.add_k_proj.", "attn.add_v_proj.", "attn2.to_q.",      "attn2.to_k.",
+                                 "attn2.to_v.",      "ff.net.0.proj.",   "ff_context.net.0.proj."};
+    static const char *cols[] = {"attn.to_out.0.", "attn.to_add_out.", "attn2.to_out.0.", "ff.net.2.",
+                                 "ff_context.net.2."};
+    const char *p = block_part(name);
+    if (!p) return SD3_SPLIT_NONE;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (!strncmp(p, rows[i], strlen(rows[i]))) return SD3_SPLIT_ROWS;
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
+        if (!strncmp(p, cols[i], strlen(cols[i])))
+            return !strcmp(p + strlen(cols[i]), "bias") ? SD3_SPLIT_BIAS0 : SD3_SPLIT_COLS;
+    return SD3_SPLIT_NONE;
+}
+
+void sd3_shard_spec(int tp, sd3_spec *spec, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        spec[i].split = tp > 1 ? split_of(spec[i].name) : SD3_SPLIT_NONE;
+        if (spec[i].split == SD3_SPLIT_ROWS) spec[i].shape[0] /= tp;
+        if (spec[i].split == SD3_SPLIT_COLS) spec[i].shape[1] /= tp;
+    }
+}
+
+kiln_status km_shard_tp(kiln_model *m, int tp, int index) {
+    if (tp <= 1) return KILN_OK;
+    kiln_status st = sd3_check_parallel(&m->cfg, tp, 1);
+    if (st) return st;
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        int split = split_of(w->name);
+        if (split == SD3_SPLIT_NONE) continue;
+        if (!w->data || w->packed)
+            return kb_fail(KILN_ERR_INVALID_ARG, "tensor parallel: %s must be sharded before it is packed", w->name);
+        int64_t R = w->shape[0], C = w->ndim > 1 ? w->shape[1] : 1;
+        if (split == SD3_SPLIT_BIAS0) { /* added once: rank 0 keeps it */
+            if (index) memset(w->data, 0, sizeof(float) * (size_t)R);
+            continue;
+        }
+        int64_t r = split == SD3_SPLIT_ROWS ? R / tp : R, c = split == SD3_SPLIT_COLS ? C / tp : C;
+        float *d = kb_alloc_aligned(sizeof(float) * (size_t)(r * c));
+        if (!d) return kb_fail(KILN_ERR_NOMEM, "out of memory sharding %s", w->name);
+        for (int64_t y = 0; y < r; y++) {
+            const float *src = split == SD3_SPLIT_ROWS ? w->data + ((int64_t)index * r + y) * C
+                                                       : w->data + y * C + (int64_t)index * c;
+            memcpy(d + y * c, src, sizeof(float) * (size_t)c);
+        }
+        kb_free_aligned(w->data);
+        m->info.n_params -= R * C - r * c;
+        w->data = d;
+        w->shape[0] = r;
+        if (w->ndim > 1) w->shape[1] = c;
+        w->kw.M = r;
+        w->kw.K = c;
+        w->kw.f32 = d;
+    }
+    return KILN_OK;
+}
+
+/* ---- FSDP: block weights split into byte ranges, gathered per block ------------ */
+
+#include "cache/cache.h"
+#include "dist/dist.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int km_fsdp_block(const char *name) {
+    if (strncmp(name, "transformer_blocks.", 19)) return -1;
+    char *end;
+    long b = strtol(name + 19, &end, 10);
+    return end != name + 19 && *end == '.' && b >= 0 && b < SD3_MAX_LAYERS ? (int)b : -1;
+}
+
+void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len) {
+    size_t chunk = (full + (size_t)n - 1) / (size_t)n;
+    chunk = (chunk + 63) & ~(size_t)63; /* parts start 64-byte aligned */
+    size_t a = chunk * (size_t)j, b = a + chunk;
+    if (a > full) a = full;
+    if (b > full) b = full;
+    *off = a;
+    *len = b - a;
+}
+
+kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const kcache_entry *e, size_t i, km_compute cp) {
+    const kcache_tensor *t = &e->t[i];
+    int64_t numel = 1;
+    for (int d = 0; d < s->ndim; d++) numel *= s->shape[d];
+    /* the whole weight as the kernels consume it: packed linears, else f32 */
+    char layout[40] = "rowmajor";
+    size_t full = sizeof(float) * (size_t)numel;
+    int packed = s->linear && !cp.reference;
+    if (packed) {
+        kiln_status st = kk_fast_layout(s->shape[0], numel / s->shape[0], cp.dtype, layout, &full);
+        if (st) return st;
+    }
+    size_t off, len;
+    km_fsdp_range(full, cp.fsdp, cp.fsdp_index, &off, &len);
+    char want[48];
+    snprintf(want, sizeof want, "fsdp%dof%d", cp.fsdp_index, cp.fsdp);
+    if (strcmp(t->name, s->name) || t->dtype != KILN_U8 || t->ndim != 1 || strcmp(t->layout, want) ||
+        t->nbytes != len)
+        return kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s %s %s of %zu bytes, this rank needs %s U8 %s of %zu",
+                       e->path, i, t->name, kiln_dtype_name(t->dtype), t->layout, t->nbytes, s->name, want, len);
+    memset(w, 0, sizeof *w);
+    if (!(w->name = kb_strdup(t->name))) return KILN_ERR_NOMEM;
+    w->ndim = s->ndim;
+    memcpy(w->shape, s->shape, sizeof w->shape);
+    w->src_dtype = packed ? cp.dtype : KILN_F32;
+    snprintf(w->layout, sizeof w->layout, "%s", layout);
+    w->fsdp = 1;
+    w->block = km_fsdp_block(s->name);
+    w->part = t->data;
+    w->part_bytes = t->nbytes;
+    w->full_bytes = full;
+    if (packed) w->packed_bytes = full;
+    return KILN_OK;
+}
+
+/* offset of each FSDP weight inside the workspace: blocks share it */
+static size_t ws_offsets(kiln_model *m, size_t *off) {
+    size_t need = 0, at[SD3_MAX_LAYERS] = {0};
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        if (!w->fsdp) continue;
+        off[i] = at[w->block];
+        at[w->block] += (w->full_bytes + 63) & ~(size_t)63;
+        if (at[w->block] > need) need = at[w->block];
+    }
+    return need;
+}
+
+kiln_status km_fsdp_finish(kiln_model *m) {
+    size_t *off = kb_calloc(m->nw ? m->nw : 1, sizeof *off);
+    if (!off) return KILN_ERR_NOMEM;
+    size_t need = ws_offsets(m, off);
+    m->fsdp_ws = kb_alloc_aligned(need ? need : 64);
+    if (!m->fsdp_ws) {
+        free(off);
+        return kb_fail(KILN_ERR_NOMEM, "out of memory for the FSDP block workspace (%zu bytes)", need);
+    }
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        if (!w->fsdp) continue;
+        uint8_t *p = (uint8_t *)m->fsdp_ws + off[i];
+        if (w->packed_bytes) w->packed = p;
+        else w->data = (float *)p;
+    }
+    free(off);
+    return KILN_OK;
+}
+
+void km_fsdp_gather(void *user, int block) {
+    kiln_model *m = user;
+    int n = m->mesh->size[KD_FSDP];
+    size_t counts[64];
+    if (n > 64) {
+        kb_log(KILN_LOG_ERROR, "FSDP over %d ranks: at most 64", n);
+        abort();
+    }
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        if (!w->fsdp || w->block != block) continue;
+        for (int j = 0; j < n; j++) {
+            size_t o;
+            km_fsdp_range(w->full_bytes, n, j, &o, &counts[j]);
+        }
+        kd_allgatherv(m->mesh, KD_FSDP, w->part, w->part_bytes, w->packed ? (void *)w->packed : (void *)w->data,
+                      counts);
+    }
+}
