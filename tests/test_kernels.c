@@ -73,7 +73,10 @@ static void check_attention(kiln_dtype dt, int64_t B, int64_t Nq, int64_t Nk, in
 TEST(attention_matches_reference) {
     kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
     int64_t shapes[][5] = {{1, 1, 1, 1, 8}, {2, 5, 9, 3, 8}, {1, 129, 129, 2, 16}, {2, 300, 317, 4, 8},
-                           {1, 257, 40, 2, 64}, {1, 20, 600, 1, 32}};
+                           {1, 257, 40, 2, 64}, {1, 20, 600, 1, 32},
+                           /* head size 64: the fused AMX kernel in bf16; partial query and key blocks */
+                           {2, 1, 1, 2, 64}, {1, 17, 65, 3, 64}, {2, 333, 200, 2, 64}, {1, 64, 64, 1, 64},
+                           {1, 100, 1357, 1, 64}};
     for (int d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             check_attention(dts[d], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);

@@ -8,6 +8,7 @@
  * all threads (see gemm_threads). Hot loops are compiled per CPU
  * (target_clones). */
 #include "base/base.h"
+#include "kernels/cpu/attn_amx.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 
@@ -625,6 +626,9 @@ static void attention_f32(const float *q, const float *k, const float *v, float 
 
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
                            int64_t Nk, int64_t H, int64_t Dh) {
+    /* the fused AMX kernel where it applies (head size 64, AMX; KILN_ATTENTION=strips turns it off) */
+    const char *mode = getenv("KILN_ATTENTION");
+    if (!(mode && !strcmp(mode, "strips")) && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh)) return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 

@@ -1,0 +1,13 @@
+/* attn_amx.h - fused flash attention on AMX tiles (attn_amx.c). */
+#ifndef KILN_ATTN_AMX_H
+#define KILN_ATTN_AMX_H
+
+#include <stdint.h>
+
+/* o [B,Nq,H*Dh] = softmax(q k^T / sqrt(Dh)) v with bf16 operands and f32
+ * accumulation, one pass with an online softmax. Returns 0 (and does
+ * nothing) where it does not apply: no AMX on this CPU or head size not 64. */
+int kk_attention_amx(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
+                     int64_t H, int64_t Dh);
+
+#endif
