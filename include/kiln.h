@@ -61,6 +61,25 @@ size_t kiln_dtype_size(kiln_dtype t);       /* bytes per element; 0 if invalid *
 
 /* ---- model ------------------------------------------------------------ */
 
+/* Quantized backbones (off by default): the selected linear layers' weights
+ * are quantized once, at conversion, per output channel; the weight cache
+ * stores them quantized and its key records the scheme.
+ *   KILN_QUANT_INT8  symmetric int8 weights, activations quantized per token
+ *                    at run time, s8 x s8 GEMM with int32 accumulation, the
+ *                    dequantization fused with bias and activation
+ *   KILN_QUANT_FP8   e4m3 weights (half the bytes of bf16), decoded and
+ *                    computed as bf16
+ * Needs the fast backend (not `reference`); FP8 needs a bf16 GEMM. */
+typedef enum kiln_quant { KILN_QUANT_NONE = 0, KILN_QUANT_INT8, KILN_QUANT_FP8 } kiln_quant;
+const char *kiln_quant_name(kiln_quant q); /* "none", "int8", "fp8" */
+
+/* Which linear layers a scheme quantizes, by layer name (the weight's name
+ * without ".weight"): comma-separated fnmatch(3) patterns, "!" before one
+ * excludes. A layer is quantized when it matches a pattern and no excluding
+ * one. The default: every linear of the transformer blocks except the
+ * modulations (norm1*.linear); embedders, norm_out and proj_out stay bf16. */
+#define KILN_QUANT_DEFAULT_LAYERS "transformer_blocks.*,!*.norm1.linear,!*.norm1_context.linear"
+
 typedef struct kiln_model kiln_model;
 
 /* The architecture read from config.json (diffusers keys) or inferred from a
@@ -90,6 +109,10 @@ typedef struct kiln_open_opts {
     kiln_dtype dtype;
     /* Run the reference kernels (the test oracle: plain loops, double sums). */
     int reference;
+    /* Quantized linear layers (KILN_QUANT_NONE: off) and which ones
+     * (NULL: KILN_QUANT_DEFAULT_LAYERS). */
+    kiln_quant quant;
+    const char *quant_layers;
 } kiln_open_opts;
 
 /* Open a diffusers model folder (config.json + weights, sharded or not) or a
@@ -105,6 +128,8 @@ typedef struct kiln_model_info {
     int64_t bytes_on_disk;           /* all weight files together */
     int64_t n_by_dtype[KILN_DTYPE_COUNT]; /* tensors per stored dtype */
     const char *layout;              /* "diffusers" or "sd3-single-file" */
+    int64_t weight_bytes;            /* the weights as held for the kernels (packed, quantized) */
+    int64_t n_quantized;             /* linear weights stored quantized */
 } kiln_model_info;
 kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
 
@@ -150,6 +175,8 @@ typedef struct kiln_load_opts {
     int mesh_rows, mesh_cols;/* default 1 x 1 */
     kiln_dtype dtype;        /* compute precision, BF16 (default) or F32: what the cache stores */
     int reference;           /* reference kernels, f32 row-major weights (the oracle) */
+    kiln_quant quant;        /* quantized linear layers (off by default; part of the key) */
+    const char *quant_layers;/* NULL: KILN_QUANT_DEFAULT_LAYERS (part of the key) */
     int fsdp;                /* weights sharded across ranks (key flag) */
     int no_create_cache;     /* do not publish on a miss */
     const char *cache_root;  /* NULL: $KILN_CACHE_DIR; NULL and unset: no cache */

@@ -48,7 +48,11 @@ typedef struct cli_common {
     kiln_parallel parallel;
     kiln_dtype dtype; /* --dtype bf16|f32, default bf16 */
     int reference;    /* --reference: the reference kernels (f32) */
+    kiln_quant quant; /* --quant none|int8|fp8 (default none) */
+    const char *quant_layers; /* --quant-layers PATTERNS (default KILN_QUANT_DEFAULT_LAYERS) */
 } cli_common;
+/* "none", "int8", "fp8" -> *q; -1 and a message naming the value otherwise */
+int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q);
 /* Defaults for cli_common. */
 cli_common cli_common_defaults(void);
 /* Handles --config, --threads, --timings, --log and the cache options

@@ -123,6 +123,10 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(cp.dtype));
     cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
     cJSON_AddStringToObject(j, "layout", cp.reference ? "rowmajor" : km_compute_layout(cp));
+    char qt[64];
+    km_quant_tag(&cp, qt, sizeof qt);
+    cJSON_AddStringToObject(j, "quant", *qt ? qt : "none");
+    if (*qt) cJSON_AddStringToObject(j, "quant_layers", cp.quant_layers);
     cJSON_AddNumberToObject(j, "layout_version", LAYOUT_VERSION);
     if (o->host_coords) {
         cJSON *h = cJSON_AddArrayToObject(j, "host_coords");
@@ -151,7 +155,7 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
         int64_t n = 1;
         for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
         if (w->packed)
-            t[i] = (kcache_tensor){.name = w->name, .dtype = cp.dtype, .ndim = w->ndim, .layout = w->layout,
+            t[i] = (kcache_tensor){.name = w->name, .dtype = w->packed_dtype, .ndim = w->ndim, .layout = w->layout,
                                    .data = w->packed, .nbytes = w->packed_bytes};
         else
             t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor",
@@ -223,7 +227,10 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
     km_compute cp;
     kiln_status st0 = km_compute_resolve(o->dtype, o->reference, &cp);
+    if (!st0) st0 = km_compute_set_quant(&cp, o->quant, o->quant_layers);
     if (st0) return st0;
+    char qtag[64];
+    km_quant_tag(&cp, qtag, sizeof qtag);
     if ((int64_t)o->mesh_rows * o->mesh_cols > 1)
         return kb_fail(KILN_ERR_UNSUPPORTED,
                        "kiln_load_model: a %dx%d mesh needs %d processes under MPI; this process runs alone",
@@ -244,8 +251,8 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         uint64_t h = 0;
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
-        char rkey[64];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d", (unsigned long long)h, (int)cp.dtype, cp.reference);
+        char rkey[160];
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s", (unsigned long long)h, (int)cp.dtype, cp.reference, qtag);
         if ((*out = registry_get(rkey))) return KILN_OK;
         if ((st = convert(o, cp, out))) return st;
         snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
@@ -258,6 +265,7 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
         .model = o->model_name, .component = o->component ? o->component : "transformer",
         .parallel = o->parallel, .mesh_rows = o->mesh_rows, .mesh_cols = o->mesh_cols,
         .dtype = cp.dtype, .fsdp = o->fsdp, .layout = km_compute_layout(cp), .layout_version = LAYOUT_VERSION,
+        .quant = qtag,
         .host_coords = o->host_coords, .host_r0 = o->host_r0, .host_r1 = o->host_r1,
         .host_c0 = o->host_c0, .host_c1 = o->host_c1,
     };
