@@ -245,6 +245,54 @@ kiln_status kiln_flow_schedule(int steps, double shift, int num_train_timesteps,
  * platforms and thread counts). */
 void kiln_noise(uint64_t seed, float *out, size_t n);
 
+/* ---- quality gate: a quantized model against its unquantized twin ---- */
+
+/* The default gate: the final latents of the quantized model may differ from
+ * the unquantized model's by at most 3% relative L2 error (the issue's bar for
+ * int8). A compiler or deployment step refuses a scheme above it. */
+#define KILN_QUALITY_MAX_REL_L2 0.03
+#define KILN_QUALITY_MAX_SIZES 8
+
+typedef struct kiln_quality_opts {
+    /* latent sizes, each sampled once per model (n_sizes 0: two, 32x32 and
+     * 32x48, shrunk to what the model's position table holds) */
+    int n_sizes;
+    int latent_h[KILN_QUALITY_MAX_SIZES], latent_w[KILN_QUALITY_MAX_SIZES];
+    int steps;          /* default 8 */
+    double shift;       /* default 3.0 */
+    double guidance;    /* default 5.0 (CFG, batch 2) */
+    uint64_t seed;      /* the noise, and the conditioning when cond is NULL; default 1 */
+    int context_len;    /* T; default 77 with seeded conditioning */
+    const float *cond, *cond_pooled, *uncond, *uncond_pooled; /* NULL: seeded from seed */
+    double max_rel_l2;  /* the gate; default KILN_QUALITY_MAX_REL_L2 */
+} kiln_quality_opts;
+
+typedef struct kiln_quality_case {
+    int latent_h, latent_w;
+    double rel_l2;            /* final latents: ||q - b|| / ||b|| */
+    double psnr_db;           /* final latents: 10 log10(range^2 / MSE), range = max - min of b */
+    double worst_step_rel_l2; /* the largest per-step relative L2 error */
+    int worst_step;           /* its step, 1-based */
+} kiln_quality_case;
+
+typedef struct kiln_quality_report {
+    int n;                          /* cases (latent sizes) */
+    kiln_quality_case c[KILN_QUALITY_MAX_SIZES];
+    double rel_l2, psnr_db;         /* the worst case's: largest error, smallest PSNR */
+    double worst_step_rel_l2;       /* the largest over every step of every case */
+    double max_rel_l2;              /* the gate applied */
+    int pass;                       /* rel_l2 <= max_rel_l2 (NaN fails) */
+} kiln_quality_report;
+
+kiln_quality_opts kiln_quality_defaults(void);
+/* Run the same sampler request (same noise and conditioning) through base
+ * (e.g. bf16) and quant (the same checkpoint with a kiln_quant scheme) at each
+ * latent size, and compare every step's latents. KILN_OK whether or not the
+ * gate passes (read out->pass); errors for models of different configs or bad
+ * options. */
+kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_quality_opts *o,
+                               kiln_quality_report *out);
+
 /* ---- seeded models ---------------------------------------------------- */
 
 /* The embedded default of `kiln demo`: a tiny SD3.5-style model (RMS qk-norm,

@@ -2,7 +2,8 @@
  * load flow: a quantized forward against the dequantize-then-f32 reference of
  * the same weights, which layers are quantized (default and patterns), weight
  * memory, the cache key (a cache built with one scheme never serves another),
- * and that a hit computes bitwise what the conversion does. The kernels are
+ * that a hit computes bitwise what the conversion does, and the quality gate
+ * (it refuses a scheme whose scales are broken on purpose). The kernels are
  * tested in test_kernels.c, the goldens in test_goldens.c. */
 #include "base/base.h"
 #include "cache/cache.h"
@@ -12,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 #include <fnmatch.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const kiln_quant k_schemes[2] = {KILN_QUANT_INT8, KILN_QUANT_FP8};
@@ -223,10 +225,90 @@ TEST(cache_keys_by_scheme) {
     test_rmrf(root);
 }
 
+
+/* The gate: int8 on the sampler golden's model passes the default 3%; the
+ * same scheme with its scales deliberately broken (the test hook) fails it,
+ * through the API and through `kiln quality` (exit 1). */
+TEST(quality_gate) {
+    if (!kk_fast(KILN_BF16)) return;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", golden_path("sampler-sd3-tiny", NULL));
+    kiln_open_opts ob = {.dtype = KILN_BF16}, oq = {.dtype = KILN_BF16, .quant = KILN_QUANT_INT8};
+    kiln_model *mb = NULL, *mq = NULL, *mx = NULL;
+    CHECK_OK(kiln_model_open(dir, &ob, &mb));
+    CHECK_OK(kiln_model_open(dir, &oq, &mq));
+    setenv("KILN_TEST_BREAK_QUANT_SCALES", "1", 1);
+    CHECK_OK(kiln_model_open(dir, &oq, &mx));
+    unsetenv("KILN_TEST_BREAK_QUANT_SCALES");
+    if (!mb || !mq || !mx) goto done;
+    kiln_quality_opts o = kiln_quality_defaults();
+    o.steps = 4;
+    kiln_quality_report r;
+    CHECK_OK(kiln_quality_check(mb, mq, &o, &r));
+    fprintf(stderr, "  int8: final %.3g, PSNR %.1f dB, worst step %.3g\n", r.rel_l2, r.psnr_db, r.worst_step_rel_l2);
+    CHECK(r.n == 2 && r.c[0].latent_h == 32 && r.c[0].latent_w == 32 && r.c[1].latent_w == 48);
+    CHECK_MSG(r.pass && r.rel_l2 > 0 && r.rel_l2 <= KILN_QUALITY_MAX_REL_L2, "int8 fails the gate: %.3g", r.rel_l2);
+    CHECK(r.worst_step_rel_l2 >= r.c[0].rel_l2 && r.c[0].worst_step >= 1 && r.c[0].worst_step <= 4);
+    CHECK(r.psnr_db > 20 && isfinite(r.psnr_db));
+    /* the same model against itself: no error at all */
+    kiln_quality_report same;
+    o.n_sizes = 1;
+    o.latent_h[0] = 16, o.latent_w[0] = 8;
+    CHECK_OK(kiln_quality_check(mq, mq, &o, &same));
+    CHECK(same.pass && same.rel_l2 == 0 && isinf(same.psnr_db));
+    /* broken scales */
+    kiln_quality_report bad;
+    CHECK_OK(kiln_quality_check(mb, mx, &o, &bad));
+    fprintf(stderr, "  int8, scales broken: final %.3g\n", bad.rel_l2);
+    CHECK_MSG(!bad.pass && bad.rel_l2 > 0.1, "broken scales pass the gate: %.3g", bad.rel_l2);
+    /* a stricter gate refuses even the good scheme */
+    o.max_rel_l2 = 1e-6;
+    CHECK_OK(kiln_quality_check(mb, mq, &o, &r));
+    CHECK(!r.pass);
+    /* bad options */
+    o = kiln_quality_defaults();
+    o.n_sizes = 1;
+    o.latent_h[0] = 4096, o.latent_w[0] = 32; /* beyond the position table */
+    CHECK_FAILS(kiln_quality_check(mb, mq, &o, &r), KILN_ERR_SHAPE, "4096x32");
+    o = kiln_quality_defaults();
+    o.steps = 0;
+    CHECK_FAILS(kiln_quality_check(mb, mq, &o, &r), KILN_ERR_INVALID_ARG, "steps 0");
+    kiln_model *other = NULL;
+    CHECK_OK(kiln_model_open(golden_path("sd3-tiny", NULL), &ob, &other));
+    CHECK_FAILS(kiln_quality_check(mb, other, NULL, &r), KILN_ERR_INVALID_ARG, "different configs");
+    kiln_model_free(other);
+
+    /* the command */
+    const char *bin = getenv("KILN_BIN");
+    if (bin) {
+        char cmd[3000];
+        snprintf(cmd, sizeof cmd, "'%s' quality '%s' --quant int8 --steps 3 --latent 16x16 >/dev/null 2>&1", bin, dir);
+        CHECK_MSG(system(cmd) == 0, "kiln quality int8 fails: %s", cmd);
+        snprintf(cmd, sizeof cmd,
+                 "KILN_TEST_BREAK_QUANT_SCALES=1 '%s' quality '%s' --quant int8 --steps 3 --latent 16x16 >/dev/null 2>&1",
+                 bin, dir);
+        int rc = system(cmd);
+        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "broken scales: exit %d", WEXITSTATUS(rc));
+        snprintf(cmd, sizeof cmd, "'%s' quality '%s' 2>&1 | grep -q 'quant int8 or --quant fp8 is required'", bin, dir);
+        CHECK_MSG(system(cmd) == 0, "no --quant: no message naming it");
+        snprintf(cmd, sizeof cmd, "'%s' quality '%s' --quant int4 2>&1 | grep -q 'quant int4: expected none, int8 or fp8'", bin, dir);
+        CHECK_MSG(system(cmd) == 0, "--quant int4: no message naming it");
+        snprintf(cmd, sizeof cmd, "'%s' quality '%s' --quant fp8 --latent 16x16,x 2>&1 | grep -q 'latent x'", bin, dir);
+        CHECK_MSG(system(cmd) == 0, "a bad --latent: no message naming it");
+        snprintf(cmd, sizeof cmd, "'%s' quality '%s' --quant fp8 --reference 2>&1 | grep -q 'reference kernels'", bin, dir);
+        CHECK_MSG(system(cmd) == 0, "--quant with --reference: no message");
+    }
+done:
+    kiln_model_free(mb);
+    kiln_model_free(mq);
+    kiln_model_free(mx);
+}
+
 int main(void) {
     RUN(forward_matches_dequantized_reference);
     RUN(weight_memory_and_patterns);
     RUN(bad_choices);
     RUN(cache_keys_by_scheme);
+    RUN(quality_gate);
     return TEST_SUMMARY();
 }

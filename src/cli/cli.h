@@ -16,6 +16,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_make(int argc, char **argv);
+int cmd_quality(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

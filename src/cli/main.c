@@ -12,6 +12,7 @@ static const struct {
     {"forward", cmd_forward, "one backbone call on tensors from a safetensors file"},
     {"generate", cmd_generate, "flow-matching sampling with classifier-free guidance"},
     {"cache", cmd_cache, "build, list, verify, remove and garbage-collect weight caches"},
+    {"quality", cmd_quality, "the quality gate of a quantized backbone: bf16 vs int8/fp8 on one sampler request"},
     {"make-model", cmd_make, "write a seeded model of any SD3 config (and inputs) for trials and benchmarks"},
     {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
 };
