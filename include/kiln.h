@@ -130,6 +130,7 @@ typedef struct kiln_model_info {
     const char *layout;              /* "diffusers" or "sd3-single-file" */
     int64_t weight_bytes;            /* the weights as held for the kernels (packed, quantized) */
     int64_t n_quantized;             /* linear weights stored quantized */
+    int64_t quantized_bytes;         /* their bytes (scales included) */
 } kiln_model_info;
 kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
 

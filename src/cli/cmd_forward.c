@@ -16,7 +16,8 @@ static int help(void) {
            "  timestep               [B]            0..1000 (a single value is used for every batch row)\n"
            "The output file gets `sample` [B, out_channels, H, W] in F32.\n\n"
            "  --repeat N      after one warm-up call, run N more and print\n"
-           "                  `forward: median X ms over N runs` (the benchmark line)\n%s",
+           "                  `forward: median X ms over N runs` (the benchmark line) and\n"
+           "                  `weights: B bytes in memory, Q quantized linear weights of QB bytes`\n%s",
            k_usage, cli_common_help);
     return 0;
 }
@@ -126,6 +127,10 @@ int cmd_forward(int argc, char **argv) {
             }
         double med = repeat % 2 ? ms[repeat / 2] : 0.5 * (ms[repeat / 2 - 1] + ms[repeat / 2]);
         printf("forward: median %.3f ms over %ld runs\n", med, repeat);
+        kiln_model_info info;
+        if (!kiln_model_get_info(m, &info))
+            printf("weights: %lld bytes in memory, %lld quantized linear weights of %lld bytes\n",
+                   (long long)info.weight_bytes, (long long)info.n_quantized, (long long)info.quantized_bytes);
         free(ms);
     }
     if ((s = cli_write_f32(output, "sample", out, 4, so))) {

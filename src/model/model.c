@@ -338,11 +338,14 @@ const char *kiln_model_cache_path(const kiln_model *m) { return m && m->cache_pa
 kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
     if (!m || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_get_info: model and out are required");
     *out = m->info;
-    out->weight_bytes = out->n_quantized = 0;
+    out->weight_bytes = out->n_quantized = out->quantized_bytes = 0;
     for (size_t i = 0; i < m->nw; i++) {
         const km_weight *w = &m->w[i];
         out->weight_bytes += (int64_t)(w->packed ? w->packed_bytes : sizeof(float) * (size_t)(w->kw.M * w->kw.K));
-        out->n_quantized += w->packed && kk_dtype_is_quant(w->packed_dtype);
+        if (w->packed && kk_dtype_is_quant(w->packed_dtype)) {
+            out->n_quantized++;
+            out->quantized_bytes += (int64_t)w->packed_bytes;
+        }
     }
     return KILN_OK;
 }
