@@ -79,7 +79,7 @@ static double kiln_linear_ms(int64_t M, int64_t K, int64_t N, int runs) {
     kiln_noise(2, x, (size_t)(M * K));
     kiln_noise(3, bias, (size_t)N);
     kk_fast_pack(w, N, K, KILN_BF16, packed);
-    kk_weight kw = {N, K, NULL, packed, KILN_BF16};
+    kk_weight kw = {N, K, NULL, packed, KILN_BF16, NULL};
     be->linear(x, &kw, bias, y, M, KK_ACT_NONE);
     double t[64];
     for (int r = 0; r < runs; r++) {

@@ -61,6 +61,25 @@ size_t kiln_dtype_size(kiln_dtype t);       /* bytes per element; 0 if invalid *
 
 /* ---- model ------------------------------------------------------------ */
 
+/* Quantized backbones (off by default): the selected linear layers' weights
+ * are quantized once, at conversion, per output channel; the weight cache
+ * stores them quantized and its key records the scheme.
+ *   KILN_QUANT_INT8  symmetric int8 weights, activations quantized per token
+ *                    at run time, s8 x s8 GEMM with int32 accumulation, the
+ *                    dequantization fused with bias and activation
+ *   KILN_QUANT_FP8   e4m3 weights (half the bytes of bf16), decoded and
+ *                    computed as bf16
+ * Needs the fast backend (not `reference`); FP8 needs a bf16 GEMM. */
+typedef enum kiln_quant { KILN_QUANT_NONE = 0, KILN_QUANT_INT8, KILN_QUANT_FP8 } kiln_quant;
+const char *kiln_quant_name(kiln_quant q); /* "none", "int8", "fp8" */
+
+/* Which linear layers a scheme quantizes, by layer name (the weight's name
+ * without ".weight"): comma-separated fnmatch(3) patterns, "!" before one
+ * excludes. A layer is quantized when it matches a pattern and no excluding
+ * one. The default: every linear of the transformer blocks except the
+ * modulations (norm1*.linear); embedders, norm_out and proj_out stay bf16. */
+#define KILN_QUANT_DEFAULT_LAYERS "transformer_blocks.*,!*.norm1.linear,!*.norm1_context.linear"
+
 typedef struct kiln_model kiln_model;
 
 /* The architecture read from config.json (diffusers keys) or inferred from a
@@ -90,6 +109,10 @@ typedef struct kiln_open_opts {
     kiln_dtype dtype;
     /* Run the reference kernels (the test oracle: plain loops, double sums). */
     int reference;
+    /* Quantized linear layers (KILN_QUANT_NONE: off) and which ones
+     * (NULL: KILN_QUANT_DEFAULT_LAYERS). */
+    kiln_quant quant;
+    const char *quant_layers;
 } kiln_open_opts;
 
 /* Open a diffusers model folder (config.json + weights, sharded or not) or a
@@ -105,6 +128,9 @@ typedef struct kiln_model_info {
     int64_t bytes_on_disk;           /* all weight files together */
     int64_t n_by_dtype[KILN_DTYPE_COUNT]; /* tensors per stored dtype */
     const char *layout;              /* "diffusers" or "sd3-single-file" */
+    int64_t weight_bytes;            /* the weights as held for the kernels (packed, quantized) */
+    int64_t n_quantized;             /* linear weights stored quantized */
+    int64_t quantized_bytes;         /* their bytes (scales included) */
 } kiln_model_info;
 kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
 
@@ -141,6 +167,13 @@ typedef struct kiln_compile_opts {
     int capture;             /* run the example eagerly and refuse to publish a
                               * package that does not reproduce it */
     const char *package_dir; /* NULL: the default folder above */
+    /* A quantized model (kiln_load_opts.quant) is compiled only after the
+     * quality gate (kiln_quality_check) passes against its unquantized twin
+     * quality_base; max_rel_l2 0 = KILN_QUALITY_MAX_REL_L2. force publishes
+     * without the gate or despite it. */
+    kiln_model *quality_base;
+    double max_rel_l2;
+    int force;
 } kiln_compile_opts;
 kiln_compile_opts kiln_compile_defaults(void);
 
@@ -151,6 +184,7 @@ typedef struct kiln_compile_result {
     double seconds, cc_seconds;
     size_t so_bytes, arena_bytes;
     double capture_rel_err; /* with capture: relative L2 against eager */
+    double quality_rel_l2;  /* quantized: the gate's final-latent error (-1: not measured) */
 } kiln_compile_result;
 kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *r);
 
@@ -199,6 +233,8 @@ typedef struct kiln_load_opts {
     int mesh_rows, mesh_cols;/* default 1 x 1 */
     kiln_dtype dtype;        /* compute precision, BF16 (default) or F32: what the cache stores */
     int reference;           /* reference kernels, f32 row-major weights (the oracle) */
+    kiln_quant quant;        /* quantized linear layers (off by default; part of the key) */
+    const char *quant_layers;/* NULL: KILN_QUANT_DEFAULT_LAYERS (part of the key) */
     int fsdp;                /* weights sharded across ranks (key flag) */
     int no_create_cache;     /* do not publish on a miss */
     const char *cache_root;  /* NULL: $KILN_CACHE_DIR; NULL and unset: no cache */
@@ -285,6 +321,54 @@ kiln_status kiln_flow_schedule(int steps, double shift, int num_train_timesteps,
 /* Standard normal noise from a seed (counter-based, reproducible across
  * platforms and thread counts). */
 void kiln_noise(uint64_t seed, float *out, size_t n);
+
+/* ---- quality gate: a quantized model against its unquantized twin ---- */
+
+/* The default gate: the final latents of the quantized model may differ from
+ * the unquantized model's by at most 3% relative L2 error (the issue's bar for
+ * int8). A compiler or deployment step refuses a scheme above it. */
+#define KILN_QUALITY_MAX_REL_L2 0.03
+#define KILN_QUALITY_MAX_SIZES 8
+
+typedef struct kiln_quality_opts {
+    /* latent sizes, each sampled once per model (n_sizes 0: two, 32x32 and
+     * 32x48, shrunk to what the model's position table holds) */
+    int n_sizes;
+    int latent_h[KILN_QUALITY_MAX_SIZES], latent_w[KILN_QUALITY_MAX_SIZES];
+    int steps;          /* default 8 */
+    double shift;       /* default 3.0 */
+    double guidance;    /* default 5.0 (CFG, batch 2) */
+    uint64_t seed;      /* the noise, and the conditioning when cond is NULL; default 1 */
+    int context_len;    /* T; default 77 with seeded conditioning */
+    const float *cond, *cond_pooled, *uncond, *uncond_pooled; /* NULL: seeded from seed */
+    double max_rel_l2;  /* the gate; default KILN_QUALITY_MAX_REL_L2 */
+} kiln_quality_opts;
+
+typedef struct kiln_quality_case {
+    int latent_h, latent_w;
+    double rel_l2;            /* final latents: ||q - b|| / ||b|| */
+    double psnr_db;           /* final latents: 10 log10(range^2 / MSE), range = max - min of b */
+    double worst_step_rel_l2; /* the largest per-step relative L2 error */
+    int worst_step;           /* its step, 1-based */
+} kiln_quality_case;
+
+typedef struct kiln_quality_report {
+    int n;                          /* cases (latent sizes) */
+    kiln_quality_case c[KILN_QUALITY_MAX_SIZES];
+    double rel_l2, psnr_db;         /* the worst case's: largest error, smallest PSNR */
+    double worst_step_rel_l2;       /* the largest over every step of every case */
+    double max_rel_l2;              /* the gate applied */
+    int pass;                       /* rel_l2 <= max_rel_l2 (NaN fails) */
+} kiln_quality_report;
+
+kiln_quality_opts kiln_quality_defaults(void);
+/* Run the same sampler request (same noise and conditioning) through base
+ * (e.g. bf16) and quant (the same checkpoint with a kiln_quant scheme) at each
+ * latent size, and compare every step's latents. KILN_OK whether or not the
+ * gate passes (read out->pass); errors for models of different configs or bad
+ * options. */
+kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_quality_opts *o,
+                               kiln_quality_report *out);
 
 /* ---- seeded models ---------------------------------------------------- */
 

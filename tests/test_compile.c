@@ -443,6 +443,45 @@ TEST(forked_workers) {
     kiln_model_free(m);
 }
 
+/* kiln compile of a quantized backbone runs the quality gate first */
+TEST(quantized_packages_pass_the_quality_gate) {
+    char dir[1100];
+    subdir(dir, sizeof dir, "quant");
+    kiln_open_opts bo = {.dtype = KILN_BF16}, qo = {.dtype = KILN_BF16, .quant = KILN_QUANT_INT8};
+    kiln_model *base = NULL, *q = NULL;
+    CHECK_OK(kiln_model_open(MODEL_DIR, &bo, &base));
+    CHECK_OK(kiln_model_open(MODEL_DIR, &qo, &q));
+    if (!base || !q) {
+        kiln_model_free(base);
+        kiln_model_free(q);
+        return;
+    }
+    CHECK_OK(kiln_model_set_package_dir(q, dir));
+    kiln_compile_opts o = kiln_compile_defaults();
+    o.batch = 2, o.height = 16, o.width = 24, o.context_len = 77, o.dims = "w_tok=10:12";
+    kiln_compile_result r;
+    CHECK_FAILS(kiln_compile(q, &o, &r), KILN_ERR_INVALID_ARG, "needs the quality gate first");
+    o.quality_base = base;
+    CHECK_OK(kiln_compile(q, &o, &r));
+    CHECK_MSG(r.quality_rel_l2 > 0 && r.quality_rel_l2 < 0.03, "gate error %g", r.quality_rel_l2);
+    CHECK(strstr(r.path, "-qint8-") != NULL); /* the scheme is part of the package key */
+    o.max_rel_l2 = r.quality_rel_l2 / 2; /* a gate this int8 cannot pass */
+    CHECK_FAILS(kiln_compile(q, &o, &r), KILN_ERR_RANGE, "not published");
+    o.force = 1;
+    CHECK_OK(kiln_compile(q, &o, &r));
+    /* the int8 package runs and computes what the int8 eager forward does */
+    inputs in;
+    make_inputs(q, 2, 16, 24, 77, 5, &in);
+    kiln_status st;
+    float *got = run(q, "dynamic", &in, &st);
+    CHECK_OK(st);
+    same_as_eager(q, &in, got, "int8 dynamic package");
+    free(got);
+    free_inputs(&in);
+    kiln_model_free(base);
+    kiln_model_free(q);
+}
+
 int main(void) {
     test_tmpdir(g_tmp, sizeof g_tmp, "compile");
     RUN(guards);
@@ -453,6 +492,7 @@ int main(void) {
     RUN(tampered_packages_are_refused);
     RUN(binding_checks_every_weight);
     RUN(racing_publishers_and_the_cli);
+    RUN(quantized_packages_pass_the_quality_gate);
     test_rmrf(g_tmp);
     return TEST_SUMMARY();
 }

@@ -1,6 +1,8 @@
 /* test_dtype.c - f16/bf16 <-> f32 conversions checked exhaustively over all
  * 16-bit patterns and every rounding boundary against independent references
- * (ldexp/frexp/rint in double and, where the compiler has it, _Float16), plus
+ * (ldexp/frexp/rint in double and, where the compiler has it, _Float16), the
+ * fp8 formats (E4M3, E5M2: all 256 codes, every midpoint, saturation) against a
+ * search-based reference, plus
  * the buffer converters, dtype names and sizes. */
 #include "test.h"
 #include "tensor/dtype.h"
@@ -407,6 +409,215 @@ TEST(bf16_from_f32_cross_check) {
     CHECK_MSG(bad == 0, "%d of %d disagree with the reference; first 0x%08x", bad, n, (unsigned)first);
 }
 
+
+/* ---- fp8 ---------------------------------------------------------------- */
+
+/* one fp8 format, described independently of dtype.c */
+typedef struct {
+    const char *name;
+    int ebits, mbits, bias, has_inf; /* has_inf: IEEE-like specials (E5M2); else only S.1111.111 is NaN */
+    float (*dec)(uint8_t);
+    uint8_t (*enc)(float);
+} f8fmt;
+
+static const f8fmt k_e4m3 = {"e4m3", 4, 3, 7, 0, kt_e4m3_to_f32, kt_f32_to_e4m3};
+static const f8fmt k_e5m2 = {"e5m2", 5, 2, 15, 1, kt_e5m2_to_f32, kt_f32_to_e5m2};
+
+/* classification of a code: 0 finite, 1 Inf, 2 NaN */
+static int f8_kind(const f8fmt *F, uint8_t b) {
+    int e = (b & 0x7f) >> F->mbits, m = b & ((1 << F->mbits) - 1), emax = (1 << F->ebits) - 1;
+    if (F->has_inf) return e == emax ? (m ? 2 : 1) : 0;
+    return (b & 0x7f) == 0x7f ? 2 : 0;
+}
+
+/* value of a finite code from its fields, in double */
+static double f8_ref_val(const f8fmt *F, uint8_t b) {
+    int e = (b & 0x7f) >> F->mbits, m = b & ((1 << F->mbits) - 1);
+    double v = e == 0 ? ldexp((double)m, 1 - F->bias - F->mbits)
+                      : ldexp(1.0 + (double)m / (1 << F->mbits), e - F->bias);
+    return (b & 0x80) ? -v : v;
+}
+
+/* the largest finite positive code */
+static uint8_t f8_max_code(const f8fmt *F) {
+    uint8_t c = 0;
+    for (int b = 0; b < 0x80; b++)
+        if (f8_kind(F, (uint8_t)b) == 0) c = (uint8_t)b;
+    return c;
+}
+
+/* reference encoder: nearest finite value by search, ties to the even code,
+ * saturating; NaN and Inf as documented */
+static uint8_t f8_ref_enc(const f8fmt *F, float x) {
+    uint8_t s = signbit(x) ? 0x80 : 0, mx = f8_max_code(F);
+    if (isnan(x)) return s | (F->has_inf ? 0x7e : 0x7f);
+    if (isinf(x)) return s | (F->has_inf ? 0x7c : mx);
+    double a = fabs((double)x);
+    if (a >= f8_ref_val(F, mx)) return s | mx;
+    uint8_t lo = 0; /* codes 0..mx are ascending in value */
+    while (lo < mx && f8_ref_val(F, (uint8_t)(lo + 1)) <= a) lo++;
+    double vlo = f8_ref_val(F, lo), vhi = f8_ref_val(F, (uint8_t)(lo + 1));
+    if (a == vlo) return s | lo;
+    if (a - vlo < vhi - a) return s | lo;
+    if (a - vlo > vhi - a) return s | (uint8_t)(lo + 1);
+    return s | ((lo & 1) ? (uint8_t)(lo + 1) : lo);
+}
+
+static void f8_decode_exhaustive(const f8fmt *F) {
+    int bad = 0, first = -1;
+    for (int b = 0; b < 256; b++) {
+        float got = F->dec((uint8_t)b);
+        int k = f8_kind(F, (uint8_t)b), ok;
+        if (k == 2) ok = isnan(got) && !signbit(got) == !(b & 0x80);
+        else if (k == 1) ok = isinf(got) && !signbit(got) == !(b & 0x80);
+        else ok = f2u(got) == f2u((float)f8_ref_val(F, (uint8_t)b)); /* exact, signed zero included */
+        if (!ok && !bad++) first = b;
+    }
+    CHECK_MSG(bad == 0, "%s: %d of 256 codes decode wrong; first 0x%02x", F->name, bad, first);
+}
+
+static void f8_round_trip(const f8fmt *F) {
+    int bad = 0, first = -1;
+    for (int b = 0; b < 256; b++) {
+        uint8_t back = F->enc(F->dec((uint8_t)b));
+        uint8_t want = f8_kind(F, (uint8_t)b) == 2 ? (uint8_t)((b & 0x80) | (F->has_inf ? 0x7e : 0x7f)) : (uint8_t)b;
+        if (back != want && !bad++) first = b;
+    }
+    CHECK_MSG(bad == 0, "%s: %d codes do not round trip; first 0x%02x", F->name, bad, first);
+}
+
+/* every adjacent pair of finite codes of one sign: the f32 midpoint goes to
+ * the even code, its f32 neighbours to the nearer code */
+static void f8_rounding_boundaries(const f8fmt *F) {
+    int bad = 0, pairs = 0, inexact = 0;
+    char first[200] = "";
+    uint8_t mx = f8_max_code(F);
+    for (int sg = 0; sg < 2; sg++) {
+        uint8_t s = sg ? 0x80 : 0;
+        for (int i = 0; i < mx; i++) {
+            uint8_t lo = s | (uint8_t)i, hi = s | (uint8_t)(i + 1);
+            double dm = (f8_ref_val(F, lo) + f8_ref_val(F, hi)) / 2;
+            float m = (float)dm;
+            if ((double)m != dm) {
+                inexact++;
+                continue;
+            }
+            pairs++;
+            float below = nextafterf(m, 0.0f), above = nextafterf(m, sg ? -INFINITY : INFINITY);
+            uint8_t even = (lo & 1) ? hi : lo;
+            uint8_t r0 = F->enc(below), rm = F->enc(m), r1 = F->enc(above);
+            if ((r0 != lo || rm != even || r1 != hi) && !bad++)
+                snprintf(first, sizeof first, "pair 0x%02x/0x%02x mid %a: 0x%02x 0x%02x 0x%02x (want 0x%02x 0x%02x 0x%02x)",
+                         lo, hi, (double)m, r0, rm, r1, lo, even, hi);
+            if ((f8_ref_enc(F, below) != lo || f8_ref_enc(F, m) != even || f8_ref_enc(F, above) != hi) && !bad++)
+                snprintf(first, sizeof first, "reference disagrees at pair 0x%02x", lo);
+        }
+    }
+    CHECK_MSG(inexact == 0, "%s: %d midpoints not exact in f32", F->name, inexact);
+    CHECK_MSG(pairs == 2 * mx, "%s: %d pairs, want %d", F->name, pairs, 2 * mx);
+    CHECK_MSG(bad == 0, "%s: %d bad pairs; first %s", F->name, bad, first);
+}
+
+/* random and strided f32 patterns (every class: NaN, Inf, huge, subnormal)
+ * against the search-based reference */
+static void f8_cross_check(const f8fmt *F) {
+    int bad = 0, n = 0;
+    uint32_t first = 0;
+    rng_state = 0x0DDB1A5E5BAD5EEDull;
+    for (uint64_t k = 0; k < 1000000 + (1ull << 32) / 4093; k++) {
+        uint32_t x = k < 1000000 ? rng32() : (uint32_t)((k - 1000000) * 4093u);
+        if (k < 500000) x = (x & 0x807fffffu) | ((uint32_t)(100 + (x >> 23) % 60) << 23); /* near the fp8 range */
+        float f = u2f(x);
+        n++;
+        if (F->enc(f) != f8_ref_enc(F, f) && !bad++) first = x;
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d disagree with the reference; first 0x%08x", F->name, bad, n, (unsigned)first);
+}
+
+TEST(fp8_decode_exhaustive) {
+    f8_decode_exhaustive(&k_e4m3);
+    f8_decode_exhaustive(&k_e5m2);
+    CHECK(kt_e4m3_to_f32(0x38) == 1.0f && kt_e4m3_to_f32(0xc0) == -2.0f);
+    CHECK(kt_e4m3_to_f32(0x7e) == 448.0f && kt_e4m3_to_f32(0xfe) == -448.0f);
+    CHECK(kt_e4m3_to_f32(0x01) == 0x1p-9f && kt_e4m3_to_f32(0x07) == 7 * 0x1p-9f);
+    CHECK(kt_e4m3_to_f32(0x08) == 0x1p-6f);
+    CHECK(isnan(kt_e4m3_to_f32(0x7f)) && isnan(kt_e4m3_to_f32(0xff)) && signbit(kt_e4m3_to_f32(0xff)));
+    CHECK(f2u(kt_e4m3_to_f32(0x80)) == 0x80000000u && f2u(kt_e4m3_to_f32(0x00)) == 0u);
+    CHECK(isfinite(kt_e4m3_to_f32(0x78)) && kt_e4m3_to_f32(0x78) == 256.0f); /* E4M3 has no Inf */
+    CHECK(kt_e5m2_to_f32(0x3c) == 1.0f && kt_e5m2_to_f32(0x7b) == 57344.0f);
+    CHECK(kt_e5m2_to_f32(0x01) == 0x1p-16f && kt_e5m2_to_f32(0x04) == 0x1p-14f);
+    CHECK(kt_e5m2_to_f32(0x7c) == INFINITY && kt_e5m2_to_f32(0xfc) == -INFINITY);
+    CHECK(isnan(kt_e5m2_to_f32(0x7d)) && isnan(kt_e5m2_to_f32(0x7e)) && isnan(kt_e5m2_to_f32(0xff)));
+}
+
+TEST(fp8_round_trip) {
+    f8_round_trip(&k_e4m3);
+    f8_round_trip(&k_e5m2);
+}
+
+TEST(fp8_rounding_boundaries) {
+    f8_rounding_boundaries(&k_e4m3);
+    f8_rounding_boundaries(&k_e5m2);
+}
+
+TEST(fp8_special_inputs) {
+    /* saturation: everything finite at or beyond the largest finite value */
+    CHECK(kt_f32_to_e4m3(448.0f) == 0x7e && kt_f32_to_e4m3(-448.0f) == 0xfe);
+    CHECK(kt_f32_to_e4m3(nextafterf(448.0f, 0.0f)) == 0x7e);
+    CHECK(kt_f32_to_e4m3(464.0f) == 0x7e && kt_f32_to_e4m3(480.0f) == 0x7e); /* never the NaN code */
+    CHECK(kt_f32_to_e4m3(1e30f) == 0x7e && kt_f32_to_e4m3(-FLT_MAX) == 0xfe);
+    CHECK(kt_f32_to_e4m3(INFINITY) == 0x7e && kt_f32_to_e4m3(-INFINITY) == 0xfe);
+    CHECK(kt_f32_to_e5m2(57344.0f) == 0x7b && kt_f32_to_e5m2(61440.0f) == 0x7b && kt_f32_to_e5m2(1e30f) == 0x7b);
+    CHECK(kt_f32_to_e5m2(-FLT_MAX) == 0xfb);
+    CHECK(kt_f32_to_e5m2(INFINITY) == 0x7c && kt_f32_to_e5m2(-INFINITY) == 0xfc);
+    /* NaN: the format's NaN, sign kept */
+    CHECK(kt_f32_to_e4m3(NAN) == 0x7f && kt_f32_to_e4m3(-NAN) == 0xff);
+    CHECK(kt_f32_to_e4m3(u2f(0x7f800001u)) == 0x7f);
+    CHECK(kt_f32_to_e5m2(NAN) == 0x7e && kt_f32_to_e5m2(-NAN) == 0xfe && kt_f32_to_e5m2(u2f(0xff800001u)) == 0xfe);
+    /* zeros, underflow, subnormals */
+    CHECK(kt_f32_to_e4m3(0.0f) == 0x00 && kt_f32_to_e4m3(-0.0f) == 0x80);
+    CHECK(kt_f32_to_e4m3(0x1p-10f) == 0x00 && kt_f32_to_e4m3(-0x1p-10f) == 0x80); /* half the smallest: even (0) */
+    CHECK(kt_f32_to_e4m3(nextafterf(0x1p-10f, 1.0f)) == 0x01);
+    CHECK(kt_f32_to_e4m3(3 * 0x1p-10f) == 0x02); /* 1.5 steps: tie to even (2) */
+    CHECK(kt_f32_to_e4m3(15 * 0x1p-10f) == 0x08); /* 7.5 steps: up into the smallest normal */
+    CHECK(kt_f32_to_e4m3(u2f(1)) == 0x00 && kt_f32_to_e4m3(FLT_MIN) == 0x00);
+    CHECK(kt_f32_to_e5m2(0x1p-17f) == 0x00 && kt_f32_to_e5m2(nextafterf(0x1p-17f, 1.0f)) == 0x01);
+    CHECK(kt_f32_to_e5m2(-0.0f) == 0x80);
+    /* exact values */
+    CHECK(kt_f32_to_e4m3(1.0f) == 0x38 && kt_f32_to_e4m3(-2.0f) == 0xc0 && kt_f32_to_e4m3(0x1p-6f) == 0x08);
+    CHECK(kt_f32_to_e5m2(1.0f) == 0x3c && kt_f32_to_e5m2(0x1p-14f) == 0x04);
+    /* E5M2 is the top byte of f16, rounding directly (no double rounding through f16) */
+    CHECK(kt_f32_to_e5m2(u2f(0x3f900001u)) == 0x3d); /* 1.125 + 1ulp: above the midpoint 1.125 -> 1.25 */
+    CHECK(kt_f32_to_e5m2(1.125f) == 0x3c);           /* the midpoint itself: even (1.0) */
+}
+
+TEST(fp8_from_f32_cross_check) {
+    f8_cross_check(&k_e4m3);
+    f8_cross_check(&k_e5m2);
+}
+
+TEST(fp8_buffers) {
+    uint8_t codes[256], back[257];
+    float v[256];
+    for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+    for (int f = 0; f < 2; f++) {
+        kiln_dtype dt = f ? KILN_F8_E5M2 : KILN_F8_E4M3;
+        const f8fmt *F = f ? &k_e5m2 : &k_e4m3;
+        CHECK_OK(kt_to_f32(dt, codes, v, 256));
+        int bad = 0;
+        for (int i = 0; i < 256; i++)
+            if (f2u(v[i]) != f2u(F->dec((uint8_t)i))) bad++;
+        CHECK_MSG(bad == 0, "%s to_f32: %d wrong", F->name, bad);
+        back[256] = 0xAB;
+        CHECK_OK(kt_from_f32(dt, v, back, 256));
+        bad = 0;
+        for (int i = 0; i < 256; i++)
+            if (back[i] != F->enc(v[i])) bad++;
+        CHECK_MSG(bad == 0, "%s from_f32: %d wrong", F->name, bad);
+        CHECK(back[256] == 0xAB);
+    }
+}
+
 /* ---- buffers, names, sizes ---------------------------------------------- */
 
 #define NBUF 37
@@ -474,9 +685,8 @@ TEST(unsupported_dtypes) {
     uint8_t buf[16] = {0};
     float f[4] = {0};
     CHECK_FAILS(kt_to_f32(KILN_I8, buf, f, 4), KILN_ERR_DTYPE, "I8");
-    CHECK_FAILS(kt_to_f32(KILN_F8_E4M3, buf, f, 4), KILN_ERR_DTYPE, "F8_E4M3");
     CHECK_FAILS(kt_from_f32(KILN_I8, f, buf, 4), KILN_ERR_DTYPE, "I8");
-    CHECK_FAILS(kt_from_f32(KILN_F8_E4M3, f, buf, 4), KILN_ERR_DTYPE, "F8_E4M3");
+    CHECK_FAILS(kt_from_f32(KILN_U8, f, buf, 4), KILN_ERR_DTYPE, "U8");
     CHECK_FAILS(kt_to_f32(KILN_F64, buf, f, 2), KILN_ERR_DTYPE, "F64");
     CHECK_FAILS(kt_from_f32(KILN_BOOL, f, buf, 4), KILN_ERR_DTYPE, "BOOL");
 }
@@ -529,6 +739,12 @@ int main(void) {
     RUN(bf16_rounding_boundaries);
     RUN(bf16_special_inputs);
     RUN(bf16_from_f32_cross_check);
+    RUN(fp8_decode_exhaustive);
+    RUN(fp8_round_trip);
+    RUN(fp8_rounding_boundaries);
+    RUN(fp8_special_inputs);
+    RUN(fp8_from_f32_cross_check);
+    RUN(fp8_buffers);
     RUN(buffers_unaligned);
     RUN(unsupported_dtypes);
     RUN(names_and_sizes);

@@ -1,12 +1,16 @@
 /* test_goldens.c - every reference case in tests/data/goldens through the
  * real loader: backbone outputs and every sampler step within 1e-5 relative
- * L2 error of diffusers' float64 results. */
+ * L2 error of diffusers' float64 results (f32; looser for bf16 and the
+ * quantized schemes, see k_modes). */
 #include "golden_util.h"
 
 /* every path: the reference kernels and the fast backend in f32 within 1e-5,
  * the fast backend in bf16 within 1e-2; and every step of the execution
  * chain on its own: a compiled dynamic package that covers the case's shape,
- * a fixed-shape package compiled on demand, the planned executor, eager */
+ * a fixed-shape package compiled on demand, the planned executor, eager;
+ * and bf16 with the transformer blocks' linear layers quantized
+ * (docs/PERFORMANCE.md, "Quantized backbones"): int8 within 2e-2 (measured
+ * <= 1.3e-2), fp8 e4m3 within 6e-2 (measured <= 4.6e-2; 3 mantissa bits) */
 typedef struct {
     const char *label;
     kiln_open_opts o;
@@ -24,6 +28,9 @@ static const mode k_modes[] = {
     {"fast f32, planned executor", {.dtype = KILN_F32}, 1e-5, "planned"},
     {"fast f32, eager", {.dtype = KILN_F32}, 1e-5, "eager"},
     {"reference f32, dynamic package", {.dtype = KILN_F32, .reference = 1}, 1e-5, "dynamic"},
+    {"fast bf16, int8 blocks", {.dtype = KILN_BF16, .quant = KILN_QUANT_INT8}, 2e-2, NULL},
+    {"fast bf16, fp8 blocks", {.dtype = KILN_BF16, .quant = KILN_QUANT_FP8}, 6e-2, NULL},
+    {"fast bf16, int8 blocks, dynamic package", {.dtype = KILN_BF16, .quant = KILN_QUANT_INT8}, 2e-2, "dynamic"},
 };
 
 static char g_pkg_dir[1024];
@@ -44,6 +51,7 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
     co.height = H;
     co.width = W;
     co.context_len = T;
+    co.force = md->o.quant != KILN_QUANT_NONE; /* the quality gate has tests of its own (test_compile) */
     kiln_compile_result r;
     CHECK_OK(kiln_compile(m, &co, &r));
 }

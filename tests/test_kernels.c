@@ -28,7 +28,7 @@ static void check_linear(kiln_dtype dt, int64_t rows, int64_t K, int64_t M, int 
     CHECK_OK(kk_fast_layout(M, K, dt, layout, &bytes));
     void *packed = kb_alloc_aligned(bytes);
     CHECK_OK(kk_fast_pack(w, M, K, dt, packed));
-    kk_weight wr = {M, K, w, NULL, KILN_F32}, wf = {M, K, NULL, packed, dt};
+    kk_weight wr = {M, K, w, NULL, KILN_F32, NULL}, wf = {M, K, NULL, packed, dt, NULL};
     ref->linear(x, &wr, b, y0, rows, act);
     fast->linear(x, &wf, b, y1, rows, act);
     double err = rel_l2(y1, y0, (size_t)(rows * M));
@@ -137,7 +137,7 @@ TEST(bf16_activation_io) {
     CHECK_OK(kk_fast_layout(M, K, KILN_BF16, layout, &bytes));
     void *packed = kb_alloc_aligned(bytes);
     CHECK_OK(kk_fast_pack(w, M, K, KILN_BF16, packed));
-    kk_weight wr = {M, K, w, NULL, KILN_F32}, wf = {M, K, NULL, packed, KILN_BF16};
+    kk_weight wr = {M, K, w, NULL, KILN_F32, NULL}, wf = {M, K, NULL, packed, KILN_BF16, NULL};
     ref->linear(x, &wr, b, y0, rows, KK_ACT_GELU_TANH);
     kt_from_f32(KILN_BF16, x, xb, (size_t)(rows * K));
     for (int xin = 0; xin < 2; xin++)
@@ -174,11 +174,121 @@ TEST(packed_layouts_are_stable) {
     CHECK(!strncmp(a, "dnnl-", 5));
 }
 
+
+/* ---- quantized weights ------------------------------------------------------------- */
+
+#include "tensor/quant.h"
+
+/* One quantized linear: the packed blob unpacks to exactly q * scale of the
+ * quantizer (the layout round trip), the dequantized weights are close to the
+ * originals, and the fast kernel matches the reference linear on those
+ * dequantized weights (f32, double sums) within tol, for every combination of
+ * f32 / bf16 activations in and out. Returns the worst kernel error. */
+static double check_quant_linear(kiln_dtype qt, int64_t rows, int64_t K, int64_t M, int bias, int act, double tol) {
+    const kk_backend *fast = kk_fast(KILN_BF16), *ref = kk_reference();
+    if (!fast) {
+        fprintf(stderr, "  (no fast bf16 backend: skipped)\n");
+        return 0;
+    }
+    float *x = rnd(41, (size_t)(rows * K), 1), *w = rnd(42, (size_t)(M * K), 1.0f / sqrtf((float)K));
+    for (int64_t k = 0; k < K; k += 7) w[k] *= 8; /* an outlier column in row 0 and others: per-channel scales */
+    float *b = bias ? rnd(43, (size_t)M, 0.1f) : NULL;
+    float *wd = rnd(44, (size_t)(M * K), 0), *wq = rnd(45, (size_t)(M * K), 0);
+    float *y0 = rnd(46, (size_t)(rows * M), 0), *y1 = rnd(47, (size_t)(rows * M), 0);
+    uint16_t *xb = kb_alloc_aligned(2 * (size_t)(rows * K)), *yb = kb_alloc_aligned(2 * (size_t)(rows * M));
+    char layout[40];
+    size_t bytes;
+    double worst = 0;
+    CHECK_OK(kk_fast_layout(M, K, qt, layout, &bytes));
+    void *packed = kb_alloc_aligned(bytes);
+    CHECK_OK(kk_fast_pack(w, M, K, qt, packed));
+    kk_weight wf = {M, K, NULL, packed, qt, kk_fast_scales(packed, bytes, M, qt)};
+    CHECK(wf.scales != NULL);
+    CHECK_OK(kk_fast_unpack(&wf, wd));
+    /* the quantizer alone, row-major, then dequantized: must be bit-identical */
+    void *q = malloc((size_t)(M * K));
+    float *sc = malloc(sizeof(float) * (size_t)M);
+    CHECK_OK(kt_quantize_rows(w, M, K, qt, q, sc));
+    kt_dequantize_rows(q, sc, M, K, qt, wq);
+    CHECK_MSG(!memcmp(sc, wf.scales, sizeof(float) * (size_t)M), "%s: stored scales differ from the quantizer's",
+              kiln_dtype_name(qt));
+    CHECK_MSG(!memcmp(wd, wq, sizeof(float) * (size_t)(M * K)), "%s %lldx%lld: unpacked weights differ from q * scale",
+              kiln_dtype_name(qt), (long long)M, (long long)K);
+    double werr = rel_l2(wd, w, (size_t)(M * K));
+    CHECK_MSG(werr <= (qt == KILN_I8 ? 1e-2 : 4e-2), "%s: weight quantization error %.3g", kiln_dtype_name(qt), werr);
+    ref->linear(x, &(kk_weight){M, K, wd, NULL, KILN_F32, NULL}, b, y0, rows, act);
+    kt_from_f32(KILN_BF16, x, xb, (size_t)(rows * K));
+    for (int xin = 0; xin < 2; xin++)
+        for (int yout = 0; yout < 2; yout++) {
+            memset(y1, 0, sizeof(float) * (size_t)(rows * M));
+            fast->linear_io(xin ? (const void *)xb : (const void *)x, xin, &wf, b, yout ? (void *)yb : (void *)y1, yout,
+                            rows, act);
+            if (yout) kt_to_f32(KILN_BF16, yb, y1, (size_t)(rows * M));
+            double err = rel_l2(y1, y0, (size_t)(rows * M));
+            if (err > worst) worst = err;
+            CHECK_MSG(err <= tol, "%s linear rows %lld K %lld M %lld bias %d act %d x_bf16 %d y_bf16 %d: error %.3g",
+                      kiln_dtype_name(qt), (long long)rows, (long long)K, (long long)M, bias, act, xin, yout, err);
+        }
+    /* the f32 backend's plain linear takes quantized weights too */
+    if (kk_fast(KILN_F32)) {
+        kk_fast(KILN_F32)->linear(x, &wf, b, y1, rows, act);
+        double err = rel_l2(y1, y0, (size_t)(rows * M));
+        CHECK_MSG(err <= tol, "%s linear through the f32 backend: error %.3g", kiln_dtype_name(qt), err);
+    }
+    void *bufs[] = {x, w, b, wd, wq, y0, y1, xb, yb, packed};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
+    free(q);
+    free(sc);
+    return worst;
+}
+
+TEST(quant_linear_matches_dequantized_reference) {
+    int64_t shapes[][3] = {{1, 7, 5}, {3, 64, 48}, {77, 96, 130}, {129, 33, 64}, {300, 256, 17}, {2, 1536, 64},
+                           {64, 1536, 1536}};
+    kiln_dtype qts[2] = {KILN_I8, KILN_F8_E4M3};
+    for (int d = 0; d < 2; d++) {
+        double worst = 0;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int variant = 0; variant < 3; variant++) {
+                double e = check_quant_linear(qts[d], shapes[s][0], shapes[s][1], shapes[s][2], variant > 0,
+                                              variant == 2 ? KK_ACT_GELU_TANH : KK_ACT_NONE, 1e-2);
+                if (e > worst) worst = e;
+            }
+        fprintf(stderr, "  %s: worst error against the dequantized reference %.3g\n", kiln_dtype_name(qts[d]), worst);
+    }
+}
+
+TEST(quant_layouts) {
+    if (!kk_fast(KILN_BF16)) return;
+    char a[40], b[40], c[40];
+    size_t na, nb, nc;
+    CHECK_OK(kk_fast_layout(64, 96, KILN_BF16, a, &na));
+    CHECK_OK(kk_fast_layout(64, 96, KILN_I8, b, &nb));
+    CHECK_OK(kk_fast_layout(64, 96, KILN_F8_E4M3, c, &nc));
+    /* distinct names; fp8 is half the bf16 bytes plus its scales */
+    CHECK(strcmp(a, b) && strcmp(a, c) && strcmp(b, c));
+    CHECK(!strncmp(c, "e4m3-", 5) && !strncmp(b, "dnnl-", 5));
+    CHECK_MSG(nc == ((na / 2 + 63) & ~(size_t)63) + 64 * 4, "fp8 bytes %zu, bf16 bytes %zu", nc, na);
+    CHECK(nb >= 64 * 96 + 64 * 4);
+    CHECK(kk_fast_scales(NULL, nb, 64, KILN_I8) == NULL);
+    float w[4] = {1, 2, NAN, 4};
+    uint8_t q[4];
+    float s[1];
+    CHECK_FAILS(kt_quantize_rows(w, 1, 4, KILN_I8, q, s), KILN_ERR_FORMAT, "row 0");
+    CHECK_FAILS(kt_quantize_rows(w, 1, 4, KILN_F16, q, s), KILN_ERR_DTYPE, "F16");
+    /* a zero row: scale 1, codes 0 */
+    float z[4] = {0, 0, -0.0f, 0};
+    CHECK_OK(kt_quantize_rows(z, 1, 4, KILN_F8_E4M3, q, s));
+    CHECK(s[0] == 1.0f && (q[0] | q[1] | (q[2] & 0x7f) | q[3]) == 0);
+}
+
 int main(void) {
     RUN(linear_matches_reference);
     RUN(attention_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(packed_layouts_are_stable);
+    RUN(quant_linear_matches_dequantized_reference);
+    RUN(quant_layouts);
     return TEST_SUMMARY();
 }

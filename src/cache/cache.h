@@ -2,7 +2,7 @@
  * checked loading, verification, listing and garbage collection.
  *
  * Layout (docs/cache.md):
- *   <root>/<model>/<component>/<parallel id>mesh<R>x<C>_<dtype>[_FSDP][_<layout>]_c<content>/
+ *   <root>/<model>/<component>/<parallel id>mesh<R>x<C>_<dtype>[_FSDP][_<layout>][_q-<quant>]_c<content>/
  *       [host_coords_r<r0>-<r1>_c<c0>-<c1>/]   only on runs spanning several hosts
  *       [shard_<part>/]                          one per distinct rank part on a mesh (tp1of2, full)
  *           weights.bin     the tensors, 64-byte aligned, exactly as the kernels consume them
@@ -30,6 +30,7 @@ typedef struct kcache_key_inputs {
     int fsdp;
     const char *layout; /* NULL or "" for the plain row-major layout */
     int layout_version; /* bumped when a conversion changes */
+    const char *quant;  /* NULL or "": not quantized; else the scheme's tag ("int8", "fp8", ...) */
     int host_coords, host_r0, host_r1, host_c0, host_c1;
     const char *shard;    /* a rank's part on a mesh ("tp1of2", "full"): its own folder; NULL alone */
     uint64_t source_hash; /* kcache_source_hash_* */

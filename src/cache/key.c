@@ -48,6 +48,8 @@ kiln_status kcache_key_make(const char *root, const kcache_key_inputs *in, kcach
                        in->component ? in->component : "");
     if (in->layout && *in->layout && !safe_name(in->layout) )
         return kb_fail(KILN_ERR_INVALID_ARG, "layout \"%s\" cannot name a cache folder", in->layout);
+    if (in->quant && *in->quant && !safe_name(in->quant))
+        return kb_fail(KILN_ERR_INVALID_ARG, "quantization tag \"%s\" cannot name a cache folder", in->quant);
     if (in->mesh_rows < 1 || in->mesh_cols < 1 || in->mesh_rows > 4096 || in->mesh_cols > 4096)
         return kb_fail(KILN_ERR_INVALID_ARG, "mesh %dx%d: rows and columns must be at least 1",
                        in->mesh_rows, in->mesh_cols);
@@ -77,9 +79,10 @@ kiln_status kcache_key_make(const char *root, const kcache_key_inputs *in, kcach
     uint64_t parts[3] = {in->source_hash, KCACHE_FORMAT_VERSION, (uint64_t)in->layout_version};
     uint64_t content = kcache_hash_bytes(parts, sizeof parts, 0x6b696c6e);
     snprintf(k->content, sizeof k->content, "%012llx", (unsigned long long)(content >> 16));
-    snprintf(k->prefix, sizeof k->prefix, "%smesh%dx%d_%s%s%s%s", par, in->mesh_rows, in->mesh_cols,
+    int q = in->quant && *in->quant;
+    snprintf(k->prefix, sizeof k->prefix, "%smesh%dx%d_%s%s%s%s%s%s", par, in->mesh_rows, in->mesh_cols,
              dtype, in->fsdp ? "_FSDP" : "", in->layout && *in->layout ? "_" : "",
-             in->layout ? in->layout : "");
+             in->layout ? in->layout : "", q ? "_q-" : "", q ? in->quant : "");
     snprintf(k->name, sizeof k->name, "%s_c%s", k->prefix, k->content);
     size_t rl = strlen(root);
     while (rl > 1 && root[rl - 1] == '/') rl--;

@@ -112,6 +112,11 @@ const char cli_common_help[] =
     "  --log LEVEL         quiet, error, warn, info or debug (or KILN_LOG)\n"
     "  --dtype bf16|f32    GEMM and attention precision (default bf16; f32 matches diffusers to 1e-5)\n"
     "  --reference         the reference kernels (plain loops, f32; the test oracle)\n"
+    "  --quant SCHEME      none (default), int8 or fp8: quantize the transformer blocks' linear\n"
+    "                      weights at conversion (int8: per-channel weights, per-token activations,\n"
+    "                      int32 GEMM; fp8: e4m3 weights computed as bf16); see docs/cli.md\n"
+    "  --quant-layers P    which layers: comma-separated name patterns, '!' excludes (default\n"
+    "                      \"" KILN_QUANT_DEFAULT_LAYERS "\")\n"
     "weight cache (see docs/cache.md):\n"
     "  --cache-dir DIR     cache root (default: KILN_CACHE_DIR; unset: convert every time)\n"
     "  --name NAME         the model's folder in the cache (default: from MODEL)\n"
@@ -168,6 +173,9 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
         }
         return 1;
     }
+    if ((r = cli_opt(cmd, argc, argv, i, "--quant", &v)))
+        return r < 0 || cli_parse_quant(cmd, v, &c->quant) ? -1 : 1;
+    if ((r = cli_opt(cmd, argc, argv, i, "--quant-layers", &c->quant_layers))) return r;
     if (cli_flag(argv, *i, "--reference")) {
         c->reference = 1;
         c->dtype = KILN_F32;
@@ -288,6 +296,17 @@ void cli_model_name(const char *path, char *buf, size_t cap) {
     if (!j || buf[0] == '.') snprintf(buf, cap, "model");
 }
 
+int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q) {
+    if (!strcmp(s, "none")) *q = KILN_QUANT_NONE;
+    else if (!strcmp(s, "int8")) *q = KILN_QUANT_INT8;
+    else if (!strcmp(s, "fp8")) *q = KILN_QUANT_FP8;
+    else {
+        cli_error(cmd, "--quant %s: expected none, int8 or fp8", s);
+        return -1;
+    }
+    return 0;
+}
+
 kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out) {
     kiln_load_opts o = kiln_load_defaults();
     char name[128];
@@ -305,6 +324,8 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     o.config_path = c->config;
     o.dtype = c->dtype;
     o.reference = c->reference;
+    o.quant = c->quant;
+    o.quant_layers = c->quant_layers;
     kiln_status st = kiln_load_model(&o, out);
     if (!st && c->exec) st = kiln_model_set_exec(*out, c->exec);
     if (!st && c->package_dir) st = kiln_model_set_package_dir(*out, c->package_dir);

@@ -18,6 +18,7 @@ int cmd_cache(int argc, char **argv);
 int cmd_make(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_package(int argc, char **argv);
+int cmd_quality(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -52,7 +53,11 @@ typedef struct cli_common {
     int reference;    /* --reference: the reference kernels (f32) */
     const char *exec;        /* --exec CHAIN / --no-package */
     const char *package_dir; /* --package-dir */
+    kiln_quant quant; /* --quant none|int8|fp8 (default none) */
+    const char *quant_layers; /* --quant-layers PATTERNS (default KILN_QUANT_DEFAULT_LAYERS) */
 } cli_common;
+/* "none", "int8", "fp8" -> *q; -1 and a message naming the value otherwise */
+int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q);
 /* Defaults for cli_common. */
 cli_common cli_common_defaults(void);
 /* Handles --config, --threads, --timings, --log and the cache options

@@ -8,7 +8,7 @@
 
 static const char k_usage[] =
     "kiln compile MODEL [--dim NAME=MIN:MAX | NAME=VALUE ...] [--batch B] [--latent HxW] [--context-len T]\n"
-    "                   [--capture] [--full] [--package-dir DIR] [options]";
+    "                   [--capture] [--full] [--package-dir DIR] [--quant int8|fp8 [--max-error E] [--force]] [options]";
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -29,7 +29,10 @@ static int help(void) {
            "  --batch B  --latent HxW  --context-len T\n"
            "  --capture  run the example eagerly first and publish only if the package reproduces it\n\n"
            "  --full     emit the whole graph as one function (default: regional, each distinct\n"
-           "             transformer block kind emitted once and called for every layer)\n\n%s",
+           "             transformer block kind emitted once and called for every layer)\n\n"
+           "quantized backbones (--quant int8|fp8): the quality gate (as `kiln quality`) runs first\n"
+           "against the unquantized model, and a package is published only when the final latents\n"
+           "differ by at most --max-error (default 0.03 relative L2); --force publishes anyway.\n\n%s",
            k_usage, cli_common_help);
     return 0;
 }
@@ -49,6 +52,15 @@ int cmd_compile(int argc, char **argv) {
         }
         if (cli_flag(argv, i, "--capture")) {
             o.capture = 1;
+            continue;
+        }
+        if (cli_flag(argv, i, "--force")) {
+            o.force = 1;
+            continue;
+        }
+        if ((r = cli_opt("compile", argc, argv, &i, "--max-error", &v))) {
+            if (r < 0 || cli_parse_double("compile", "--max-error", v, &o.max_rel_l2)) return 2;
+            if (o.max_rel_l2 <= 0) return cli_usage_error("compile", k_usage, "--max-error %s: must be positive", v);
             continue;
         }
         if ((r = cli_common_opt("compile", argc, argv, &i, &com))) {
@@ -83,13 +95,25 @@ int cmd_compile(int argc, char **argv) {
     if (!model) return cli_usage_error("compile", k_usage, "MODEL is required");
     o.dims = dims;
     o.package_dir = com.package_dir;
-    kiln_model *m = NULL;
+    kiln_model *m = NULL, *base = NULL;
     kiln_status s = cli_load_model(model, &com, &m);
     if (s) return cli_fail("compile", s);
+    if (com.quant != KILN_QUANT_NONE && !o.force) { /* the quality gate's reference: the same model unquantized */
+        cli_common bc = com;
+        bc.quant = KILN_QUANT_NONE;
+        if ((s = cli_load_model(model, &bc, &base))) {
+            kiln_model_free(m);
+            return cli_fail("compile", s);
+        }
+        o.quality_base = base;
+        if (kb_log_level() >= KILN_LOG_WARN)
+            fprintf(stderr, "compile: quality gate: %s against the unquantized model...\n", kiln_quant_name(com.quant));
+    }
     if (kb_log_level() >= KILN_LOG_WARN) fprintf(stderr, "compile: exporting, planning and building (dims: %s)...\n", *dims ? dims : "all fixed");
     kiln_compile_result res;
     s = kiln_compile(m, &o, &res);
     kiln_model_free(m);
+    kiln_model_free(base);
     cli_common_finish(&com);
     if (s) return cli_fail("compile", s);
     char so[32], arena[32];
@@ -99,6 +123,7 @@ int cmd_compile(int argc, char **argv) {
            kb_human_bytes((double)res.arena_bytes, arena, sizeof arena));
     printf("  compile %.2f s (C compiler %.2f s)", res.seconds, res.cc_seconds);
     if (o.capture) printf(", captured example reproduced (relative L2 %.2g)", res.capture_rel_err);
+    if (res.quality_rel_l2 >= 0) printf(", quality gate passed (final latents %.2f%% from unquantized)", 100 * res.quality_rel_l2);
     printf("\n");
     return 0;
 }

@@ -16,7 +16,8 @@ static int help(void) {
            "  timestep               [B]            0..1000 (a single value is used for every batch row)\n"
            "The output file gets `sample` [B, out_channels, H, W] in F32.\n\n"
            "  --repeat N      after one warm-up call, run N more and print\n"
-           "                  `forward: median X ms over N runs` (the benchmark line)\n%s",
+           "                  `forward: median X ms over N runs` (the benchmark line) and\n"
+           "                  `weights: B bytes in memory, Q quantized linear weights of QB bytes`\n%s",
            k_usage, cli_common_help);
     return 0;
 }
@@ -132,6 +133,10 @@ int cmd_forward(int argc, char **argv) {
             if (kiln_dist_size() > 1) printf(", %d ranks, rank 0 sent %llu bytes per forward", kiln_dist_size(), (unsigned long long)sent);
             printf("\n");
         }
+        kiln_model_info info;
+        if (kiln_dist_rank() == 0 && !kiln_model_get_info(m, &info))
+            printf("weights: %lld bytes in memory, %lld quantized linear weights of %lld bytes\n",
+                   (long long)info.weight_bytes, (long long)info.n_quantized, (long long)info.quantized_bytes);
         free(ms);
     }
     if (kiln_dist_rank() == 0 && (s = cli_write_f32(output, "sample", out, 4, so))) { /* a mesh: rank 0 writes */

@@ -365,7 +365,7 @@ void kg_fuse(kg_graph *g) {
 
 void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     if (g->status || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
-    /* ok[i]: every consumer so far is a linear reading i as its input, with bf16 packed weights */
+    /* ok[i]: every consumer so far is a linear reading i as its input, on weights that take bf16 (kk_weight_bf16_io) */
     char *ok = malloc((size_t)g->n), *used = calloc((size_t)g->n, 1);
     if (!ok || !used) {
         free(ok);
@@ -381,7 +381,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
             if (src < 0) continue;
             used[src] = 1;
             const kk_weight *kw = n->op == KG_LINEAR ? g->nodes[n->src[1]].kw : NULL;
-            if (!(n->op == KG_LINEAR && s == 0 && kw && kw->packed && kw->packed_dtype == KILN_BF16)) ok[src] = 0;
+            if (!(n->op == KG_LINEAR && s == 0 && kk_weight_bf16_io(kw))) ok[src] = 0;
         }
     }
     for (int i = 0; i < g->n; i++) {
@@ -391,7 +391,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
         /* a linear producing bf16 needs bf16-capable weights itself */
         if (n->op == KG_LINEAR && n->out_bf16) {
             const kk_weight *kw = g->nodes[n->src[1]].kw;
-            if (!kw || !kw->packed || kw->packed_dtype != KILN_BF16) n->out_bf16 = 0;
+            if (!kk_weight_bf16_io(kw)) n->out_bf16 = 0;
         }
     }
     free(ok);

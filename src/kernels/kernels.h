@@ -11,13 +11,28 @@
 
 /* A linear layer's weight as the kernels consume it: y = x W^T with W
  * [M outputs, K inputs]. f32 is row-major [M,K] (NULL when only packed);
- * packed is the fast GEMM's own layout (NULL when none). */
+ * packed is the fast GEMM's own layout (NULL when none), by packed_dtype:
+ *   F32, BF16  oneDNN's packed matmul weights in that type
+ *   I8         quantized: oneDNN's packed s8 weights of an s8 x s8 matmul
+ *   F8_E4M3    quantized: the BF16 packed layout with every element stored
+ *              as e4m3 (decoded to bf16 per call; computed as bf16)
+ * Quantized blobs end with the per-output-channel scales [M] f32 (the last
+ * 4*M bytes of kk_fast_layout's size): W[m,k] = q[m,k] * scales[m]. */
 typedef struct kk_weight {
     int64_t M, K;
     const float *f32;
     const void *packed;
-    kiln_dtype packed_dtype; /* F32 or BF16 */
+    kiln_dtype packed_dtype;
+    const float *scales; /* I8, F8_E4M3: [M], inside the packed blob; else NULL */
 } kk_weight;
+
+/* Quantized weight types (I8, F8_E4M3). */
+static inline int kk_dtype_is_quant(kiln_dtype t) { return t == KILN_I8 || t == KILN_F8_E4M3; }
+/* 1 when the fast linear on w reads and writes bf16 activations directly
+ * (linear_io): BF16 packed weights and the quantized ones. */
+static inline int kk_weight_bf16_io(const kk_weight *w) {
+    return w && w->packed && (w->packed_dtype == KILN_BF16 || kk_dtype_is_quant(w->packed_dtype));
+}
 
 enum { KK_ACT_NONE = 0, KK_ACT_GELU_TANH = 1 };
 
@@ -78,8 +93,9 @@ const kk_backend *kk_reference(void);
  * accumulation) on weights packed by kk_fast_pack; NULL when this build or
  * machine cannot (the caller falls back to the reference). */
 const kk_backend *kk_fast(kiln_dtype dt);
-/* The packed layout the fast GEMM wants for W [M,K] in dt on this machine:
- * a name ("dnnl-<hex>") and its size in bytes. */
+/* The packed layout the fast GEMM wants for W [M,K] in dt (F32, BF16, or
+ * quantized I8 / F8_E4M3) on this machine: a name ("dnnl-<hex>",
+ * "e4m3-<hex>") and its size in bytes (scales included). */
 kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
 /* The CPU features and oneDNN version the packed layouts depend on, e.g.
  * "amx-dnnl2.6" (part of the weight cache key). */
@@ -87,7 +103,13 @@ const char *kk_fast_isa(void);
 /* Whether this machine has a CPU feature named by a kk_fast_isa tag
  * ("avx2", "avx512", "avx512bf16", "amx"); 0 for names it does not know. */
 int kk_cpu_has(const char *feature);
-/* Pack W [M,K] (f32 row-major) into out (kk_fast_layout's bytes). */
+/* Pack W [M,K] (f32 row-major) into out (kk_fast_layout's bytes); for I8
+ * and F8_E4M3 quantize it first (per output channel, src/tensor/quant.h). */
 kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
+/* The scales of a quantized packed blob of `bytes` bytes (NULL otherwise). */
+const float *kk_fast_scales(const void *packed, size_t bytes, int64_t M, kiln_dtype dt);
+/* W [M,K] f32 row-major back from a packed weight (dequantized: q * scale):
+ * the oracle that quantized kernels are tested against. */
+kiln_status kk_fast_unpack(const kk_weight *w, float *out);
 
 #endif

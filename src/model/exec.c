@@ -102,8 +102,10 @@ static void family(const kiln_model *m, char *buf, size_t cap) {
     uint64_t h = cfg ? kcache_hash_bytes(cfg, strlen(cfg), 7) : 0;
     free(cfg);
     const char *layout = km_compute_layout(m->compute);
-    snprintf(buf, cap, "sd3-%012llx-%s-%s-q0-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
-             m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", KILN_VERSION);
+    char q[64];
+    km_quant_tag(&m->compute, q, sizeof q);
+    snprintf(buf, cap, "sd3-%012llx-%s-%s-q%s-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
+             m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", *q ? q : "0", KILN_VERSION);
 }
 
 static kiln_status build_graph(void *user, const int64_t *s, kg_graph *g) {
@@ -221,7 +223,8 @@ static kiln_status check_capture(void *user, const char *staging) {
     return st;
 }
 
-static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional, capture *cap, kx_compile_info *info) {
+static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional, capture *cap, double quality,
+                                kx_compile_info *info) {
     char fam[160], *model_json = NULL, *cfg = sd3_config_to_json(&m->cfg);
     family(m, fam, sizeof fam);
     char *root = package_root(m);
@@ -230,17 +233,21 @@ static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional,
         return kb_fail(KILN_ERR_INVALID_ARG, "compile: no package folder: set KILN_PACKAGE_DIR or KILN_CACHE_DIR "
                                              "(or pass --package-dir)");
     }
-    if (cfg && cap)
-        model_json = kb_strfmt("{\"config\":%s,\"example\":{\"batch\":%lld,\"h_tok\":%lld,\"w_tok\":%lld,\"ctx_len\":%lld}}",
-                               cfg, (long long)cap->s[0], (long long)cap->s[1], (long long)cap->s[2], (long long)cap->s[3]);
-    else if (cfg)
-        model_json = kb_strfmt("{\"config\":%s}", cfg);
+    char example[200] = "", qual[200] = "";
+    if (cap)
+        snprintf(example, sizeof example, ",\"example\":{\"batch\":%lld,\"h_tok\":%lld,\"w_tok\":%lld,\"ctx_len\":%lld}",
+                 (long long)cap->s[0], (long long)cap->s[1], (long long)cap->s[2], (long long)cap->s[3]);
+    if (m->compute.quant)
+        snprintf(qual, sizeof qual, ",\"quant\":\"%s\",\"quality_final_rel_l2\":%.6g", kiln_quant_name(m->compute.quant),
+                 quality);
+    if (cfg) model_json = kb_strfmt("{\"config\":%s%s%s}", cfg, example, qual);
     const char *layout = km_compute_layout(m->compute);
     char isa[24] = "";
     snprintf(isa, sizeof isa, "%.*s", (int)strcspn(layout, "-"), layout);
     kx_compile_req r = {.build = build_graph, .build_user = m, .weight = bind_weight, .weight_user = m, .nsym = N_SYMS,
                         .regional = regional, .root = root, .family = fam,
-                        .dtype = m->compute.dtype == KILN_BF16 ? "bf16" : "f32", .quant = "none", .cpu_isa = isa,
+                        .dtype = m->compute.dtype == KILN_BF16 ? "bf16" : "f32",
+                        .quant = kiln_quant_name(m->compute.quant), .cpu_isa = isa,
                         .model_json = model_json, .check = cap ? check_capture : NULL, .check_user = cap};
     memcpy(r.sym, syms, sizeof r.sym);
     double t0 = kb_now();
@@ -302,9 +309,25 @@ kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile
     }
     if (o->package_dir && (st = kiln_model_set_package_dir(m, o->package_dir))) return st;
     double t0 = kb_now();
+    /* a quantized backbone is published only after the quality gate */
+    res->quality_rel_l2 = -1;
+    if (m->compute.quant && !(o->force && !o->quality_base)) {
+        if (!o->quality_base)
+            return kb_fail(KILN_ERR_INVALID_ARG, "compile: a %s backbone needs the quality gate first: pass its "
+                                                 "unquantized twin (quality_base) or force", kiln_quant_name(m->compute.quant));
+        kiln_quality_opts qo = kiln_quality_defaults();
+        if (o->max_rel_l2 > 0) qo.max_rel_l2 = o->max_rel_l2;
+        kiln_quality_report rep;
+        if ((st = kiln_quality_check(o->quality_base, m, &qo, &rep))) return kb_wrap(st, "compile: the quality gate");
+        res->quality_rel_l2 = rep.rel_l2;
+        if (!rep.pass && !o->force)
+            return kb_fail(KILN_ERR_RANGE, "compile: the %s backbone's final latents differ from the unquantized ones by "
+                                           "%.2f%% relative L2 (gate %.2f%%); not published (force to publish anyway)",
+                           kiln_quant_name(m->compute.quant), 100 * rep.rel_l2, 100 * rep.max_rel_l2);
+    }
     kx_compile_info info;
     pthread_mutex_lock(&m->exec.lock);
-    st = compile_syms(m, syms, !o->whole_graph, o->capture ? &cap : NULL, &info);
+    st = compile_syms(m, syms, !o->whole_graph, o->capture ? &cap : NULL, res->quality_rel_l2, &info);
     pthread_mutex_unlock(&m->exec.lock);
     if (st) return st;
     snprintf(res->path, sizeof res->path, "%s", info.path);
@@ -468,7 +491,7 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
                                              {"w_tok", a->width / pt, a->width / pt}, {"ctx_len", a->context_len, a->context_len}};
                 kx_compile_info info;
                 kb_log(KILN_LOG_INFO, "forward: compiling a fixed-shape package (%s)", reason);
-                if (!compile_syms(m, fixed, 1, NULL, &info)) p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason);
+                if (!compile_syms(m, fixed, 1, NULL, -1, &info)) p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason);
                 else snprintf(reason, sizeof reason, "%s", kiln_last_error());
                 warn = 1;
             }

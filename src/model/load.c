@@ -130,6 +130,10 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(cp.dtype));
     cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
     cJSON_AddStringToObject(j, "layout", cp.reference ? "rowmajor" : km_compute_layout(cp));
+    char qt[64];
+    km_quant_tag(&cp, qt, sizeof qt);
+    cJSON_AddStringToObject(j, "quant", *qt ? qt : "none");
+    if (*qt) cJSON_AddStringToObject(j, "quant_layers", cp.quant_layers);
     cJSON_AddNumberToObject(j, "layout_version", LAYOUT_VERSION);
     if (o->host_coords) {
         cJSON *h = cJSON_AddArrayToObject(j, "host_coords");
@@ -169,7 +173,7 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
             continue;
         }
         if (w->packed)
-            t[i] = (kcache_tensor){.name = w->name, .dtype = cp.dtype, .ndim = w->ndim, .layout = w->layout,
+            t[i] = (kcache_tensor){.name = w->name, .dtype = w->packed_dtype, .ndim = w->ndim, .layout = w->layout,
                                    .data = w->packed, .nbytes = w->packed_bytes};
         else
             t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor",
@@ -268,6 +272,7 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
     km_compute cp;
     kiln_status st = km_compute_resolve(o->dtype, o->reference, &cp);
+    if (!st) st = km_compute_set_quant(&cp, o->quant, o->quant_layers);
     if (st) return st;
     /* a mesh: given, or the one the factors span (--tp 2 alone is a 1x2 mesh) */
     int rows = o->mesh_rows, cols = o->mesh_cols;
@@ -279,6 +284,11 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
         cp.tp_index = mesh->index[KD_TP];
         cp.fsdp = mesh->size[KD_FSDP];
         cp.fsdp_index = mesh->index[KD_FSDP];
+        if (cp.fsdp > 1 && cp.quant) {
+            kd_mesh_free(mesh);
+            return kb_fail(KILN_ERR_UNSUPPORTED, "FSDP with a quantized backbone (--quant %s) is not supported yet",
+                           kiln_quant_name(cp.quant));
+        }
     }
     st = load_flow(o, cp, mesh, rows, cols, out);
     if (!st && mesh && !(*out)->mesh) (*out)->mesh = mesh; /* the model owns its mesh from here */
@@ -290,6 +300,8 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
                              kiln_model **out) {
     char shard[32] = "";
     if (mesh) shard_name(mesh, shard, sizeof shard);
+    char qtag[64];
+    km_quant_tag(&cp, qtag, sizeof qtag);
     double t0 = kb_now();
     const char *root = o->cache_root;
     if (!root || !*root) root = getenv("KILN_CACHE_DIR");
@@ -309,9 +321,9 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         uint64_t h = 0;
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
-        char rkey[96];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
-                 shard);
+        char rkey[200];
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
+                 shard, qtag);
         if ((*out = registry_get(rkey))) return KILN_OK;
         if ((st = convert(o, cp, out))) return st;
         snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
@@ -324,6 +336,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         .model = o->model_name, .component = o->component ? o->component : "transformer",
         .parallel = o->parallel, .mesh_rows = rows, .mesh_cols = cols,
         .dtype = cp.dtype, .fsdp = o->fsdp, .layout = km_compute_layout(cp), .layout_version = LAYOUT_VERSION,
+        .quant = qtag,
         .host_coords = o->host_coords, .host_r0 = o->host_r0, .host_r1 = o->host_r1,
         .host_c0 = o->host_c0, .host_c1 = o->host_c1, .shard = shard,
     };

@@ -31,10 +31,11 @@ int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const 
 
 /* the kernels' view: W [shape[0], product of the rest] */
 static void set_view(km_weight *w, kiln_dtype packed_dtype) {
-    int64_t K = 1;
+    int64_t K = 1, M = w->ndim ? w->shape[0] : 1;
     for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
-    w->kw = (kk_weight){.M = w->ndim ? w->shape[0] : 1, .K = K, .f32 = w->data, .packed = w->packed,
-                        .packed_dtype = packed_dtype};
+    if (w->packed) packed_dtype = w->packed_dtype;
+    w->kw = (kk_weight){.M = M, .K = K, .f32 = w->data, .packed = w->packed, .packed_dtype = packed_dtype,
+                        .scales = kk_fast_scales(w->packed, w->packed_bytes, M, packed_dtype)};
 }
 
 kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out) {
@@ -60,17 +61,19 @@ const char *km_compute_layout(km_compute cp) { return cp.reference ? "" : kk_fas
 
 static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_reference() : kk_fast(cp.dtype); }
 
-/* Replace the f32 data of every linear weight by the fast GEMM's packed layout. */
+/* Replace the f32 data of every linear weight by the fast GEMM's packed
+ * layout (quantized where the compute choice's scheme selects the layer). */
 static kiln_status pack_linears(kiln_model *m, const sd3_spec *spec, size_t ns) {
     for (size_t i = 0; i < ns; i++) {
         if (!spec[i].linear) continue;
         km_weight *w = (km_weight *)km_find(m, spec[i].name);
         size_t bytes;
-        kiln_status st = kk_fast_layout(w->kw.M, w->kw.K, m->compute.dtype, w->layout, &bytes);
+        kiln_dtype dt = km_pack_dtype(&m->compute, spec[i].name);
+        kiln_status st = kk_fast_layout(w->kw.M, w->kw.K, dt, w->layout, &bytes);
         if (st) return st;
         void *p = kb_alloc_aligned(bytes);
         if (!p) return KILN_ERR_NOMEM;
-        if ((st = kk_fast_pack(w->data, w->kw.M, w->kw.K, m->compute.dtype, p))) {
+        if ((st = kk_fast_pack(w->data, w->kw.M, w->kw.K, dt, p))) {
             kb_free_aligned(p);
             return st;
         }
@@ -78,7 +81,8 @@ static kiln_status pack_linears(kiln_model *m, const sd3_spec *spec, size_t ns) 
         w->data = NULL;
         w->packed = p;
         w->packed_bytes = bytes;
-        set_view(w, m->compute.dtype);
+        w->packed_dtype = dt;
+        set_view(w, dt);
     }
     return KILN_OK;
 }
@@ -246,7 +250,8 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         size_t want_bytes = 0;
         int64_t numel = 1;
         for (int d = 0; d < spec[i].ndim; d++) numel *= spec[i].shape[d];
-        if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], cp.dtype, want_layout,
+        kiln_dtype want_dt = packed ? km_pack_dtype(&cp, spec[i].name) : KILN_F32;
+        if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], want_dt, want_layout,
                                            &want_bytes)))
             break;
         if (cp.fsdp > 1 && km_fsdp_block(spec[i].name) >= 0) { /* FSDP: a byte range (shard.c) */
@@ -256,7 +261,6 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
             m->nw++;
             continue;
         }
-        kiln_dtype want_dt = packed ? cp.dtype : KILN_F32;
         int same = !strcmp(t->name, spec[i].name) && t->dtype == want_dt && t->ndim == spec[i].ndim &&
                    !strcmp(t->layout, want_layout) && (!packed || t->nbytes == want_bytes);
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == spec[i].shape[d];
@@ -276,6 +280,7 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         if (packed) {
             w->packed = (void *)t->data;
             w->packed_bytes = t->nbytes;
+            w->packed_dtype = want_dt;
         } else {
             w->data = (float *)t->data;
         }
@@ -287,6 +292,8 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     }
     free(spec);
     if (st) {
+        /* the weights so far point into the mapping: not ours to free */
+        for (size_t i = 0; m && i < m->nw; i++) m->w[i].data = NULL, m->w[i].packed = NULL;
         km_destroy(m);
         return st;
     }
@@ -313,6 +320,7 @@ kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_m
     const char *cfg = opts ? opts->config_path : NULL;
     km_compute cp;
     kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_DTYPE_INVALID, opts ? opts->reference : 0, &cp);
+    if (!st) st = km_compute_set_quant(&cp, opts ? opts->quant : KILN_QUANT_NONE, opts ? opts->quant_layers : NULL);
     if (!st) st = kc_open(path, cfg, &c);
     if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, cp, out);
     kc_close(c);
@@ -348,6 +356,15 @@ const char *kiln_model_cache_path(const kiln_model *m) { return m && m->cache_pa
 kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
     if (!m || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_get_info: model and out are required");
     *out = m->info;
+    out->weight_bytes = out->n_quantized = out->quantized_bytes = 0;
+    for (size_t i = 0; i < m->nw; i++) {
+        const km_weight *w = &m->w[i];
+        out->weight_bytes += (int64_t)(w->packed ? w->packed_bytes : sizeof(float) * (size_t)(w->kw.M * w->kw.K));
+        if (w->packed && kk_dtype_is_quant(w->packed_dtype)) {
+            out->n_quantized++;
+            out->quantized_bytes += (int64_t)w->packed_bytes;
+        }
+    }
     return KILN_OK;
 }
 

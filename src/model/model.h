@@ -21,6 +21,7 @@ typedef struct km_weight {
                            * NULL for a linear weight that only exists packed */
     void *packed;         /* the fast GEMM's layout (owned unless mapped), or NULL */
     size_t packed_bytes;
+    kiln_dtype packed_dtype; /* F32, BF16 or quantized I8 / F8_E4M3 (kk_weight) */
     char layout[40];      /* "rowmajor" or the packed layout's name */
     kk_weight kw;         /* what the kernels see */
     /* FSDP (shard.c): this rank's byte range of a block weight; data/packed
@@ -38,6 +39,8 @@ typedef struct km_compute {
     int reference;    /* reference kernels on f32 row-major weights */
     int tp, tp_index; /* tensor parallel: this rank holds shard tp_index of tp (0, 0: all) */
     int fsdp, fsdp_index; /* FSDP: block weights split in fsdp byte ranges, this rank holds one */
+    kiln_quant quant; /* quantized linear layers (src/model/quant.c) */
+    char quant_layers[256]; /* their name patterns (KILN_QUANT_DEFAULT_LAYERS) */
 } km_compute;
 
 struct kx_package;
@@ -113,6 +116,16 @@ kiln_status km_fsdp_finish(kiln_model *m);
 void km_fsdp_gather(void *user, int block);
 /* kiln_forward of a model on a mesh (forward_dist.c). */
 kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *out);
+/* Add a quantization scheme to a resolved compute choice (checks that this
+ * build and CPU can run it; layers NULL: the default patterns). */
+kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layers);
+/* The packed dtype of a linear weight (by its name) under cp: the compute
+ * dtype, or I8 / F8_E4M3 when the scheme quantizes its layer. */
+kiln_dtype km_pack_dtype(const km_compute *cp, const char *weight_name);
+/* The scheme's part of the cache key: "" (none), "int8", "fp8", with
+ * "-l<hex>" for non-default layer patterns and "-brokenscales" under the
+ * test hook KILN_TEST_BREAK_QUANT_SCALES. */
+void km_quant_tag(const km_compute *cp, char *buf, size_t cap);
 /* Free a model for real (the registry calls this at refcount 0). */
 void km_destroy(kiln_model *m);
 

@@ -1,8 +1,9 @@
-/* dtype.c - dtype names, sizes and exact f16/bf16 <-> f32 conversions. */
+/* dtype.c - dtype names, sizes and exact f16/bf16/fp8 <-> f32 conversions. */
 #include "dtype.h"
 
 #include "base/base.h"
 
+#include <math.h>
 #include <string.h>
 
 static const struct {
@@ -90,6 +91,50 @@ uint16_t kt_f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+/* ---- fp8 ---------------------------------------------------------------------
+ * One encoder for both formats: mbits mantissa bits, exponent bias, and the
+ * f32 pattern of the largest finite value. Below the smallest normal
+ * (2^(1-bias)) the value is scaled by a power of two (exact) so that the
+ * subnormal grid becomes the integers, and rintf rounds half to even; a
+ * result of 2^mbits is the smallest normal's encoding, so no special case.
+ * Above it, the f32 mantissa is rounded to nearest even on its low
+ * 23 - mbits bits and the exponent rebiased. Values at or above the largest
+ * finite saturate before rounding, so rounding never reaches the NaN/Inf
+ * encodings. */
+static uint8_t f32_to_f8(float f, int mbits, int bias, uint32_t max_bits, int has_inf) {
+    uint32_t x = bits_of(f), a = x & 0x7fffffffu;
+    uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+    uint8_t max_code = (uint8_t)((((max_bits >> 23) - 127u + (uint32_t)bias) << mbits) |
+                                 ((max_bits >> (23 - mbits)) & ((1u << mbits) - 1u)));
+    if (a > 0x7f800000u) return has_inf ? (uint8_t)(sign | 0x7eu) : (uint8_t)(sign | 0x7fu); /* NaN */
+    if (a == 0x7f800000u && has_inf) return (uint8_t)(sign | 0x7cu);                        /* Inf */
+    if (a >= max_bits) return (uint8_t)(sign | max_code);                                   /* saturate */
+    uint32_t min_normal = (uint32_t)(128 - bias) << 23; /* 2^(1-bias) */
+    if (a < min_normal) {
+        /* |f| * 2^(bias - 1 + mbits): the subnormal steps become integers */
+        float v = float_of(a) * float_of((uint32_t)(127 + bias - 1 + mbits) << 23);
+        return (uint8_t)(sign | (uint8_t)rintf(v));
+    }
+    int shift = 23 - mbits;
+    uint32_t r = (a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift;
+    return (uint8_t)(sign | (uint8_t)(r - ((uint32_t)(127 - bias) << mbits)));
+}
+
+float kt_e4m3_to_f32(uint8_t b) {
+    uint32_t e = (b >> 3) & 0xfu, m = b & 7u;
+    float v;
+    if ((b & 0x7fu) == 0x7fu) v = NAN;
+    else if (e == 0) v = (float)m * 0x1p-9f;
+    else v = float_of(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -v : v;
+}
+
+uint8_t kt_f32_to_e4m3(float f) { return f32_to_f8(f, 3, 7, 0x43e00000u /* 448 */, 0); }
+
+float kt_e5m2_to_f32(uint8_t b) { return kt_f16_to_f32((uint16_t)(b << 8)); }
+
+uint8_t kt_f32_to_e5m2(float f) { return f32_to_f8(f, 2, 15, 0x47600000u /* 57344 */, 1); }
+
 kiln_status kt_to_f32(kiln_dtype src, const void *in, float *out, size_t n) {
     const uint8_t *p = in;
     switch (src) {
@@ -108,8 +153,14 @@ kiln_status kt_to_f32(kiln_dtype src, const void *in, float *out, size_t n) {
             out[i] = kt_bf16_to_f32(h);
         }
         return KILN_OK;
+    case KILN_F8_E4M3:
+        for (size_t i = 0; i < n; i++) out[i] = kt_e4m3_to_f32(p[i]);
+        return KILN_OK;
+    case KILN_F8_E5M2:
+        for (size_t i = 0; i < n; i++) out[i] = kt_e5m2_to_f32(p[i]);
+        return KILN_OK;
     default:
-        return kb_fail(KILN_ERR_DTYPE, "cannot convert %s to F32 (supported: F32, F16, BF16)",
+        return kb_fail(KILN_ERR_DTYPE, "cannot convert %s to F32 (supported: F32, F16, BF16, F8_E4M3, F8_E5M2)",
                        kiln_dtype_name(src));
     }
 }
@@ -130,8 +181,14 @@ kiln_status kt_from_f32(kiln_dtype dst, const float *in, void *out, size_t n) {
             memcpy(p + 2 * i, &h, 2);
         }
         return KILN_OK;
+    case KILN_F8_E4M3:
+        for (size_t i = 0; i < n; i++) p[i] = kt_f32_to_e4m3(in[i]);
+        return KILN_OK;
+    case KILN_F8_E5M2:
+        for (size_t i = 0; i < n; i++) p[i] = kt_f32_to_e5m2(in[i]);
+        return KILN_OK;
     default:
-        return kb_fail(KILN_ERR_DTYPE, "cannot convert F32 to %s (supported: F32, F16, BF16)",
+        return kb_fail(KILN_ERR_DTYPE, "cannot convert F32 to %s (supported: F32, F16, BF16, F8_E4M3, F8_E5M2)",
                        kiln_dtype_name(dst));
     }
 }

@@ -11,6 +11,7 @@
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
+#include "tensor/quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -44,7 +45,9 @@ static dnnl_stream_t stream(void) {
     return t_stream;
 }
 
-static dnnl_data_type_t dnnl_dt(kiln_dtype t) { return t == KILN_BF16 ? dnnl_bf16 : dnnl_f32; }
+static dnnl_data_type_t dnnl_dt(kiln_dtype t) { return t == KILN_BF16 ? dnnl_bf16 : t == KILN_I8 ? dnnl_s8 : dnnl_f32; }
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 
 /* Isolated AMX GEMMs sometimes ran faster on one thread than on two on the
@@ -64,20 +67,38 @@ typedef struct {
     int dt, act, bias, wkind; /* wkind 0: packed weights md, 1: "ba" strided, 2: "ab" strided */
     int ydt;                  /* destination type; 0 means f32 */
     int64_t sw;
+    /* quantized weights (packed, wkind 0), dequantized in post-ops, bias and
+     * activation after them:
+     *   Q_I8  s8 x s8 as a 3-D matmul [1,m,k] x [1,k,n]: per channel scales
+     *         [1,1,n] then per token scales [1,m,1] (binary muls; in 3-D the
+     *         per-row broadcast keeps oneDNN 2.6 on its AMX/VNNI kernels)
+     *   Q_F8  bf16 x bf16 (weights decoded from e4m3), per channel scales [1,n] */
+    int q;
     dnnl_primitive_t prim;
 } prim_entry;
+
+enum { Q_NONE = 0, Q_I8 = 1, Q_F8 = 2 };
 
 static prim_entry *g_prims;
 static size_t g_nprims, g_capprims;
 
-/* The packed weights md for W [n outputs, k inputs] (B = W^T of dims {k, n}). */
+/* The packed weights md for W [n outputs, k inputs] (B = W^T of dims {k, n});
+ * I8: the weights of the 3-D s8 x s8 matmul, dims {1, k, n}. */
 static int packed_md(int64_t n, int64_t k, kiln_dtype dt, dnnl_memory_desc_t *out) {
     dnnl_memory_desc_t a, b, c;
-    dnnl_dims_t da = {1024, k}, db = {k, n}, dc = {1024, n};
-    if (dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_dt(dt), dnnl_ab) ||
-        dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_dt(dt), dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab))
-        return 0;
+    if (dt == KILN_I8) {
+        dnnl_dims_t da = {1, 1024, k}, db = {1, k, n}, dc = {1, 1024, n};
+        if (dnnl_memory_desc_init_by_tag(&a, 3, da, dnnl_s8, dnnl_abc) ||
+            dnnl_memory_desc_init_by_tag(&b, 3, db, dnnl_s8, dnnl_format_tag_any) ||
+            dnnl_memory_desc_init_by_tag(&c, 3, dc, dnnl_f32, dnnl_abc))
+            return 0;
+    } else {
+        dnnl_dims_t da = {1024, k}, db = {k, n}, dc = {1024, n};
+        if (dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_dt(dt), dnnl_ab) ||
+            dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_dt(dt), dnnl_format_tag_any) ||
+            dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab))
+            return 0;
+    }
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd;
     if (dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) || dnnl_primitive_desc_create(&pd, &md, NULL, g_eng, NULL))
@@ -93,20 +114,32 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
         prim_entry *p = &g_prims[i];
         if (p->m == key->m && p->k == key->k && p->n == key->n && p->sa == key->sa && p->sd == key->sd &&
             p->dt == key->dt && p->act == key->act && p->bias == key->bias && p->wkind == key->wkind &&
-            p->sw == key->sw && p->ydt == key->ydt) {
+            p->sw == key->sw && p->ydt == key->ydt && p->q == key->q) {
             pthread_mutex_unlock(&g_lock);
             return p->prim;
         }
     }
     dnnl_primitive_t prim = NULL;
-    dnnl_memory_desc_t a, b, c, bias;
-    dnnl_dims_t da = {key->m, key->k}, dc = {key->m, key->n}, dbias = {1, key->n};
-    dnnl_dims_t sa = {key->sa, 1}, sc = {key->sd, 1};
-    int ok = !dnnl_memory_desc_init_by_strides(&a, 2, da, (dnnl_data_type_t)key->dt, sa) &&
-             !dnnl_memory_desc_init_by_strides(&c, 2, dc, key->ydt ? (dnnl_data_type_t)key->ydt : dnnl_f32, sc) &&
+    dnnl_memory_desc_t a, b, c, bias, col, row;
+    dnnl_data_type_t ydt = key->ydt ? (dnnl_data_type_t)key->ydt : dnnl_f32;
+    int ok;
+    if (key->q == Q_I8) {
+        dnnl_dims_t da = {1, key->m, key->k}, dc = {1, key->m, key->n}, dcol = {1, 1, key->n}, drow = {1, key->m, 1};
+        dnnl_dims_t sa = {key->m * key->sa, key->sa, 1}, sc = {key->m * key->sd, key->sd, 1};
+        ok = !dnnl_memory_desc_init_by_strides(&a, 3, da, dnnl_s8, sa) &&
+             !dnnl_memory_desc_init_by_strides(&c, 3, dc, ydt, sc) &&
+             !dnnl_memory_desc_init_by_tag(&col, 3, dcol, dnnl_f32, dnnl_abc) &&
+             !dnnl_memory_desc_init_by_tag(&row, 3, drow, dnnl_f32, dnnl_abc);
+    } else {
+        dnnl_dims_t da = {key->m, key->k}, dc = {key->m, key->n}, dbias = {1, key->n};
+        dnnl_dims_t sa = {key->sa, 1}, sc = {key->sd, 1};
+        ok = !dnnl_memory_desc_init_by_strides(&a, 2, da, (dnnl_data_type_t)key->dt, sa) &&
+             !dnnl_memory_desc_init_by_strides(&c, 2, dc, ydt, sc) &&
              !dnnl_memory_desc_init_by_tag(&bias, 2, dbias, dnnl_f32, dnnl_ab);
+        col = bias;
+    }
     if (ok && key->wkind == 0) {
-        ok = packed_md(key->n, key->k, key->dt == dnnl_bf16 ? KILN_BF16 : KILN_F32, &b);
+        ok = packed_md(key->n, key->k, key->q == Q_I8 ? KILN_I8 : key->dt == dnnl_bf16 ? KILN_BF16 : KILN_F32, &b);
     } else if (ok) {
         dnnl_dims_t db = {key->k, key->n};
         dnnl_dims_t sb = {key->wkind == 1 ? 1 : key->sw, key->wkind == 1 ? key->sw : 1};
@@ -116,16 +149,27 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    if (ok) ok = !dnnl_matmul_desc_init(&md, &a, &b, key->bias ? &bias : NULL, &c);
+    if (ok) ok = !dnnl_matmul_desc_init(&md, &a, &b, key->bias && !key->q ? &bias : NULL, &c);
     if (ok) ok = !dnnl_primitive_attr_create(&attr);
     /* a scratchpad per call site and thread: the same primitive runs from
      * several threads at once (attention) */
     if (ok) ok = !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (ok && key->act == KK_ACT_GELU_TANH) {
-        ok = !dnnl_post_ops_create(&po) && !dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0, 0) &&
-             !dnnl_primitive_attr_set_post_ops(attr, po);
+    if (ok && (key->act == KK_ACT_GELU_TANH || key->q)) {
+        ok = !dnnl_post_ops_create(&po);
+        /* quantized: dequantize, then bias, then the activation */
+        if (ok && key->q) ok = !dnnl_post_ops_append_binary(po, dnnl_binary_mul, &col);
+        if (ok && key->q == Q_I8) ok = !dnnl_post_ops_append_binary(po, dnnl_binary_mul, &row);
+        if (ok && key->q && key->bias) ok = !dnnl_post_ops_append_binary(po, dnnl_binary_add, &col);
+        if (ok && key->act == KK_ACT_GELU_TANH) ok = !dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0, 0);
+        if (ok) ok = !dnnl_primitive_attr_set_post_ops(attr, po);
     }
     if (ok) ok = !dnnl_primitive_desc_create(&pd, &md, attr, g_eng, NULL);
+    if (ok && key->q) {
+        const char *impl = "";
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        kb_log(KILN_LOG_DEBUG, "quantized matmul %lldx%lldx%lld (%s): %s", (long long)key->m, (long long)key->k,
+               (long long)key->n, key->q == Q_I8 ? "int8" : "fp8", impl);
+    }
     if (ok) ok = !dnnl_primitive_create(&prim, pd);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
@@ -150,8 +194,10 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
 
 static void *scratch(int slot, size_t bytes);
 
-/* run a matmul; data pointers may be strided views */
-static int run_matmul(const prim_entry *key, const void *src, const void *wei, const float *bias, float *dst) {
+/* run a matmul; data pointers may be strided views; po[i] is the source of
+ * binary post-op i (quantized matmuls) */
+static int run_matmul_po(const prim_entry *key, const void *src, const void *wei, const float *bias, void *dst,
+                         const float *const *po, int npo) {
     dnnl_primitive_t p = get_prim(key);
     if (!p) return 0;
     const dnnl_memory_desc_t *amd, *bmd, *cmd, *biasmd;
@@ -173,10 +219,18 @@ static int run_matmul(const prim_entry *key, const void *src, const void *wei, c
         if (!sp) return 0;
         dnnl_memory_create(&msp, spmd, g_eng, sp);
     }
-    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, NULL},
+    dnnl_exec_arg_t args[8] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, NULL},
                                {DNNL_ARG_SCRATCHPAD, NULL}};
     int nargs = 3;
-    if (key->bias) {
+    dnnl_memory_t mpo[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < npo && i < 3; i++) {
+        int arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1;
+        const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
+        if (!pmd || dnnl_memory_create(&mpo[i], pmd, g_eng, (void *)po[i])) return 0;
+        args[nargs].arg = arg;
+        args[nargs++].memory = mpo[i];
+    }
+    if (key->bias && !key->q) {
         dnnl_memory_create(&mbias, biasmd, g_eng, (void *)bias);
         args[nargs++].memory = mbias;
     }
@@ -192,7 +246,13 @@ static int run_matmul(const prim_entry *key, const void *src, const void *wei, c
     dnnl_memory_destroy(mc);
     if (mbias) dnnl_memory_destroy(mbias);
     if (msp) dnnl_memory_destroy(msp);
+    for (int i = 0; i < 3; i++)
+        if (mpo[i]) dnnl_memory_destroy(mpo[i]);
     return st == dnnl_success;
+}
+
+static int run_matmul(const prim_entry *key, const void *src, const void *wei, const float *bias, float *dst) {
+    return run_matmul_po(key, src, wei, bias, dst, NULL, 0);
 }
 
 /* ---- packing ------------------------------------------------------------------- */
@@ -212,38 +272,57 @@ static uint64_t md_id(const dnnl_memory_desc_t *md) {
     XXH3_64bits_update(s, &bd->inner_nblks, sizeof bd->inner_nblks);
     XXH3_64bits_update(s, bd->inner_blks, sizeof(bd->inner_blks[0]) * (size_t)bd->inner_nblks);
     XXH3_64bits_update(s, bd->inner_idxs, sizeof(bd->inner_idxs[0]) * (size_t)bd->inner_nblks);
+    /* s8 weights may carry compensation (VNNI without AMX); hashed only when
+     * present, so the f32/bf16 layout names stay what they were */
+    if (md->extra.flags) {
+        XXH3_64bits_update(s, &md->extra.flags, sizeof md->extra.flags);
+        XXH3_64bits_update(s, &md->extra.compensation_mask, sizeof md->extra.compensation_mask);
+    }
     uint64_t h = XXH3_64bits_digest(s);
     XXH3_freeState(s);
     return h;
 }
 
+/* Quantized blobs: I8 is the s8 packed md's bytes, F8_E4M3 one byte per
+ * element of the BF16 packed md; both then padded to 64 bytes and followed
+ * by the scales [M] f32. */
+static int layout_md(int64_t M, int64_t K, kiln_dtype dt, dnnl_memory_desc_t *md, size_t *q_bytes) {
+    if (!engine() || !packed_md(M, K, dt == KILN_F8_E4M3 ? KILN_BF16 : dt, md)) return 0;
+    size_t n = dnnl_memory_desc_get_size(md);
+    *q_bytes = dt == KILN_F8_E4M3 ? n / 2 : n;
+    return 1;
+}
+
 kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes) {
     dnnl_memory_desc_t md;
-    if (!engine() || !packed_md(M, K, dt, &md))
+    size_t qb;
+    if ((dt != KILN_F32 && dt != KILN_BF16 && !kk_dtype_is_quant(dt)) || !layout_md(M, K, dt, &md, &qb))
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no matmul for %s [%lld x %lld] on this machine",
                        kiln_dtype_name(dt), (long long)M, (long long)K);
-    snprintf(layout, 40, "dnnl-%016llx", (unsigned long long)md_id(&md));
-    *bytes = dnnl_memory_desc_get_size(&md);
+    snprintf(layout, 40, "%s-%016llx", dt == KILN_F8_E4M3 ? "e4m3" : "dnnl", (unsigned long long)md_id(&md));
+    *bytes = kk_dtype_is_quant(dt) ? align64(qb) + sizeof(float) * (size_t)M : qb;
     return KILN_OK;
 }
 
-kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
-    dnnl_memory_desc_t dst, src;
-    dnnl_dims_t d = {K, M};
-    if (!engine() || !packed_md(M, K, dt, &dst) || dnnl_memory_desc_init_by_tag(&src, 2, d, dnnl_f32, dnnl_ba))
-        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot pack [%lld x %lld]", (long long)M, (long long)K);
+const float *kk_fast_scales(const void *packed, size_t bytes, int64_t M, kiln_dtype dt) {
+    if (!packed || !kk_dtype_is_quant(dt) || bytes < sizeof(float) * (size_t)M) return NULL;
+    return (const float *)((const char *)packed + bytes - sizeof(float) * (size_t)M);
+}
+
+/* one oneDNN reorder between two mds (plain <-> packed, with type conversion) */
+static kiln_status reorder_into(const dnnl_memory_desc_t *src, const void *sp, const dnnl_memory_desc_t *dst, void *dp) {
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t r;
-    if (dnnl_reorder_primitive_desc_create(&pd, &src, g_eng, &dst, g_eng, NULL))
-        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no reorder into the packed layout");
+    if (dnnl_reorder_primitive_desc_create(&pd, src, g_eng, dst, g_eng, NULL))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no reorder between the plain and packed layouts");
     kiln_status st = KILN_OK;
     if (dnnl_primitive_create(&r, pd)) {
         dnnl_primitive_desc_destroy(pd);
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN reorder failed");
     }
     dnnl_memory_t ms, md;
-    dnnl_memory_create(&ms, &src, g_eng, (void *)w);
-    dnnl_memory_create(&md, &dst, g_eng, out);
+    dnnl_memory_create(&ms, src, g_eng, (void *)sp);
+    dnnl_memory_create(&md, dst, g_eng, dp);
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
     dnnl_stream_t strm = stream();
     if (!strm || dnnl_primitive_execute(r, strm, 2, args) || dnnl_stream_wait(strm))
@@ -255,12 +334,49 @@ kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, vo
     return st;
 }
 
+/* the plain view of W [M,K] row-major as the matmul's B = W^T: dims {K, M}
+ * ({1, K, M} for I8), element (k, m) at m*K + k */
+static int plain_md(int64_t M, int64_t K, dnnl_data_type_t t, int three_d, dnnl_memory_desc_t *md) {
+    if (three_d) {
+        dnnl_dims_t d = {1, K, M}, st = {K * M, 1, K};
+        return !dnnl_memory_desc_init_by_strides(md, 3, d, t, st);
+    }
+    dnnl_dims_t d = {K, M};
+    return !dnnl_memory_desc_init_by_tag(md, 2, d, t, dnnl_ba);
+}
+
+static kiln_status pack_quant(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
+static kiln_status unpack_quant(const kk_weight *w, float *out);
+
+kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
+    if (kk_dtype_is_quant(dt)) return pack_quant(w, M, K, dt, out);
+    dnnl_memory_desc_t dst, src;
+    size_t qb;
+    if (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dnnl_f32, 0, &src))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot pack [%lld x %lld]", (long long)M, (long long)K);
+    return reorder_into(&src, w, &dst, out);
+}
+
+kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
+    if (!w->packed) {
+        if (!w->f32) return kb_fail(KILN_ERR_INVALID_ARG, "kk_fast_unpack: a weight without data");
+        memcpy(out, w->f32, sizeof(float) * (size_t)(w->M * w->K));
+        return KILN_OK;
+    }
+    if (kk_dtype_is_quant(w->packed_dtype)) return unpack_quant(w, out);
+    dnnl_memory_desc_t src, dst;
+    size_t qb;
+    if (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, 0, &dst))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot unpack [%lld x %lld]", (long long)w->M, (long long)w->K);
+    return reorder_into(&src, w->packed, &dst, out);
+}
+
 /* ---- scratch --------------------------------------------------------------------- */
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[8];
-    static _Thread_local size_t cap[8];
+    static _Thread_local void *buf[12];
+    static _Thread_local size_t cap[12];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -347,12 +463,186 @@ KK_CLONES static void softmax_row(float *row, int64_t n, void *out, int bf16) {
     }
 }
 
+/* ---- quantized weights ---------------------------------------------------------------- */
+
+/* e4m3 -> bf16 bits, exact and branch-free (vectorizes): normals rebias the
+ * exponent (7 -> 127), subnormals are m * 2^-9 (exact in f32), S.1111.111 is NaN */
+static inline uint16_t e4m3_bf16(uint8_t b) {
+    uint32_t s = (uint32_t)(b & 0x80u) << 8, e = (b >> 3) & 0xfu, m = b & 7u;
+    uint32_t normal = s | ((e + 120u) << 7) | (m << 4);
+    uint32_t sub = s | (f_bits((float)m * 0x1p-9f) >> 16);
+    uint32_t v = e ? normal : sub;
+    return (uint16_t)((b & 0x7fu) == 0x7fu ? (s | 0x7fc0u) : v);
+}
+
+KK_CLONES static void decode_e4m3(const uint8_t *p, uint16_t *o, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) o[i] = e4m3_bf16(p[i]);
+}
+
+/* e4m3 blob (n elements in the bf16 packed order) -> bf16, in parallel chunks */
+static void decode_e4m3_par(const uint8_t *p, uint16_t *o, int64_t n) {
+    int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (n > chunk)
+    for (int64_t c = 0; c < n; c += chunk) decode_e4m3(p + c, o + c, n - c < chunk ? n - c : chunk);
+}
+
+static kiln_status pack_quant(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
+    dnnl_memory_desc_t dst, src;
+    size_t qb, n = (size_t)(M * K);
+    if (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dt == KILN_I8 ? dnnl_s8 : dnnl_f32, dt == KILN_I8, &src))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot pack [%lld x %lld] as %s", (long long)M, (long long)K,
+                       kiln_dtype_name(dt));
+    float *scales = (float *)((char *)out + align64(qb));
+    uint8_t *q = kb_alloc_aligned(n ? n : 1);
+    if (!q) return kb_fail(KILN_ERR_NOMEM, "out of memory quantizing a [%lld x %lld] weight", (long long)M, (long long)K);
+    kiln_status st = kt_quantize_rows(w, M, K, dt, q, scales);
+    if (!st && dt == KILN_I8) st = reorder_into(&src, q, &dst, out);
+    if (!st && dt == KILN_F8_E4M3) {
+        /* the e4m3 values (unscaled) are exact in bf16: pack them as bf16 through
+         * oneDNN, then store each packed element back as its e4m3 code */
+        float *f = kb_alloc_aligned(sizeof(float) * (n ? n : 1));
+        uint16_t *bf = kb_alloc_aligned(2 * qb + 64);
+        if (!f || !bf) st = kb_fail(KILN_ERR_NOMEM, "out of memory packing an fp8 weight");
+        for (size_t i = 0; !st && i < n; i++) f[i] = kt_e4m3_to_f32(q[i]);
+        if (!st) st = reorder_into(&src, f, &dst, bf);
+        for (size_t i = 0; !st && i < qb; i++) ((uint8_t *)out)[i] = kt_f32_to_e4m3(kt_bf16_to_f32(bf[i]));
+        kb_free_aligned(f);
+        kb_free_aligned(bf);
+    }
+    if (!st) memset((char *)out + qb, 0, align64(qb) - qb);
+    kb_free_aligned(q);
+    return st;
+}
+
+static kiln_status unpack_quant(const kk_weight *w, float *out) {
+    dnnl_memory_desc_t src, dst;
+    size_t qb, n = (size_t)(w->M * w->K);
+    if (!w->scales) return kb_fail(KILN_ERR_INVALID_ARG, "kk_fast_unpack: a %s weight without scales", kiln_dtype_name(w->packed_dtype));
+    int i8 = w->packed_dtype == KILN_I8;
+    if (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, i8, &dst))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot unpack [%lld x %lld]", (long long)w->M, (long long)w->K);
+    kiln_status st;
+    if (i8) {
+        st = reorder_into(&src, w->packed, &dst, out); /* s8 -> f32 is exact */
+    } else {
+        uint16_t *bf = kb_alloc_aligned(2 * qb + 64);
+        if (!bf) return kb_fail(KILN_ERR_NOMEM, "out of memory unpacking an fp8 weight");
+        decode_e4m3_par(w->packed, bf, (int64_t)qb);
+        st = reorder_into(&src, bf, &dst, out);
+        kb_free_aligned(bf);
+    }
+    for (size_t i = 0; !st && i < n; i++) out[i] *= w->scales[i / (size_t)w->K];
+    return st;
+}
+
+/* x [rows,K] (f32 or bf16) -> s8 per token: s[r] = max|x[r,:]| / 127,
+ * q = round(x / s) (a zero row: s = 1, q = 0) */
+KK_CLONES static void quant_row_s8(const void *x, int x_bf16, int64_t K, int8_t *q, float *s) {
+    float amax = 0;
+    if (x_bf16) {
+        const uint16_t *xb = x;
+#pragma omp simd reduction(max : amax)
+        for (int64_t k = 0; k < K; k++) {
+            float v = fabsf(bits_f((uint32_t)xb[k] << 16));
+            amax = v > amax ? v : amax;
+        }
+    } else {
+        const float *xf = x;
+#pragma omp simd reduction(max : amax)
+        for (int64_t k = 0; k < K; k++) {
+            float v = fabsf(xf[k]);
+            amax = v > amax ? v : amax;
+        }
+    }
+    float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    *s = amax > 0 ? amax / 127.0f : 1.0f;
+    if (x_bf16) {
+        const uint16_t *xb = x;
+#pragma omp simd
+        for (int64_t k = 0; k < K; k++) {
+            float v = __builtin_rintf(bits_f((uint32_t)xb[k] << 16) * inv);
+            q[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+    } else {
+        const float *xf = x;
+#pragma omp simd
+        for (int64_t k = 0; k < K; k++) {
+            float v = __builtin_rintf(xf[k] * inv);
+            q[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+    }
+}
+
+/* y = act(dequant(x_q . W_q^T) + b) on quantized weights, for any
+ * combination of f32 / bf16 activations:
+ *   I8: tokens quantized to s8 here (per token), s8 x s8 with int32
+ *       accumulation, scales, bias and activation fused as post-ops
+ *   F8_E4M3: weights decoded to bf16 (their packed layout is kept, so no
+ *       reorder), x in bf16, bf16 GEMM with f32 accumulation, channel scales,
+ *       bias and activation fused */
+static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
+                         int64_t rows, int act) {
+    int64_t K = w->K, M = w->M;
+    prim_entry key = {.m = rows, .k = K, .n = M, .sa = K, .sd = M, .act = act, .bias = b != NULL, .wkind = 0,
+                      .ydt = y_bf16 ? dnnl_bf16 : dnnl_f32};
+    const void *src = x, *wei = w->packed;
+    const float *po[3] = {w->scales, NULL, NULL};
+    int npo;
+    if (w->packed_dtype == KILN_I8) {
+        int8_t *xq = scratch(8, (size_t)(rows * K));
+        float *sx = scratch(9, sizeof(float) * (size_t)rows);
+        if (!xq || !sx) return;
+        const char *xc = x;
+        size_t esz = x_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) if (rows * K > (1 << 15))
+        for (int64_t r = 0; r < rows; r++) quant_row_s8(xc + esz * (size_t)(r * K), x_bf16, K, xq + r * K, sx + r);
+        key.dt = dnnl_s8;
+        key.q = Q_I8;
+        src = xq;
+        po[1] = sx;
+        po[2] = b;
+        npo = b ? 3 : 2;
+    } else {
+        key.dt = dnnl_bf16;
+        key.q = Q_F8;
+        if (!x_bf16) {
+            uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * K));
+            if (!xb) return;
+            int64_t n = rows * K, chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (n > chunk)
+            for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled((const float *)x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
+            src = xb;
+        }
+        dnnl_memory_desc_t md;
+        size_t qb;
+        if (!layout_md(M, K, KILN_F8_E4M3, &md, &qb)) {
+            kb_log(KILN_LOG_ERROR, "oneDNN has no bf16 matmul for an fp8 weight here");
+            return;
+        }
+        uint16_t *wb = scratch(10, 2 * qb);
+        if (!wb) return;
+        decode_e4m3_par(w->packed, wb, (int64_t)qb);
+        wei = wb;
+        po[1] = b;
+        npo = b ? 2 : 1;
+    }
+    int saved = omp_get_max_threads(), nt = gemm_threads(KILN_BF16);
+    omp_set_num_threads(nt);
+    if (!run_matmul_po(&key, src, wei, NULL, y, po, npo)) kb_log(KILN_LOG_ERROR, "oneDNN quantized matmul failed");
+    omp_set_num_threads(saved);
+}
+
 /* ---- the kernels ------------------------------------------------------------------ */
 
 /* y (f32 or bf16) = act(x W^T + b); x is f32 (converted here for bf16
  * GEMMs) or already bf16 */
 static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_weight *w, const float *b, void *y,
                            int y_bf16, int64_t rows, int act) {
+    if (w->packed && kk_dtype_is_quant(w->packed_dtype)) {
+        quant_linear(x, x_bf16, w, b, y, y_bf16, rows, act);
+        return;
+    }
     if (!w->packed || w->packed_dtype != dt || (x_bf16 && dt != KILN_BF16) || (y_bf16 && dt != KILN_BF16)) {
         /* an unpacked weight (or a combination the GEMM does not take): the reference, in f32 */
         kk_reference()->linear(x, w, b, y, rows, act);
