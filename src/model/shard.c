@@ -127,7 +127,10 @@ kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const kcache_entry *e, 
     w->part = t->data;
     w->part_bytes = t->nbytes;
     w->full_bytes = full;
-    if (packed) w->packed_bytes = full;
+    if (packed) {
+        w->packed_bytes = full;
+        w->packed_dtype = cp.dtype; /* FSDP with a quantized backbone is refused at load */
+    }
     return KILN_OK;
 }
 
