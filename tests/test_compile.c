@@ -329,8 +329,8 @@ TEST(binding_checks_every_weight) {
         CHECK_OK(kx_package_open(r.path, &p));
         if (!p) break;
         bind_ctx c = {m, cases[i][0], cases[i][1]};
-        if (cases[i][2]) CHECK_FAILS(kx_package_load(p, m->backend, bind_some, &c), KILN_ERR_MISSING, cases[i][2]);
-        else CHECK_OK(kx_package_load(p, m->backend, bind_some, &c));
+        if (cases[i][2]) CHECK_FAILS(kx_package_load(p, m->backend, NULL, bind_some, &c), KILN_ERR_MISSING, cases[i][2]);
+        else CHECK_OK(kx_package_load(p, m->backend, NULL, bind_some, &c));
         kx_package_close(p);
     }
     kiln_model_free(m);

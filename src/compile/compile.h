@@ -105,7 +105,9 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
  * generated source, so host and package share this one definition):
  * the backend's kernels (kk_backend fields of the same names), then the
  * layout kernels every executor shares (kk_<name>). */
-#define KX_RT_FUNCS(X) KX_RT_BACKEND(X) KX_RT_LAYOUT(X)
+#define KX_RT_FUNCS(X) KX_RT_BACKEND(X) KX_RT_LAYOUT(X) KX_RT_HOST(X)
+/* the collectives of a parallel run: kg_run_dist_op with rt->dist_ctx */
+#define KX_RT_HOST(X) X(dist, void, (const void *, int, const int64_t *, const int64_t *, const int64_t *, const float *, float *))
 #define KX_RT_BACKEND(X)                                                                                       \
     X(linear, void, (const float *, const struct kk_weight *, const float *, float *, int64_t, int))           \
     X(linear_io, void, (const void *, int, const struct kk_weight *, const float *, void *, int, int64_t, int)) \
@@ -132,10 +134,12 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
 typedef struct kx_rt {
     int abi;
     KX_RT_FUNCS(KX_RT_FIELD)
+    const void *dist_ctx; /* the kg_dist of a parallel run, or NULL */
 } kx_rt;
 
-/* The table for a backend (kernels) plus the shared layout kernels. */
-void kx_rt_init(kx_rt *rt, const kk_backend *be);
+/* The table for a backend (kernels), the shared layout kernels, and the
+ * collectives of dist (NULL: a single process). */
+void kx_rt_init(kx_rt *rt, const kk_backend *be, const kg_dist *dist);
 
 /* ---- code generation ------------------------------------------------------ */
 
@@ -209,7 +213,7 @@ kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shap
  * every weight by name (a list of the names that are missing or differ is
  * the error), allocate the arena. Done once per process; the result, good
  * or bad, is remembered. */
-kiln_status kx_package_load(kx_package *p, const kk_backend *be, kx_weight_fn weight, void *user);
+kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user);
 kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *inputs, float *const *outputs);
 /* Check a package folder without loading it: manifest, library hash,
  * CPU features. */

@@ -29,9 +29,16 @@
 #define PKG_LOG "build.log"
 #define PKG_CFLAGS "-O2 -fPIC -shared"
 
-void kx_rt_init(kx_rt *rt, const kk_backend *be) {
+static void rt_dist(const void *ctx, int op, const int64_t *ip, const int64_t *xs, const int64_t *ys, const float *x,
+                    float *y) {
+    kg_run_dist_op(ctx, op, ip, xs, ys, x, y);
+}
+
+void kx_rt_init(kx_rt *rt, const kk_backend *be, const kg_dist *dist) {
     memset(rt, 0, sizeof *rt);
     rt->abi = KX_ABI;
+    rt->dist = rt_dist;
+    rt->dist_ctx = dist;
 #define KX_RT_FROM_BACKEND(name, ret, args) rt->name = be->name;
 #define KX_RT_FROM_LAYOUT(name, ret, args) rt->name = kk_##name;
     KX_RT_BACKEND(KX_RT_FROM_BACKEND)
@@ -325,7 +332,7 @@ static kiln_status bind_weights(kx_package *p, kx_weight_fn weight, void *user) 
     return KILN_OK;
 }
 
-kiln_status kx_package_load(kx_package *p, const kk_backend *be, kx_weight_fn weight, void *user) {
+kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user) {
     if (p->loaded) return p->load_st ? kb_fail(p->load_st, "%s", p->load_err ? p->load_err : "package failed to load") : KILN_OK;
     kiln_status st = check_library(p);
     char *so = st ? NULL : kb_strfmt("%s/" PKG_LIB, p->dir);
@@ -353,7 +360,7 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, kx_weight_fn we
     if (!st && p->arena_bytes && !(p->arena = kb_alloc_aligned(p->arena_bytes)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->arena_bytes);
     if (!st) {
-        kx_rt_init(&p->rt, be);
+        kx_rt_init(&p->rt, be, dist);
         for (int i = 0; i < p->n_nodes; i++)
             if (p->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->place[i].at;
     }

@@ -132,6 +132,10 @@ kg_id kg_allreduce(kg_graph *g, kg_id x, int group);
 kg_id kg_fsdp_gather(kg_graph *g, kg_id x, int block);
 /* run one of the ops above (the executors call it) */
 void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y);
+/* the same with explicit operands: op (KG_*), its iparam, the [B,N,D] shapes
+ * of x and y (compiled packages call this through their runtime table) */
+void kg_run_dist_op(const kg_dist *d, int op, const int64_t *ip, const int64_t *xs, const int64_t *ys, const float *x,
+                    float *y);
 /* append a node (shape checked by the caller; graph_dist.c's builders use it) */
 kg_id kg_push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg_id b, kg_id c);
 

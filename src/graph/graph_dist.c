@@ -111,17 +111,20 @@ static void put_part(const float *src, float *y, const int64_t *s, int dim, int 
 }
 
 void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y) {
-    const kg_node *X = &g->nodes[n->src[0]];
-    const kd_mesh *m = g->dist ? g->dist->mesh : NULL;
-    const int64_t *ip = n->iparam;
-    size_t numel = (size_t)kg_numel(n), in_numel = (size_t)kg_numel(X);
+    kg_run_dist_op(g->dist, n->op, n->iparam, g->nodes[n->src[0]].shape, n->shape, x, y);
+}
+
+void kg_run_dist_op(const kg_dist *d, int op, const int64_t *ip, const int64_t *xs, const int64_t *ys, const float *x,
+                    float *y) {
+    const kd_mesh *m = d ? d->mesh : NULL;
+    size_t numel = (size_t)(ys[0] * ys[1] * ys[2]), in_numel = (size_t)(xs[0] * xs[1] * xs[2]);
     double t0 = kb_now();
-    switch (n->op) {
+    switch ((kg_op)op) {
     case KG_SHARD:
-        take_part(x, y, X->shape, (int)ip[0], (int)ip[1], (int)ip[2]);
+        take_part(x, y, xs, (int)ip[0], (int)ip[1], (int)ip[2]);
         return;
     case KG_FSDP_GATHER:
-        if (g->dist && g->dist->fsdp_gather) g->dist->fsdp_gather(g->dist->user, (int)ip[0]);
+        if (d && d->fsdp_gather) d->fsdp_gather(d->user, (int)ip[0]);
         memcpy(y, x, sizeof(float) * numel);
         kb_ledger_add("comm fsdp_gather", kb_now() - t0, NULL);
         return;
@@ -142,7 +145,7 @@ void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y) 
         } else {
             /* tmp [parts][B,n,D] from the members, then into place along dim */
             kd_allgather(m, (kd_group)ip[1], x, tmp, sizeof(float) * in_numel);
-            for (int j = 0; j < parts; j++) put_part(tmp + (size_t)j * in_numel, y, n->shape, (int)ip[0], parts, j);
+            for (int j = 0; j < parts; j++) put_part(tmp + (size_t)j * in_numel, y, ys, (int)ip[0], parts, j);
         }
         kb_free_aligned(tmp);
         kb_ledger_add("comm allgather", kb_now() - t0, NULL);
@@ -163,9 +166,9 @@ void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y) 
         /* to_heads: send my tokens' head block j to member j, receive member j's
          * tokens of my heads as token block j; the inverse swaps the roles */
         int sdim = to_heads ? 2 : 1, rdim = to_heads ? 1 : 2;
-        for (int j = 0; j < parts; j++) take_part(x, sbuf + (size_t)j * blk, X->shape, sdim, parts, j);
+        for (int j = 0; j < parts; j++) take_part(x, sbuf + (size_t)j * blk, xs, sdim, parts, j);
         kd_alltoall(m, (kd_group)ip[1], sbuf, rbuf, sizeof(float) * blk);
-        for (int j = 0; j < parts; j++) put_part(rbuf + (size_t)j * blk, y, n->shape, rdim, parts, j);
+        for (int j = 0; j < parts; j++) put_part(rbuf + (size_t)j * blk, y, ys, rdim, parts, j);
         kb_free_aligned(sbuf);
         kb_free_aligned(rbuf);
         kb_ledger_add("comm alltoall", kb_now() - t0, NULL);

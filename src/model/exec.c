@@ -6,6 +6,7 @@
 #include "base/base.h"
 #include "cache/cache.h"
 #include "compile/compile.h"
+#include "dist/dist.h"
 #include "model/model.h"
 
 #include <dirent.h>
@@ -104,15 +105,35 @@ static void family(const kiln_model *m, char *buf, size_t cap) {
     const char *layout = km_compute_layout(m->compute);
     char q[64];
     km_quant_tag(&m->compute, q, sizeof q);
-    snprintf(buf, cap, "sd3-%012llx-%s-%s-q%s-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
-             m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", *q ? q : "0", KILN_VERSION);
+    char mesh[96] = ""; /* on a mesh, each rank's graph is its own part */
+    if (m->mesh) {
+        const kd_mesh *d = m->mesh;
+        snprintf(mesh, sizeof mesh, "-mesh%dx%d-cfg%d.%d-tp%d.%d-sp%d.%d-fsdp%d.%d", d->rows, d->cols, d->size[KD_CFG],
+                 d->index[KD_CFG], d->size[KD_TP], d->index[KD_TP], d->size[KD_SP], d->index[KD_SP], d->size[KD_FSDP],
+                 d->index[KD_FSDP]);
+    }
+    snprintf(buf, cap, "sd3-%012llx-%s-%s-q%s%s-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
+             m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", *q ? q : "0", mesh, KILN_VERSION);
 }
 
+/* the collectives' context of a model on a mesh (NULL: a single process) */
+static const kg_dist *dist_of(kiln_model *m) {
+    if (!m->mesh) return NULL;
+    m->exec.dist = (kg_dist){m->mesh, m->compute.fsdp > 1 ? km_fsdp_gather : NULL, m};
+    return &m->exec.dist;
+}
+
+/* the model's graph for symbol values s: this rank's part on a mesh */
 static kiln_status build_graph(void *user, const int64_t *s, kg_graph *g) {
     kiln_model *m = user;
     kg_init(g, km_resolve, m);
     int64_t p = m->cfg.patch_size;
-    kiln_status st = sd3_build_forward(&m->cfg, g, s[SYM_BATCH], p * s[SYM_H], p * s[SYM_W], s[SYM_CTX]);
+    sd3_parallel par = {1, 1, 0, 0};
+    if (m->mesh) {
+        par = (sd3_parallel){m->mesh->size[KD_TP], m->mesh->size[KD_SP], m->mesh->index[KD_SP], m->compute.fsdp > 1};
+        g->dist = dist_of(m);
+    }
+    kiln_status st = sd3_build_forward_par(&m->cfg, g, s[SYM_BATCH], p * s[SYM_H], p * s[SYM_W], s[SYM_CTX], &par);
     if (!st) {
         kg_fuse(g);
         kg_plan_bf16(g, m->backend);
@@ -205,7 +226,7 @@ static kiln_status check_capture(void *user, const char *staging) {
     }
     kg_free(&g);
     if (!st) st = kx_package_open(staging, &pkg);
-    if (!st) st = kx_package_load(pkg, m->backend, bind_weight, m);
+    if (!st) st = kx_package_load(pkg, m->backend, dist_of(m), bind_weight, m);
     if (!st) {
         float *outs[1] = {got};
         st = kx_package_run(pkg, s, (const float *const *)in, outs);
@@ -290,14 +311,18 @@ static kiln_status parse_dims(const char *dims, kx_sym *syms) {
 kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *res) {
     if (!m || !o || !res) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_compile: model, options and result are required");
     memset(res, 0, sizeof *res);
-    if (m->mesh)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "kiln_compile: compiled packages for a model on a mesh of ranks are not "
-                                             "supported yet (parallel forwards run the eager executor)");
     const kiln_config *c = &m->cfg;
     int p = c->patch_size;
     int64_t side = 64 < (int64_t)p * c->pos_embed_max_size ? 64 : (int64_t)p * c->pos_embed_max_size;
     int64_t B = o->batch ? o->batch : 2, H = o->height ? o->height : side, W = o->width ? o->width : side,
             T = o->context_len ? o->context_len : 333;
+    if (m->mesh && m->mesh->size[KD_CFG] > 1) { /* a rank's graph takes its share of the batch */
+        int cfg = m->mesh->size[KD_CFG];
+        if (B % cfg)
+            return kb_fail(KILN_ERR_SHAPE, "compile: CFG parallel %d splits the batch, but the example batch is %lld", cfg,
+                           (long long)B);
+        B /= cfg;
+    }
     kiln_status st = sd3_check_latent(c, H, W);
     if (st) return kb_wrap(st, "compile: the example request");
     kx_sym syms[KX_MAX_SYMS] = {{"batch", B, B}, {"h_tok", H / p, H / p}, {"w_tok", W / p, W / p}, {"ctx_len", T, T}};
@@ -409,7 +434,7 @@ static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, co
 }
 
 static kiln_status run_package(kiln_model *m, kx_package *p, const int64_t *s, const float *const *in, float *out) {
-    kiln_status st = kx_package_load(p, m->backend, bind_weight, m);
+    kiln_status st = kx_package_load(p, m->backend, dist_of(m), bind_weight, m);
     float *outs[1] = {out};
     return st ? st : kx_package_run(p, s, in, outs);
 }
@@ -439,11 +464,12 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
 
 static kiln_status run_eager(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
     kg_graph g;
-    kg_init(&g, km_resolve, m);
-    kiln_status st = sd3_build_forward(&m->cfg, &g, a->batch, a->height, a->width, a->context_len);
+    int64_t p = m->cfg.patch_size;
+    int64_t s[N_SYMS] = {a->batch, p ? a->height / p : 0, p ? a->width / p : 0, a->context_len};
+    kiln_status st = sd3_check_latent(&m->cfg, a->height, a->width);
+    if (!st) st = build_graph(m, s, &g);
+    else kg_init(&g, NULL, NULL);
     if (!st) {
-        kg_fuse(&g);
-        kg_plan_bf16(&g, m->backend);
         float *outs[1] = {out};
         st = kg_run_eager(&g, m->backend, in, outs);
     }

@@ -31,23 +31,13 @@ kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *ou
     float *mine = cfg > 1 ? kb_alloc_aligned(sizeof(float) * (size_t)Bl * oimg) : out;
     if (!mine) return kb_fail(KILN_ERR_NOMEM, "out of memory for the forward output");
 
-    int fsdp = m->compute.fsdp > 1;
-    sd3_parallel par = {mesh->size[KD_TP], mesh->size[KD_SP], mesh->index[KD_SP], fsdp};
-    kg_dist dist = {mesh, fsdp ? km_fsdp_gather : NULL, m};
-    kg_graph g;
-    kg_init(&g, km_resolve, m);
-    g.dist = &dist;
-    kiln_status st = sd3_build_forward_par(c, &g, Bl, H, W, T, &par);
-    if (!st) {
-        kg_fuse(&g);
-        kg_plan_bf16(&g, m->backend);
-        float *outs[1] = {mine};
-        st = kg_run_eager(&g, m->backend, in, outs);
-    }
-    kg_free(&g);
+    /* this rank's part runs the execution chain like any forward (exec.c builds
+     * the graph with the parallel context and its collectives) */
+    kiln_forward_args la = {(int)Bl, a->height, a->width, a->context_len, in[0], in[1], in[2], in[3]};
+    kiln_status st = km_forward(m, &la, mine);
     /* outputs [cfg][Bl, C, H, W] are the batch in order */
     if (!st && cfg > 1) kd_allgather(mesh, KD_CFG, mine, out, sizeof(float) * (size_t)Bl * oimg);
     if (cfg > 1) kb_free_aligned(mine);
-    if (!st) kb_ledger_add("forward", kb_now() - t0, m->backend->name);
+    if (!st) kb_ledger_add("forward (mesh)", kb_now() - t0, kiln_model_last_exec(m));
     return st;
 }

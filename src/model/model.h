@@ -60,6 +60,7 @@ typedef struct km_exec {
     void *arena;               /* planned executor */
     size_t arena_bytes;
     const char *last;          /* the step that ran the last forward */
+    kg_dist dist;              /* on a mesh: what the collectives of every executor use */
     pthread_mutex_t lock;
 } km_exec;
 
@@ -99,7 +100,8 @@ const char *km_compute_layout(km_compute cp);
 /* Set up / tear down a model's execution state (exec.c). */
 void km_exec_init(kiln_model *m);
 void km_exec_free(kiln_model *m);
-/* kiln_forward's body: the fallback chain. */
+/* kiln_forward's body: the fallback chain (on a mesh: for this rank's part,
+ * with a->batch the local batch). */
 kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out);
 /* Tensor parallel: cut the converted f32 weights down to shard index of tp
  * (before packing; shard.c). */
