@@ -20,18 +20,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--rounds R] [--runs N] [--threads N] [--layers N] [--latent N] [--context T] [--quality-steps S] [--quality-latent LIST]" >&2; exit 2 ;;
   esac
 done
-KILN=build/kiln
-DIR=build/bench-backbone/sd3m-${LAYERS}l
-mkdir -p "$DIR"
-cat > "$DIR/config.json" <<JSON
-{"_class_name":"SD3Transformer2DModel","sample_size":128,"patch_size":2,"in_channels":16,"out_channels":16,
- "num_layers":$LAYERS,"attention_head_dim":64,"num_attention_heads":24,"joint_attention_dim":4096,
- "caption_projection_dim":1536,"pooled_projection_dim":2048,"pos_embed_max_size":192,"dual_attention_layers":[],"qk_norm":null}
-JSON
-[ -f "$DIR/model/config.json" ] || $KILN make-model "$DIR/model" --config "$DIR/config.json" --weights bf16 >/dev/null
-IN="$DIR/in-${LATENT}-${CONTEXT}.safetensors"
-[ -f "$IN" ] || $KILN make-model "$DIR/model" --config "$DIR/config.json" --weights bf16 \
-   --inputs "$IN" --latent ${LATENT}x${LATENT} --context $CONTEXT >/dev/null
+. bench/sd3m_model.sh   # the model, its inputs: DIR, IN, KILN
 export OMP_NUM_THREADS=$THREADS KILN_THREADS=$THREADS KILN_LOG=error KILN_CACHE_DIR=$PWD/build/bench-quant-cache
 RES="$DIR/quant-results.txt"; : > "$RES"
 SCHEMES=(none int8 fp8)
