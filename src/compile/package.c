@@ -176,6 +176,8 @@ static kiln_status parse_manifest(kx_package *p, const cJSON *m, const char *pat
             if (!strcmp(k, place_name((kx_place_kind)q))) kind = q;
         if (kind < 0 || !cJSON_IsNumber(at) || at->valuedouble < 0) BAD("has a bad placement");
         if (kind == KX_ARENA && at->valuedouble >= (double)p->arena_bytes) BAD("places a buffer outside the arena");
+        if ((kind == KX_INPUT && at->valuedouble >= 4) || (kind == KX_OUTPUT && at->valuedouble >= 1))
+            BAD("names an input or output slot the forward does not have");
         p->place[i++] = (kx_place){(kx_place_kind)kind, (int64_t)at->valuedouble};
     }
     const cJSON *ws = cJSON_GetObjectItemCaseSensitive(m, "weights");
