@@ -131,8 +131,11 @@ int cmd_demo(int argc, char **argv) {
         free((void *)o.uncond_pooled);
         if (rc) goto done;
     }
-    printf("\nnext:  kiln info %s\n       kiln generate %s --cond %s --latent 32x64 --output out.safetensors\n",
-           model, model, cond);
+    const char *env_cache = getenv("KILN_CACHE_DIR");
+    printf("\nnext:  kiln info %s\n       kiln generate %s --cond %s --latent 32x64 --output out.safetensors\n", model,
+           model, cond);
+    if (env_cache && *env_cache) printf("       kiln package ls\n");
+    else printf("       kiln package ls --cache-dir %s/cache\n", dir);
 done:
     free(model);
     free(cond);
