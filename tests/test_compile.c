@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 static char g_tmp[1024];
+static char cmd_buf[2048];
 #define MODEL_DIR golden_path("sd35-tiny", NULL) /* patch 2, position table 96, dual attention */
 
 typedef struct inputs {
@@ -291,10 +292,35 @@ static void refused(const char *tag, void (*edit)(cJSON *), int damage, const ch
     kiln_model_free(m);
 }
 
+static void foreign_slot(cJSON *m) { /* an input placement naming a slot the forward does not have */
+    cJSON *pl = cJSON_GetObjectItem(m, "placement"), *e;
+    cJSON_ArrayForEach(e, pl) {
+        if (!strcmp(cJSON_GetArrayItem(e, 0)->valuestring, "input")) {
+            cJSON_ReplaceItemInArray(e, 1, cJSON_CreateNumber(7));
+            break;
+        }
+    }
+}
+
 TEST(tampered_packages_are_refused) {
     refused("tampered-so", NULL, 1, "does not match its manifest's SHA-256");
     refused("foreign-cpu", foreign_cpu, 0, "needs CPU feature avx10_9, which this machine lacks");
     refused("edited-guard", wider_range, 0, "edited after the build");
+    /* a manifest that cannot even be read is skipped at open: the chain goes on */
+    refused("foreign-slot", foreign_slot, 0, "no dynamic package for this model");
+    char dir[1100], pkg[1300];
+    snprintf(dir, sizeof dir, "%s/foreign-slot", g_tmp);
+    snprintf(cmd_buf, sizeof cmd_buf, "ls -d '%s'/sd3-*/batch*", dir);
+    FILE *f = popen(cmd_buf, "r");
+    if (f && fgets(pkg, sizeof pkg, f)) {
+        pkg[strcspn(pkg, "\n")] = 0;
+        kx_package *p = NULL;
+        CHECK_FAILS(kx_package_open(pkg, &p), KILN_ERR_CORRUPT, "names an input or output slot the forward does not have");
+        kx_package_close(p);
+    } else {
+        CHECK_MSG(0, "no package under %s", dir);
+    }
+    if (f) pclose(f);
 }
 
 /* the model's side of binding, with one weight hidden or reshaped */

@@ -153,6 +153,11 @@ static void run_packaged(const char *golden, const layout *l) {
     co.context_len = (int)ctx->shape[1];
     co.capture = 1; /* every rank runs the example eagerly, collectives included */
     kiln_compile_result r;
+    if (l->par.cfg.factor > 1) { /* a rank's graph takes its share of the batch: the example's must split */
+        kiln_compile_opts odd = co;
+        odd.batch = 3;
+        CHECK_FAILS(kiln_compile(m, &odd, &r), KILN_ERR_SHAPE, "splits the batch, but the example batch is 3");
+    }
     CHECK_OK(kiln_compile(m, &co, &r));
     st_close(io);
     const char *steps[] = {"dynamic", "planned", "eager"};

@@ -70,6 +70,10 @@ void kb_unmap(kb_map *m);
 void kb_sha256(const void *data, size_t n, char hex[65]);
 kiln_status kb_sha256_file(const char *path, char hex[65]);
 
+/* ||a - b|| / ||b|| accumulated in double (||a - b|| when b is all zero);
+ * NaN anywhere gives NaN, which fails every "<=" gate. */
+double kb_rel_l2(const float *a, const float *b, size_t n);
+
 /* Human-readable byte count, e.g. "1.5 GiB", into buf. */
 const char *kb_human_bytes(double bytes, char *buf, size_t cap);
 

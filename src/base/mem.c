@@ -1,6 +1,8 @@
 /* mem.c - allocation helpers that leave an error message on failure. */
 #include "base.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,3 +59,13 @@ void *kb_alloc_aligned(size_t n) {
 }
 
 void kb_free_aligned(void *p) { free(p); }
+
+double kb_rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -10,7 +10,6 @@
 #include "model/model.h"
 
 #include <dirent.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,7 +85,7 @@ const char *kiln_model_last_exec(const kiln_model *m) { return m && m->exec.last
 
 /* ---- the model's side of compiling ------------------------------------------------ */
 
-/* $KILN_PACKAGE_DIR, the model's own setting, else <cache root>/packages (malloc'd; NULL: none) */
+/* the model's own setting, else $KILN_PACKAGE_DIR, else <cache root>/packages (malloc'd; NULL: none) */
 static char *package_root(const kiln_model *m) {
     if (m->exec.package_dir) return kb_strdup(m->exec.package_dir);
     const char *env = getenv("KILN_PACKAGE_DIR");
@@ -97,8 +96,13 @@ static char *package_root(const kiln_model *m) {
 }
 
 /* Everything a package depends on except its dimensions: architecture,
- * compute dtype, quantization, the CPU layout of the packed weights, kiln. */
-static void family(const kiln_model *m, char *buf, size_t cap) {
+ * compute dtype, quantization, the CPU layout of the packed weights, the
+ * rank's place on a mesh, kiln. None of it changes after loading, so it is
+ * made once per model. */
+static const char *family(kiln_model *m) {
+    if (m->exec.family[0]) return m->exec.family;
+    char *buf = m->exec.family;
+    size_t cap = sizeof m->exec.family;
     char *cfg = sd3_config_to_json(&m->cfg);
     uint64_t h = cfg ? kcache_hash_bytes(cfg, strlen(cfg), 7) : 0;
     free(cfg);
@@ -114,6 +118,7 @@ static void family(const kiln_model *m, char *buf, size_t cap) {
     }
     snprintf(buf, cap, "sd3-%012llx-%s-%s-q%s%s-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
              m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", *q ? q : "0", mesh, KILN_VERSION);
+    return buf;
 }
 
 /* the collectives' context of a model on a mesh (NULL: a single process) */
@@ -170,26 +175,23 @@ typedef struct capture {
     double rel_err;
 } capture;
 
-/* seeded example inputs for symbol values s (malloc'd, 4 buffers) */
+/* seeded example inputs for symbol values s (malloc'd, 4 buffers): kiln's
+ * normal noise, and timestep 500 for every row */
 static float **example_inputs(const kiln_model *m, const int64_t *s) {
     const kiln_config *c = &m->cfg;
     int64_t p = c->patch_size, B = s[SYM_BATCH];
-    int64_t n[4] = {B * c->in_channels * p * s[SYM_H] * p * s[SYM_W], B * s[SYM_CTX] * c->joint_attention_dim,
-                    B * c->pooled_projection_dim, B};
-    float **in = calloc(5, sizeof *in);
-    uint64_t r = 0x9e3779b97f4a7c15ULL;
-    for (int k = 0; in && k < 5; k++) {
-        int64_t len = k < 4 ? n[k] : 0;
-        if (k == 4) break;
-        if (!(in[k] = malloc(sizeof(float) * (size_t)len))) {
+    size_t n[4] = {(size_t)(B * c->in_channels * p * s[SYM_H] * p * s[SYM_W]),
+                   (size_t)(B * s[SYM_CTX] * c->joint_attention_dim), (size_t)(B * c->pooled_projection_dim), (size_t)B};
+    float **in = calloc(4, sizeof *in);
+    for (int k = 0; in && k < 4; k++) {
+        if (!(in[k] = malloc(sizeof(float) * n[k]))) {
             for (int j = 0; j < k; j++) free(in[j]);
             free(in);
             return NULL;
         }
-        for (int64_t i = 0; i < len; i++) {
-            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
-            in[k][i] = k == 3 ? 500.0f : (float)((double)(r >> 40) / (double)(1 << 24) * 2.0 - 1.0);
-        }
+        if (k < 3) kiln_noise(0x5eed + (uint64_t)k, in[k], n[k]);
+        else
+            for (size_t i = 0; i < n[k]; i++) in[k][i] = 500.0f;
     }
     return in;
 }
@@ -197,16 +199,6 @@ static float **example_inputs(const kiln_model *m, const int64_t *s) {
 static void free_inputs(float **in) {
     for (int k = 0; in && k < 4; k++) free(in[k]);
     free(in);
-}
-
-static double rel_l2(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* --capture: the package in staging must reproduce an eager forward of the example */
@@ -232,7 +224,7 @@ static kiln_status check_capture(void *user, const char *staging) {
         st = kx_package_run(pkg, s, (const float *const *)in, outs);
     }
     if (!st) {
-        cap->rel_err = rel_l2(got, want, nout);
+        cap->rel_err = kb_rel_l2(got, want, (size_t)nout);
         if (!(cap->rel_err <= 1e-6))
             st = kb_fail(KILN_ERR_UNSUPPORTED, "compile: the package does not reproduce the eager forward on the captured "
                                                "example (relative L2 %.3g); not published", cap->rel_err);
@@ -246,8 +238,8 @@ static kiln_status check_capture(void *user, const char *staging) {
 
 static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional, capture *cap, double quality,
                                 kx_compile_info *info) {
-    char fam[160], *model_json = NULL, *cfg = sd3_config_to_json(&m->cfg);
-    family(m, fam, sizeof fam);
+    const char *fam = family(m);
+    char *model_json = NULL, *cfg = sd3_config_to_json(&m->cfg);
     char *root = package_root(m);
     if (!root) {
         free(cfg);
@@ -399,13 +391,13 @@ static kiln_status open_new_packages(kiln_model *m, const char *famdir) {
 
 kiln_status kiln_model_open_packages(kiln_model *m, int *n) {
     if (!m) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_open_packages: model is required");
-    char fam[160], *root = package_root(m), *famdir = NULL;
-    family(m, fam, sizeof fam);
-    if (root && !(famdir = kb_path_join(root, fam))) {
+    pthread_mutex_lock(&m->exec.lock);
+    char *root = package_root(m), *famdir = NULL;
+    if (root && !(famdir = kb_path_join(root, family(m)))) {
+        pthread_mutex_unlock(&m->exec.lock);
         free(root);
         return KILN_ERR_NOMEM;
     }
-    pthread_mutex_lock(&m->exec.lock);
     if (famdir) open_new_packages(m, famdir);
     if (n) *n = m->exec.n_pkgs;
     pthread_mutex_unlock(&m->exec.lock);
@@ -439,14 +431,19 @@ static kiln_status run_package(kiln_model *m, kx_package *p, const int64_t *s, c
     return st ? st : kx_package_run(p, s, in, outs);
 }
 
-static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
-    kg_graph g;
+/* the graph of one forward's concrete shape (g is always initialised) */
+static kiln_status graph_for(kiln_model *m, const kiln_forward_args *a, kg_graph *g) {
     int64_t p = m->cfg.patch_size;
     int64_t s[N_SYMS] = {a->batch, p ? a->height / p : 0, p ? a->width / p : 0, a->context_len};
-    kx_plan plan = {0};
     kiln_status st = sd3_check_latent(&m->cfg, a->height, a->width);
-    if (!st) st = build_graph(m, s, &g);
-    else kg_init(&g, NULL, NULL);
+    if (st) kg_init(g, NULL, NULL);
+    return st ? st : build_graph(m, s, g);
+}
+
+static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
+    kg_graph g;
+    kx_plan plan = {0};
+    kiln_status st = graph_for(m, a, &g);
     if (!st) st = kx_plan_graph(&g, &plan);
     if (!st && plan.arena_bytes > m->exec.arena_bytes) { /* grows to the largest shape seen, then stays */
         kb_free_aligned(m->exec.arena);
@@ -464,11 +461,7 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
 
 static kiln_status run_eager(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
     kg_graph g;
-    int64_t p = m->cfg.patch_size;
-    int64_t s[N_SYMS] = {a->batch, p ? a->height / p : 0, p ? a->width / p : 0, a->context_len};
-    kiln_status st = sd3_check_latent(&m->cfg, a->height, a->width);
-    if (!st) st = build_graph(m, s, &g);
-    else kg_init(&g, NULL, NULL);
+    kiln_status st = graph_for(m, a, &g);
     if (!st) {
         float *outs[1] = {out};
         st = kg_run_eager(&g, m->backend, in, outs);
@@ -483,12 +476,11 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     int64_t sh[4][4];
     shapes_of(m, a, sh);
     pthread_mutex_lock(&m->exec.lock);
-    char fam[160], reason[1024] = "";
-    family(m, fam, sizeof fam);
+    char reason[1024] = "";
     char *root = NULL, *famdir = NULL;
     int need_pkg = 0;
     for (int i = 0; i < m->exec.n_steps; i++) need_pkg |= m->exec.chain[i] <= 1;
-    if (need_pkg && (root = package_root(m))) famdir = kb_path_join(root, fam);
+    if (need_pkg && (root = package_root(m))) famdir = kb_path_join(root, family(m));
     kiln_status st = KILN_ERR_UNSUPPORTED;
     m->exec.last = NULL;
     /* invalid shapes fail the same way on every path: let eager/planned say why */

@@ -28,16 +28,6 @@ typedef struct {
     int worst_step;
 } recorder;
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (double)b[i];
-        num += d * d;
-        den += (double)b[i] * (double)b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void on_step(void *user, int step, int steps, double sigma, const float *latent) {
     (void)steps;
     (void)sigma;
@@ -48,7 +38,7 @@ static void on_step(void *user, int step, int steps, double sigma, const float *
         memcpy(slot, latent, r->n * sizeof(float));
         return;
     }
-    double e = rel_l2(latent, slot, r->n);
+    double e = kb_rel_l2(latent, slot, r->n);
     if (!(e <= r->worst)) { /* NaN counts as worst */
         r->worst = e;
         r->worst_step = step;
@@ -129,7 +119,7 @@ kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_q
             kiln_quality_case *k = &out->c[out->n++];
             k->latent_h = g.latent_h;
             k->latent_w = g.latent_w;
-            k->rel_l2 = rel_l2(lq, lb, n);
+            k->rel_l2 = kb_rel_l2(lq, lb, n);
             double mse = 0, lo = INFINITY, hi = -INFINITY;
             for (size_t j = 0; j < n; j++) {
                 double d = (double)lq[j] - (double)lb[j];

@@ -917,8 +917,12 @@ static void attention_f32(const float *q, const float *k, const float *v, float 
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
                            int64_t Nk, int64_t H, int64_t Dh) {
     /* the fused AMX kernel where it applies (head size 64, AMX; KILN_ATTENTION=strips turns it off) */
-    const char *mode = getenv("KILN_ATTENTION");
-    if (!(mode && !strcmp(mode, "strips")) && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh)) return;
+    static int strips = -1; /* read once: this runs every layer */
+    if (__atomic_load_n(&strips, __ATOMIC_RELAXED) < 0) {
+        const char *mode = getenv("KILN_ATTENTION");
+        __atomic_store_n(&strips, mode && !strcmp(mode, "strips"), __ATOMIC_RELAXED);
+    }
+    if (!__atomic_load_n(&strips, __ATOMIC_RELAXED) && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh)) return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 
