@@ -61,7 +61,7 @@ typedef struct km_exec {
     size_t arena_bytes;
     const char *last;          /* the step that ran the last forward */
     kg_dist dist;              /* on a mesh: what the collectives of every executor use */
-    char family[192];          /* the package family folder (exec.c), made on first use */
+    char family[256];          /* the package family folder (exec.c), made on first use */
     pthread_mutex_t lock;
 } km_exec;
 
