@@ -172,6 +172,31 @@ TEST(packed_layouts_are_stable) {
     CHECK_OK(kk_fast_layout(64, 96, KILN_F32, b, &nb));
     CHECK(!strcmp(a, b) && na == nb && na >= 64 * 96 * 4);
     CHECK(!strncmp(a, "dnnl-", 5));
+    /* bf16: kiln's AMX layout where the CPU has AMX (N and K padded to 32),
+     * and unpacking gives back exactly the weights rounded to bf16 */
+    if (!kk_fast(KILN_BF16)) return;
+    CHECK_OK(kk_fast_layout(17, 45, KILN_BF16, a, &na));
+    if (!kk_cpu_has("amx")) {
+        CHECK(!strncmp(a, "dnnl-", 5));
+        return;
+    }
+    CHECK(!strcmp(a, "amx32") && na == 32 * 64 * 2);
+    CHECK(strstr(kk_fast_isa(), "-amx32") != NULL);
+    float *w = rnd(51, 17 * 45, 1), *back = rnd(52, 17 * 45, 0);
+    void *p = kb_alloc_aligned(na);
+    CHECK_OK(kk_fast_pack(w, 17, 45, KILN_BF16, p));
+    CHECK_OK(kk_fast_unpack(&(kk_weight){17, 45, NULL, p, KILN_BF16, NULL}, back));
+    int exact = 1;
+    for (int i = 0; i < 17 * 45; i++) exact &= back[i] == kt_bf16_to_f32(kt_f32_to_bf16(w[i]));
+    CHECK_MSG(exact, "amx32 pack / unpack is not exact");
+    /* the padding is zero, so the padded steps add nothing */
+    const uint16_t *u = p;
+    size_t nz = 0;
+    for (size_t i = 0; i < na / 2; i++) nz += u[i] != 0;
+    CHECK(nz <= 17 * 45);
+    kb_free_aligned(p);
+    kb_free_aligned(w);
+    kb_free_aligned(back);
 }
 
 

@@ -11,51 +11,16 @@
  * and O / l is the output. The N x N matrix is never formed; parallel over
  * batch x heads. */
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")))
 #define QB 16 /* queries per block: one tile's rows */
 #define KB 64 /* keys per block: four 16-column accumulator tiles */
 #define DH 64
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* Linux hands out AMX state only on request (ARCH_REQ_XCOMP_PERM for XTILEDATA) */
-static int amx_ready(void) {
-    static int ready = -1;
-    int r = __atomic_load_n(&ready, __ATOMIC_RELAXED);
-    if (r < 0) {
-        r = kk_cpu_has("amx") && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-        __atomic_store_n(&ready, r, __ATOMIC_RELAXED);
-    }
-    return r;
-}
-
-/* e^x for 16 lanes: 2^(x log2 e) = 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial (~2 ulp) */
-AMX_FN static inline __m512 exp16(__m512 x) {
-    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(-126.0f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 AMX_FN static inline void store_bf16(uint16_t *dst, __m512 x) {
     __m256bh h = _mm512_cvtneps_pbh(x);
@@ -102,8 +67,8 @@ AMX_FN static void head(const uint16_t *qh, const uint16_t *kp, const uint16_t *
                 alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
                 m[r] = mn;
                 __m512 vm = _mm512_set1_ps(mn);
-                __m512 p0 = exp16(_mm512_sub_ps(s0, vm)), p1 = exp16(_mm512_sub_ps(s1, vm)),
-                       p2 = exp16(_mm512_sub_ps(s2, vm)), p3 = exp16(_mm512_sub_ps(s3, vm));
+                __m512 p0 = kk_exp16(_mm512_sub_ps(s0, vm)), p1 = kk_exp16(_mm512_sub_ps(s1, vm)),
+                       p2 = kk_exp16(_mm512_sub_ps(s2, vm)), p3 = kk_exp16(_mm512_sub_ps(s3, vm));
                 l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)));
                 uint16_t *pr = P + r * KB;
                 store_bf16(pr, p0);
@@ -179,7 +144,7 @@ AMX_FN static int run(const float *q, const float *k, const float *v, float *o, 
     {
         uint16_t *qh = aligned_alloc(64, (size_t)Nqp * DH * 2), *kp = aligned_alloc(64, (size_t)Nkp * DH * 2),
                  *vp = aligned_alloc(64, (size_t)Nkp * DH * 2);
-        tile_config cfg = {.palette = 1};
+        kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         if (!qh || !kp || !vp) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         else _tile_loadconfig(&cfg);
@@ -202,6 +167,6 @@ AMX_FN static int run(const float *q, const float *k, const float *v, float *o, 
 int kk_attention_amx(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
                      int64_t H, int64_t Dh) {
     /* the check comes first, outside any function built for AMX */
-    if (Dh != DH || Nq < 1 || Nk < 1 || !amx_ready()) return 0;
+    if (Dh != DH || Nq < 1 || Nk < 1 || !kk_amx_ready()) return 0;
     return run(q, k, v, o, B, Nq, Nk, H, Dh);
 }

@@ -9,6 +9,7 @@
  * (target_clones). */
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "tensor/quant.h"
@@ -286,6 +287,26 @@ static uint64_t md_id(const dnnl_memory_desc_t *md) {
 /* Quantized blobs: I8 is the s8 packed md's bytes, F8_E4M3 one byte per
  * element of the BF16 packed md; both then padded to 64 bytes and followed
  * by the scales [M] f32. */
+static int layout_md(int64_t M, int64_t K, kiln_dtype dt, dnnl_memory_desc_t *md, size_t *q_bytes);
+
+/* bf16 weights take kiln's own AMX GEMM where the CPU has AMX (gemm_amx.c),
+ * and so do fp8 ones: the amx32 layout with each element an e4m3 code */
+static int amx_bf16(kiln_dtype dt) {
+    return (dt == KILN_BF16 || dt == KILN_F8_E4M3) && engine() && kk_amx_ready();
+}
+
+/* The element count of a BF16 / F8_E4M3 packed layout (padding included) */
+static int packed_elems(int64_t M, int64_t K, kiln_dtype dt, size_t *n) {
+    dnnl_memory_desc_t md;
+    if (amx_bf16(dt)) {
+        *n = kk_amx_packed_bytes(M, K) / 2;
+        return 1;
+    }
+    if (!layout_md(M, K, dt, &md, n)) return 0;
+    if (dt == KILN_BF16) *n /= 2;
+    return 1;
+}
+
 static int layout_md(int64_t M, int64_t K, kiln_dtype dt, dnnl_memory_desc_t *md, size_t *q_bytes) {
     if (!engine() || !packed_md(M, K, dt == KILN_F8_E4M3 ? KILN_BF16 : dt, md)) return 0;
     size_t n = dnnl_memory_desc_get_size(md);
@@ -294,6 +315,12 @@ static int layout_md(int64_t M, int64_t K, kiln_dtype dt, dnnl_memory_desc_t *md
 }
 
 kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes) {
+    if (amx_bf16(dt)) {
+        size_t n = kk_amx_packed_bytes(M, K);
+        snprintf(layout, 40, dt == KILN_F8_E4M3 ? "e4m3-amx32" : "amx32");
+        *bytes = dt == KILN_F8_E4M3 ? align64(n / 2) + sizeof(float) * (size_t)M : n;
+        return KILN_OK;
+    }
     dnnl_memory_desc_t md;
     size_t qb;
     if ((dt != KILN_F32 && dt != KILN_BF16 && !kk_dtype_is_quant(dt)) || !layout_md(M, K, dt, &md, &qb))
@@ -350,6 +377,10 @@ static kiln_status unpack_quant(const kk_weight *w, float *out);
 
 kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
     if (kk_dtype_is_quant(dt)) return pack_quant(w, M, K, dt, out);
+    if (amx_bf16(dt)) {
+        kk_amx_pack(w, M, K, out);
+        return KILN_OK;
+    }
     dnnl_memory_desc_t dst, src;
     size_t qb;
     if (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dnnl_f32, 0, &src))
@@ -364,6 +395,10 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
         return KILN_OK;
     }
     if (kk_dtype_is_quant(w->packed_dtype)) return unpack_quant(w, out);
+    if (amx_bf16(w->packed_dtype)) {
+        kk_amx_unpack(w->packed, w->M, w->K, out);
+        return KILN_OK;
+    }
     dnnl_memory_desc_t src, dst;
     size_t qb;
     if (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, 0, &dst))
@@ -490,7 +525,9 @@ static void decode_e4m3_par(const uint8_t *p, uint16_t *o, int64_t n) {
 static kiln_status pack_quant(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
     dnnl_memory_desc_t dst, src;
     size_t qb, n = (size_t)(M * K);
-    if (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dt == KILN_I8 ? dnnl_s8 : dnnl_f32, dt == KILN_I8, &src))
+    int amx = amx_bf16(dt);
+    if (amx ? !packed_elems(M, K, dt, &qb)
+            : (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dt == KILN_I8 ? dnnl_s8 : dnnl_f32, dt == KILN_I8, &src)))
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot pack [%lld x %lld] as %s", (long long)M, (long long)K,
                        kiln_dtype_name(dt));
     float *scales = (float *)((char *)out + align64(qb));
@@ -499,13 +536,14 @@ static kiln_status pack_quant(const float *w, int64_t M, int64_t K, kiln_dtype d
     kiln_status st = kt_quantize_rows(w, M, K, dt, q, scales);
     if (!st && dt == KILN_I8) st = reorder_into(&src, q, &dst, out);
     if (!st && dt == KILN_F8_E4M3) {
-        /* the e4m3 values (unscaled) are exact in bf16: pack them as bf16 through
-         * oneDNN, then store each packed element back as its e4m3 code */
+        /* the e4m3 values (unscaled) are exact in bf16: pack them as bf16 (amx32
+         * or through oneDNN), then store each packed element back as its e4m3 code */
         float *f = kb_alloc_aligned(sizeof(float) * (n ? n : 1));
         uint16_t *bf = kb_alloc_aligned(2 * qb + 64);
         if (!f || !bf) st = kb_fail(KILN_ERR_NOMEM, "out of memory packing an fp8 weight");
         for (size_t i = 0; !st && i < n; i++) f[i] = kt_e4m3_to_f32(q[i]);
-        if (!st) st = reorder_into(&src, f, &dst, bf);
+        if (!st && amx) kk_amx_pack(f, M, K, bf);
+        else if (!st) st = reorder_into(&src, f, &dst, bf);
         for (size_t i = 0; !st && i < qb; i++) ((uint8_t *)out)[i] = kt_f32_to_e4m3(kt_bf16_to_f32(bf[i]));
         kb_free_aligned(f);
         kb_free_aligned(bf);
@@ -519,17 +557,19 @@ static kiln_status unpack_quant(const kk_weight *w, float *out) {
     dnnl_memory_desc_t src, dst;
     size_t qb, n = (size_t)(w->M * w->K);
     if (!w->scales) return kb_fail(KILN_ERR_INVALID_ARG, "kk_fast_unpack: a %s weight without scales", kiln_dtype_name(w->packed_dtype));
-    int i8 = w->packed_dtype == KILN_I8;
-    if (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, i8, &dst))
+    int i8 = w->packed_dtype == KILN_I8, amx = amx_bf16(w->packed_dtype);
+    if (amx ? !packed_elems(w->M, w->K, w->packed_dtype, &qb)
+            : (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, i8, &dst)))
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot unpack [%lld x %lld]", (long long)w->M, (long long)w->K);
-    kiln_status st;
+    kiln_status st = KILN_OK;
     if (i8) {
         st = reorder_into(&src, w->packed, &dst, out); /* s8 -> f32 is exact */
     } else {
         uint16_t *bf = kb_alloc_aligned(2 * qb + 64);
         if (!bf) return kb_fail(KILN_ERR_NOMEM, "out of memory unpacking an fp8 weight");
         decode_e4m3_par(w->packed, bf, (int64_t)qb);
-        st = reorder_into(&src, bf, &dst, out);
+        if (amx) kk_amx_unpack(bf, w->M, w->K, out);
+        else st = reorder_into(&src, bf, &dst, out);
         kb_free_aligned(bf);
     }
     for (size_t i = 0; !st && i < n; i++) out[i] *= w->scales[i / (size_t)w->K];
@@ -606,6 +646,20 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
     } else {
         key.dt = dnnl_bf16;
         key.q = Q_F8;
+        size_t qb;
+        if (!packed_elems(M, K, KILN_F8_E4M3, &qb)) {
+            kb_log(KILN_LOG_ERROR, "oneDNN has no bf16 matmul for an fp8 weight here");
+            return;
+        }
+        uint16_t *wb = scratch(10, 2 * qb);
+        if (!wb) return;
+        decode_e4m3_par(w->packed, wb, (int64_t)qb);
+        if (amx_bf16(KILN_F8_E4M3)) {
+            uint16_t *work = scratch(11, kk_amx_work_bytes(rows, K));
+            if (!kk_amx_linear(x, x_bf16, wb, M, K, w->scales, b, y, y_bf16, rows, act, gemm_threads(KILN_BF16), work))
+                kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+            return;
+        }
         if (!x_bf16) {
             uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * K));
             if (!xb) return;
@@ -614,15 +668,6 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
             for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled((const float *)x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
             src = xb;
         }
-        dnnl_memory_desc_t md;
-        size_t qb;
-        if (!layout_md(M, K, KILN_F8_E4M3, &md, &qb)) {
-            kb_log(KILN_LOG_ERROR, "oneDNN has no bf16 matmul for an fp8 weight here");
-            return;
-        }
-        uint16_t *wb = scratch(10, 2 * qb);
-        if (!wb) return;
-        decode_e4m3_par(w->packed, wb, (int64_t)qb);
         wei = wb;
         po[1] = b;
         npo = b ? 2 : 1;
@@ -646,6 +691,12 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_we
     if (!w->packed || w->packed_dtype != dt || (x_bf16 && dt != KILN_BF16) || (y_bf16 && dt != KILN_BF16)) {
         /* an unpacked weight (or a combination the GEMM does not take): the reference, in f32 */
         kk_reference()->linear(x, w, b, y, rows, act);
+        return;
+    }
+    if (amx_bf16(dt)) {
+        uint16_t *work = scratch(11, kk_amx_work_bytes(rows, w->K));
+        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, NULL, b, y, y_bf16, rows, act, gemm_threads(dt), work))
+            kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
         return;
     }
     const void *src = x;
@@ -968,6 +1019,7 @@ const char *kk_fast_isa(void) {
     const char *tag = "sse41";
     for (size_t i = 0; i < sizeof k_isa_tags / sizeof *k_isa_tags; i++)
         if (isa >= k_isa_tags[i].isa) tag = k_isa_tags[i].tag;
-    snprintf(name, sizeof name, "%s-dnnl%d.%d", tag, v->major, v->minor);
+    /* bf16 and fp8 weights in kiln's AMX layout where it runs (amx32), else oneDNN's */
+    snprintf(name, sizeof name, "%s-dnnl%d.%d%s", tag, v->major, v->minor, kk_amx_ready() ? "-amx32" : "");
     return name;
 }

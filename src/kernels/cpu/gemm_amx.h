@@ -1,0 +1,63 @@
+/* gemm_amx.h - kiln's own bf16 GEMM on AMX tiles (gemm_amx.c), on weights
+ * packed once into the tile layout (the "amx32" layout of the weight cache),
+ * and the AMX set-up shared with the fused attention (attn_amx.c). */
+#ifndef KILN_GEMM_AMX_H
+#define KILN_GEMM_AMX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when this CPU has AMX-BF16 and Linux granted this process the tile
+ * state (ARCH_REQ_XCOMP_PERM); checked once. */
+int kk_amx_ready(void);
+
+/* The amx32 layout of W [N outputs, K inputs]: panels of 32 outputs, each
+ * [K/32 steps][2 tiles of 16 outputs][16 input pairs][16 outputs x 2] bf16,
+ * N and K zero-padded to multiples of 32. Its size in bytes: */
+size_t kk_amx_packed_bytes(int64_t N, int64_t K);
+/* Pack W [N,K] f32 row-major (rounded to bf16, nearest even) into out. */
+void kk_amx_pack(const float *w, int64_t N, int64_t K, uint16_t *out);
+/* W [N,K] f32 back from the packed layout. */
+void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out);
+
+/* The bytes of the work buffer kk_amx_linear packs x into. */
+size_t kk_amx_work_bytes(int64_t rows, int64_t K);
+/* y [rows,N] = act((x [rows,K] . W^T) * scales [N] + b [N]) with bf16
+ * products and f32 accumulation (scales, b may be NULL: the fp8 weights'
+ * channel scales); x is f32 (rounded to bf16 here) or bf16, y f32 or bf16;
+ * act is a KK_ACT_* value; on `threads` threads; work holds
+ * kk_amx_work_bytes. Returns 0 (and does nothing) where it does not apply:
+ * no AMX, or no work buffer. */
+int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const float *scales,
+                  const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *work);
+
+/* ---- shared by the AMX kernels (gemm_amx.c, attn_amx.c) ---- */
+#include <immintrin.h>
+
+/* functions built for AMX; only called after kk_amx_ready() */
+#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")))
+
+/* the LDTILECFG operand (palette 1) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} kk_tile_config;
+
+/* e^x for 16 lanes: 2^(x log2 e) = 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial (~2 ulp) */
+AMX_FN static inline __m512 kk_exp16(__m512 x) {
+    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(-126.0f));
+    t = _mm512_min_ps(t, _mm512_set1_ps(126.0f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+#endif
