@@ -78,16 +78,21 @@ static kiln_status compile(kiln_model *m, const char *dims, int H, int W, kiln_c
     return kiln_compile(m, &o, r);
 }
 
-/* output of every step must equal eager's */
-static void same_as_eager(kiln_model *m, const inputs *in, const float *got, const char *what) {
+/* output of a step against the executor `step`, within tol */
+static void same_as(kiln_model *m, const inputs *in, const float *got, const char *what, const char *step, double tol) {
     kiln_status st;
-    float *want = run(m, "eager", in, &st);
+    float *want = run(m, step, in, &st);
     CHECK_OK(st);
     if (want && got) {
         double e = rel_l2(got, want, in->n_out);
-        CHECK_MSG(e <= 1e-6, "%s: relative L2 %.3g against eager", what, e);
+        CHECK_MSG(e <= tol, "%s: relative L2 %.3g against %s", what, e, step);
     }
     free(want);
+}
+
+/* output of every step must equal eager's (f32: fused or op by op, the same function) */
+static void same_as_eager(kiln_model *m, const inputs *in, const float *got, const char *what) {
+    same_as(m, in, got, what, "eager", 1e-6);
 }
 
 TEST(guards) {
@@ -495,13 +500,16 @@ TEST(quantized_packages_pass_the_quality_gate) {
     CHECK_FAILS(kiln_compile(q, &o, &r), KILN_ERR_RANGE, "not published");
     o.force = 1;
     CHECK_OK(kiln_compile(q, &o, &r));
-    /* the int8 package runs and computes what the int8 eager forward does */
+    /* the int8 package computes what the int8 planned executor does (the same
+     * graph passes), and eager within int8's noise: eager quantizes the f32
+     * activations of the unfused ops, the passes' bf16 ones */
     inputs in;
     make_inputs(q, 2, 16, 24, 77, 5, &in);
     kiln_status st;
     float *got = run(q, "dynamic", &in, &st);
     CHECK_OK(st);
-    same_as_eager(q, &in, got, "int8 dynamic package");
+    same_as(q, &in, got, "int8 dynamic package", "planned", 1e-6);
+    same_as(q, &in, got, "int8 dynamic package", "eager", 2e-2);
     free(got);
     free_inputs(&in);
     kiln_model_free(base);

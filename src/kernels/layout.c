@@ -54,7 +54,12 @@ void kk_pos_crop(const float *table, float *y, int64_t M, int64_t h, int64_t w, 
 }
 
 void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t nb) {
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i % nb];
+    if (nb < 1) return;
+    /* row by row of b: no division per element, and the inner loop vectorizes */
+    for (int64_t off = 0; off < n; off += nb) {
+        int64_t len = n - off < nb ? n - off : nb;
+        for (int64_t j = 0; j < len; j++) y[off + j] = a[off + j] + b[j];
+    }
 }
 
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len) {

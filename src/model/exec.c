@@ -128,9 +128,13 @@ static const kg_dist *dist_of(kiln_model *m) {
     return &m->exec.dist;
 }
 
-/* the model's graph for symbol values s: this rank's part on a mesh */
-static kiln_status build_graph(void *user, const int64_t *s, kg_graph *g) {
-    kiln_model *m = user;
+/* the model's graph for symbol values s: this rank's part on a mesh. With
+ * `passes`, the compiler's graph passes run on it (kg_fuse: GELU into the
+ * GEMM epilogue, layernorm + modulate in one kernel; kg_plan_bf16: bf16
+ * activations between the ops that take them), as for every planned and
+ * compiled executor; eager runs the model's ops as written, one kernel each,
+ * with f32 activations between them. */
+static kiln_status model_graph(kiln_model *m, const int64_t *s, kg_graph *g, int passes) {
     kg_init(g, km_resolve, m);
     int64_t p = m->cfg.patch_size;
     sd3_parallel par = {1, 1, 0, 0};
@@ -139,12 +143,15 @@ static kiln_status build_graph(void *user, const int64_t *s, kg_graph *g) {
         g->dist = dist_of(m);
     }
     kiln_status st = sd3_build_forward_par(&m->cfg, g, s[SYM_BATCH], p * s[SYM_H], p * s[SYM_W], s[SYM_CTX], &par);
-    if (!st) {
+    if (!st && passes) {
         kg_fuse(g);
         kg_plan_bf16(g, m->backend);
     }
     return st ? st : g->status;
 }
+
+/* the graph every compiled package and the planned executor are built from */
+static kiln_status build_graph(void *user, const int64_t *s, kg_graph *g) { return model_graph(user, s, g, 1); }
 
 static int bind_weight(void *user, const char *name, kx_bound *b) {
     const km_weight *w = km_find(user, name);
@@ -432,18 +439,18 @@ static kiln_status run_package(kiln_model *m, kx_package *p, const int64_t *s, c
 }
 
 /* the graph of one forward's concrete shape (g is always initialised) */
-static kiln_status graph_for(kiln_model *m, const kiln_forward_args *a, kg_graph *g) {
+static kiln_status graph_for(kiln_model *m, const kiln_forward_args *a, kg_graph *g, int passes) {
     int64_t p = m->cfg.patch_size;
     int64_t s[N_SYMS] = {a->batch, p ? a->height / p : 0, p ? a->width / p : 0, a->context_len};
     kiln_status st = sd3_check_latent(&m->cfg, a->height, a->width);
     if (st) kg_init(g, NULL, NULL);
-    return st ? st : build_graph(m, s, g);
+    return st ? st : model_graph(m, s, g, passes);
 }
 
 static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
     kg_graph g;
     kx_plan plan = {0};
-    kiln_status st = graph_for(m, a, &g);
+    kiln_status st = graph_for(m, a, &g, 1);
     if (!st) st = kx_plan_graph(&g, &plan);
     if (!st && plan.arena_bytes > m->exec.arena_bytes) { /* grows to the largest shape seen, then stays */
         kb_free_aligned(m->exec.arena);
@@ -461,7 +468,7 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
 
 static kiln_status run_eager(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
     kg_graph g;
-    kiln_status st = graph_for(m, a, &g);
+    kiln_status st = graph_for(m, a, &g, 0);
     if (!st) {
         float *outs[1] = {out};
         st = kg_run_eager(&g, m->backend, in, outs);
