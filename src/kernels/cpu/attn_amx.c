@@ -2,14 +2,15 @@
  * head size of 64 (every SD3 / SD3.5 model).
  *
  * Per (batch, head): q (scaled by 1/sqrt(Dh)), k and v are converted to bf16
- * once, k and v straight into the tile layouts the products want. Then per
- * block of 16 queries, for each block of 64 keys:
- *   S [16 x 64]  = Q K^T        4 accumulator tiles, 2 steps over Dh
- *   online softmax (AVX-512):   running max m and sum l per row, P = exp(S - m) in bf16
- *   T [16 x 64]  = P V          4 accumulator tiles, 2 steps over the keys
- *   O = O * exp(m_old - m) + T  (f32)
- * and O / l is the output. The N x N matrix is never formed; parallel over
- * batch x heads. */
+ * once, straight into the tile layouts the products want. Everything runs
+ * transposed (keys and dims down, the 16 queries of a block across one
+ * vector), so the softmax's max and sum go down columns with no horizontal
+ * reductions. Per block of 16 queries, for each block of 64 keys:
+ *   S^T [64 x 16] = K Q^T         4 accumulator tiles, 2 steps over Dh
+ *   online softmax (AVX-512):     running max m and sum l per query, P^T = exp(S^T - m) in bf16
+ *   O^T [64 x 16] = O^T exp(m_old - m) + V^T P^T   4 accumulator tiles, 2 steps over the keys
+ * and (O^T)^T / l is the output. The N x N matrix is never formed; parallel
+ * over batch x heads. */
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
@@ -27,141 +28,154 @@ AMX_FN static inline void store_bf16(uint16_t *dst, __m512 x) {
     memcpy(dst, &h, 32);
 }
 
-/* one (batch, head): qh [Nqp x 64] bf16 (scaled, zero-padded rows), kp and vp packed */
-AMX_FN static void head(const uint16_t *qh, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
+/* one (batch, head): qp (Q^T tiles per block of 16 queries, scaled), kp and
+ * vp packed by pack_head */
+AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
                         int64_t Nq, int64_t Nk) {
     int64_t nkb = (Nk + KB - 1) / KB;
-    float S[QB * KB] __attribute__((aligned(64))), T[QB * DH] __attribute__((aligned(64)));
-    float O[QB * DH] __attribute__((aligned(64)));
-    uint16_t P[QB * KB] __attribute__((aligned(64)));
-    for (int64_t i0 = 0; i0 < Nq; i0 += QB) {
-        float m[QB], l[QB], alpha[QB];
-        for (int r = 0; r < QB; r++) m[r] = -INFINITY, l[r] = 0;
-        memset(O, 0, sizeof O);
-        const uint16_t *q = qh + i0 * DH;
+    float St[KB * QB] __attribute__((aligned(64))); /* S^T: 64 keys x 16 queries */
+    float Ot[DH * QB] __attribute__((aligned(64))); /* O^T: 64 dims x 16 queries */
+    uint16_t Pt[KB * QB] __attribute__((aligned(64))); /* P^T in key pairs: [32][16 queries x 2] */
+    /* bf16 pairs (even key, odd key) per query: [e0 o0 e1 o1 ...] from [e0..e15 o0..o15] */
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t i0 = 0; i0 < Nq; i0 += QB, qp += 2 * 512) {
+        __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+        memset(Ot, 0, sizeof Ot);
         for (int64_t kb = 0; kb < nkb; kb++) {
-            /* S = Q K^T: tiles 0-3 accumulate, 4-5 hold Q's two halves of Dh, 6-7 stream K */
-            const uint16_t *k = kp + kb * 4 * 2 * 512;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            _tile_loadd(4, q, DH * 2);
-            _tile_loadd(5, q + 32, DH * 2);
-#define QK(j)                                     \
-    _tile_loadd(6, k + ((j)*2 + 0) * 512, 64);    \
-    _tile_dpbf16ps(j, 4, 6);                      \
-    _tile_loadd(7, k + ((j)*2 + 1) * 512, 64);    \
-    _tile_dpbf16ps(j, 5, 7);                      \
-    _tile_stored(j, S + (j)*16, KB * 4);
+            /* S^T = K Q^T: tiles 0-3 = keys 16j.., 4-5 hold Q^T's two halves of Dh, 6-7 stream K */
+            const uint16_t *k = kp + kb * KB * DH;
+            _tile_loadd(4, qp, 64);
+            _tile_loadd(5, qp + 512, 64);
+#define QK(j)                                      \
+    _tile_zero(j);                                 \
+    _tile_loadd(6, k + (j)*16 * DH, DH * 2);       \
+    _tile_dpbf16ps(j, 6, 4);                       \
+    _tile_loadd(7, k + (j)*16 * DH + 32, DH * 2);  \
+    _tile_dpbf16ps(j, 7, 5);                       \
+    _tile_stored(j, St + (j)*16 * QB, QB * 4);
             QK(0) QK(1) QK(2) QK(3)
 #undef QK
+            /* online softmax down the columns (one lane per query): no horizontal reductions */
             int valid = (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB);
-            for (int r = 0; r < QB; r++) {
-                float *s = S + r * KB;
-                for (int j = valid; j < KB; j++) s[j] = -INFINITY;
-                __m512 s0 = _mm512_load_ps(s), s1 = _mm512_load_ps(s + 16), s2 = _mm512_load_ps(s + 32),
-                       s3 = _mm512_load_ps(s + 48);
-                float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(s0, s1), _mm512_max_ps(s2, s3)));
-                float mn = mx > m[r] ? mx : m[r];
-                alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
-                m[r] = mn;
-                __m512 vm = _mm512_set1_ps(mn);
-                __m512 p0 = kk_exp16(_mm512_sub_ps(s0, vm)), p1 = kk_exp16(_mm512_sub_ps(s1, vm)),
-                       p2 = kk_exp16(_mm512_sub_ps(s2, vm)), p3 = kk_exp16(_mm512_sub_ps(s3, vm));
-                l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)));
-                uint16_t *pr = P + r * KB;
-                store_bf16(pr, p0);
-                store_bf16(pr + 16, p1);
-                store_bf16(pr + 32, p2);
-                store_bf16(pr + 48, p3);
+            __m512 mx = m;
+            for (int r = 0; r < valid; r++) mx = _mm512_max_ps(mx, _mm512_load_ps(St + r * QB));
+            __m512 alpha = kk_exp16(_mm512_sub_ps(m, mx)); /* m = -inf at first: O and l are 0 anyway */
+            m = mx;
+            __m512 sum = _mm512_setzero_ps();
+            for (int r = 0; r < KB; r += 2) {
+                __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
+                if (r < valid) p0 = kk_exp16(_mm512_sub_ps(_mm512_load_ps(St + r * QB), m));
+                if (r + 1 < valid) p1 = kk_exp16(_mm512_sub_ps(_mm512_load_ps(St + (r + 1) * QB), m));
+                sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+                __m512i pair = _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+                _mm512_store_si512(Pt + r * QB, pair);
             }
-            /* T = P V: tiles 0-3 accumulate the four 16-wide slices of Dh, 4-5 hold P, 6-7 stream V */
-            const uint16_t *v = vp + kb * 2 * 4 * 512;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            _tile_loadd(4, P, KB * 2);
-            _tile_loadd(5, P + 32, KB * 2);
-#define PV(n)                                     \
-    _tile_loadd(6, v + (0 * 4 + (n)) * 512, 64);  \
-    _tile_dpbf16ps(n, 4, 6);                      \
-    _tile_loadd(7, v + (1 * 4 + (n)) * 512, 64);  \
-    _tile_dpbf16ps(n, 5, 7);                      \
-    _tile_stored(n, T + (n)*16, DH * 4);
+            l = _mm512_fmadd_ps(l, alpha, sum);
+            for (int d = 0; d < DH; d++) _mm512_store_ps(Ot + d * QB, _mm512_mul_ps(_mm512_load_ps(Ot + d * QB), alpha));
+            /* O^T += V^T P^T: tiles 0-3 = dims 16n.., 4-5 hold P^T (keys 0-31, 32-63), 6-7 stream V^T */
+            const uint16_t *v = vp + kb * KB * DH;
+            _tile_loadd(4, Pt, 64);
+            _tile_loadd(5, Pt + 512, 64);
+#define PV(n)                                      \
+    _tile_loadd(n, Ot + (n)*16 * QB, QB * 4);      \
+    _tile_loadd(6, v + ((n)*2 + 0) * 512, 64);     \
+    _tile_dpbf16ps(n, 6, 4);                       \
+    _tile_loadd(7, v + ((n)*2 + 1) * 512, 64);     \
+    _tile_dpbf16ps(n, 7, 5);                       \
+    _tile_stored(n, Ot + (n)*16 * QB, QB * 4);
             PV(0) PV(1) PV(2) PV(3)
 #undef PV
-            for (int r = 0; r < QB; r++) {
-                __m512 a = _mm512_set1_ps(alpha[r]);
-                for (int c = 0; c < DH; c += 16)
-                    _mm512_store_ps(O + r * DH + c, _mm512_fmadd_ps(_mm512_load_ps(O + r * DH + c), a,
-                                                                    _mm512_load_ps(T + r * DH + c)));
-            }
         }
+        /* o = (O^T)^T / l */
+        float inv[QB] __attribute__((aligned(64)));
+        _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
         int rows = (int)(Nq - i0 < QB ? Nq - i0 : QB);
         for (int r = 0; r < rows; r++) {
-            __m512 inv = _mm512_set1_ps(1.0f / l[r]);
-            for (int c = 0; c < DH; c += 16)
-                _mm512_storeu_ps(o + (i0 + r) * ostride + c, _mm512_mul_ps(_mm512_load_ps(O + r * DH + c), inv));
+            float *dst = o + (i0 + r) * ostride;
+            for (int d = 0; d < DH; d++) dst[d] = Ot[d * QB + r] * inv[r];
         }
     }
 }
 
-AMX_FN static void pack_head(const float *q, const float *k, const float *v, int64_t stride, int64_t Nq, int64_t Nk,
-                             float scale, uint16_t *qh, uint16_t *kp, uint16_t *vp) {
-    int64_t Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
+/* Layouts, per (batch, head):
+ * Q^T: [query/16][Dh half][Dh pair][query%16][2] (scaled, zero past Nq);
+ * K:   [key][Dh] (zero past Nk, to a whole block of 64);
+ * V^T: [key/64][Dh/16][key half][Dh%16][key%32] (zero past Nk).
+ * One token (row) of every head at a time: the rows of q, k and v are read
+ * whole and in order (per head they would be 256-byte pieces 6 KiB apart,
+ * which the prefetchers do not follow). */
+AMX_FN static void pack_q_row(const float *row, int64_t i, int64_t H, int64_t Nqp, float scale, uint16_t *qp) {
     __m512 sc = _mm512_set1_ps(scale);
-    for (int64_t i = 0; i < Nqp; i++)
-        for (int c = 0; c < DH; c += 16) {
-            __m512 x = i < Nq ? _mm512_mul_ps(_mm512_loadu_ps(q + i * stride + c), sc) : _mm512_setzero_ps();
-            store_bf16(qh + i * DH + c, x);
-        }
-    /* K: [key/16][Dh half][Dh pair r][key%16][2]; V: [key/64][key half][Dh/16][key pair r][Dh%16][2] */
-    for (int64_t key = 0; key < Nkp; key++) {
-        uint16_t kb16[DH], vb16[DH];
-        for (int c = 0; c < DH; c += 16) {
-            store_bf16(kb16 + c, key < Nk ? _mm512_loadu_ps(k + key * stride + c) : _mm512_setzero_ps());
-            store_bf16(vb16 + c, key < Nk ? _mm512_loadu_ps(v + key * stride + c) : _mm512_setzero_ps());
-        }
-        int64_t kk = key / 16, n = key % 16;
+    for (int64_t h = 0; h < H; h++) {
+        uint16_t b16[DH];
+        for (int c = 0; c < DH; c += 16)
+            store_bf16(b16 + c, row ? _mm512_mul_ps(_mm512_loadu_ps(row + h * DH + c), sc) : _mm512_setzero_ps());
+        uint16_t *blk = qp + h * Nqp * DH + (i / QB) * 2 * 512 + (i % QB) * 2;
         for (int d = 0; d < DH; d += 2) {
-            uint16_t *dst = kp + ((kk * 2 + d / 32) * 16 + (d % 32) / 2) * 32 + n * 2;
-            dst[0] = kb16[d];
-            dst[1] = kb16[d + 1];
+            uint16_t *dst = blk + (d / 32) * 512 + ((d % 32) / 2) * 32;
+            dst[0] = b16[d];
+            dst[1] = b16[d + 1];
         }
-        int64_t kb = key / KB, half = (key % KB) / 32, r = (key % 32) / 2, e = key % 2;
-        for (int d = 0; d < DH; d++) vp[(((kb * 2 + half) * 4 + d / 16) * 16 + r) * 32 + (d % 16) * 2 + e] = vb16[d];
     }
+}
+
+AMX_FN static void pack_kv_row(const float *krow, const float *vrow, int64_t key, int64_t H, int64_t Nkp, uint16_t *kp,
+                               uint16_t *vp) {
+    for (int64_t h = 0; h < H; h++) {
+        uint16_t vb16[DH];
+        uint16_t *kdst = kp + h * Nkp * DH + key * DH;
+        for (int c = 0; c < DH; c += 16) {
+            store_bf16(kdst + c, krow ? _mm512_loadu_ps(krow + h * DH + c) : _mm512_setzero_ps());
+            store_bf16(vb16 + c, vrow ? _mm512_loadu_ps(vrow + h * DH + c) : _mm512_setzero_ps());
+        }
+        uint16_t *blk = vp + h * Nkp * DH + (key / KB) * KB * DH + ((key % KB) / 32) * 512 + key % 32;
+        for (int d = 0; d < DH; d++) blk[(d / 16) * 1024 + (d % 16) * 32] = vb16[d];
+    }
+}
+
+/* the packed operands of every (batch, head), grown per calling thread and kept */
+static uint16_t *work(size_t bytes) {
+    static _Thread_local uint16_t *buf;
+    static _Thread_local size_t cap;
+    if (cap < bytes) {
+        free(buf);
+        buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        cap = buf ? bytes : 0;
+    }
+    return buf;
 }
 
 AMX_FN static int run(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
                       int64_t H, int64_t Dh) {
     int64_t D = H * Dh, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
     float scale = 1.0f / sqrtf((float)Dh);
-    int failed = 0;
+    size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
+    uint16_t *all = work(sizeof(uint16_t) * (size_t)B * per_b);
+    if (!all) return 0;
 #pragma omp parallel
     {
-        uint16_t *qh = aligned_alloc(64, (size_t)Nqp * DH * 2), *kp = aligned_alloc(64, (size_t)Nkp * DH * 2),
-                 *vp = aligned_alloc(64, (size_t)Nkp * DH * 2);
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-        if (!qh || !kp || !vp) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-        else _tile_loadconfig(&cfg);
+        _tile_loadconfig(&cfg);
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < (Nqp > Nkp ? Nqp : Nkp); i++) {
+                uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
+                if (i < Nqp) pack_q_row(i < Nq ? q + (b * Nq + i) * D : NULL, i, H, Nqp, scale, qp);
+                if (i < Nkp)
+                    pack_kv_row(i < Nk ? k + (b * Nk + i) * D : NULL, i < Nk ? v + (b * Nk + i) * D : NULL, i, H, Nkp,
+                                kp, vp);
+            }
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H; h++) {
-                if (!qh || !kp || !vp) continue;
-                pack_head(q + b * Nq * D + h * Dh, k + b * Nk * D + h * Dh, v + b * Nk * D + h * Dh, D, Nq, Nk, scale,
-                          qh, kp, vp);
-                head(qh, kp, vp, o + b * Nq * D + h * Dh, D, Nq, Nk);
+                const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
+                head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, o + b * Nq * D + h * Dh, D, Nq, Nk);
             }
-        if (qh && kp && vp) _tile_release();
-        free(qh);
-        free(kp);
-        free(vp);
+        _tile_release();
     }
-    return !failed;
+    return 1;
 }
 
 int kk_attention_amx(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
