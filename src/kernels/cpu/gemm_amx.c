@@ -11,9 +11,8 @@
  * allow) over the whole K, then the epilogue adds the bias, applies the
  * activation and writes f32 or bf16 - one pass over C while it is in L1.
  *
- * Threads split the output panels (or the row blocks when there are few
- * panels); each thread walks its panels in groups that fit its L2 and
- * streams the rows past them. On the 2-core Sapphire Rapids VM this runs
+ * Threads take work items dynamically: a group of panels that fits L2 and
+ * a chunk of row blocks streamed past it. On the 2-core Sapphire Rapids VM this runs
  * 1.2-1.5x oneDNN 2.6's brgemm on the SD3 shapes (bench_kernels,
  * docs/PERFORMANCE.md). */
 #include "kernels/cpu/gemm_amx.h"
@@ -165,25 +164,30 @@ AMX_FN static void block(const uint16_t *a, const uint16_t *bp, int64_t KB, int 
 AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N, int64_t K, const float *sc,
                        const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *ap) {
     int64_t KB = up32(K), RB = up32(rows), NP = up32(N);
-    /* panels per group: as many as fit about 1 MiB (this core's L2 keeps them while the rows stream by) */
-    int64_t group = (1 << 20) / (KB * STEP * 2);
+    /* a work item: a group of panels and a chunk of row blocks, each about
+     * 0.75 MiB so that both stay in the core's 2 MiB L2 while the item runs */
+    int64_t group = (3 << 18) / (KB * STEP * 2);
     if (group < 1) group = 1;
 #pragma omp parallel num_threads(threads)
     {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int nt = omp_get_num_threads();
 #pragma omp for schedule(static)
         for (int64_t rb = 0; rb < RB; rb++) pack_rows(x, x_bf16, rows, K, rb * 32, ap + rb * KB * STEP);
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
         float c[32 * 32] __attribute__((aligned(64)));
-        /* split the panels when there are enough of them, else the row blocks */
-        int by_panel = NP >= 4 * nt;
-        int64_t p0 = by_panel ? NP * id / nt : 0, p1 = by_panel ? NP * (id + 1) / nt : NP;
-        int64_t q0 = by_panel ? 0 : RB * id / nt, q1 = by_panel ? RB : RB * (id + 1) / nt;
-        for (int64_t g = p0; g < p1; g += group) {
-            int64_t ge = g + group < p1 ? g + group : p1;
-            for (int64_t rb = q0; rb < q1; rb++) {
+        /* taken dynamically (the cores of a shared VM do not run at the same
+         * speed, so a static split waits on the slower one); smaller items
+         * when there would be fewer than 4 per thread */
+        int64_t ng = (NP + group - 1) / group, rc = group < RB ? group : RB;
+        while (rc > 1 && ng * ((RB + rc - 1) / rc) < 4 * nt) rc = (rc + 1) / 2;
+        int64_t nch = (RB + rc - 1) / rc;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < ng * nch; it++) {
+            int64_t g = it / nch * group, ge = g + group < NP ? g + group : NP;
+            int64_t r0 = it % nch * rc, r1 = r0 + rc < RB ? r0 + rc : RB;
+            for (int64_t rb = r0; rb < r1; rb++) {
                 int64_t nr = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
                 for (int64_t p = g; p < ge; p++) {
                     block(ap + rb * KB * STEP, wp + p * KB * STEP, KB, nr > 16, c);
