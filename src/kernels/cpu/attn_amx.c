@@ -155,6 +155,10 @@ AMX_FN static int run(const float *q, const float *k, const float *v, float *o, 
     if (!all) return 0;
 #pragma omp parallel
     {
+        /* flush denormals to zero here: a rescale by a tiny exp(m_old - m) makes
+         * them by the thousand, and each one costs a microcode assist */
+        unsigned csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040);
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
@@ -174,6 +178,7 @@ AMX_FN static int run(const float *q, const float *k, const float *v, float *o, 
                 head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, o + b * Nq * D + h * Dh, D, Nq, Nk);
             }
         _tile_release();
+        _mm_setcsr(csr);
     }
     return 1;
 }

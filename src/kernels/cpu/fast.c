@@ -655,8 +655,9 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         if (!wb) return;
         decode_e4m3_par(w->packed, wb, (int64_t)qb);
         if (amx_bf16(KILN_F8_E4M3)) {
-            uint16_t *work = scratch(11, kk_amx_work_bytes(rows, K));
-            if (!kk_amx_linear(x, x_bf16, wb, M, K, w->scales, b, y, y_bf16, rows, act, gemm_threads(KILN_BF16), work))
+            int nt = gemm_threads(KILN_BF16);
+            uint16_t *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
+            if (!kk_amx_linear(x, x_bf16, wb, M, K, w->scales, b, y, y_bf16, rows, act, nt, work))
                 kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
             return;
         }
@@ -694,8 +695,9 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_we
         return;
     }
     if (amx_bf16(dt)) {
-        uint16_t *work = scratch(11, kk_amx_work_bytes(rows, w->K));
-        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, NULL, b, y, y_bf16, rows, act, gemm_threads(dt), work))
+        int nt = gemm_threads(dt);
+        uint16_t *work = scratch(11, kk_amx_work_bytes(rows, w->K, nt));
+        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, NULL, b, y, y_bf16, rows, act, nt, work))
             kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
         return;
     }

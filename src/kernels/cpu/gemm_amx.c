@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #define AHEAD 2     /* steps prefetched ahead into L1 (bench_kernels: 1-4 within noise, 0 slower) */
+#define KCHUNK 48 /* steps of K (1536 inputs) per pass over a work item */
 #define STEP 1024 /* bf16 elements per 32-input step of a block: 2 tiles x 16 x 32 */
 
 int kk_amx_ready(void) {
@@ -126,12 +127,22 @@ AMX_FN static void epilogue(const float *c, int64_t nr, int64_t nc, int64_t n0, 
 }
 
 /* one 32 x 32 block (two A tiles when the block has more than 16 rows) */
-AMX_FN static void block(const uint16_t *a, const uint16_t *bp, int64_t KB, int two, float *c) {
-    _tile_zero(0);
-    _tile_zero(1);
+AMX_FN static void block(const uint16_t *a, const uint16_t *bp, int64_t KB, int two, float *c, int acc) {
+    if (acc) { /* go on from the sums of earlier steps, kept in c */
+        _tile_loadd(0, c, 128);
+        _tile_loadd(1, c + 16, 128);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+    }
     if (two) {
-        _tile_zero(2);
-        _tile_zero(3);
+        if (acc) {
+            _tile_loadd(2, c + 16 * 32, 128);
+            _tile_loadd(3, c + 16 * 32 + 16, 128);
+        } else {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
         for (int64_t s = 0; s < KB; s++, a += STEP, bp += STEP) {
             for (int l = 0; l < 32; l++) {
                 _mm_prefetch((const char *)(bp + AHEAD * STEP) + 64 * l, _MM_HINT_T0);
@@ -163,11 +174,14 @@ AMX_FN static void block(const uint16_t *a, const uint16_t *bp, int64_t KB, int 
 
 AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N, int64_t K, const float *sc,
                        const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *ap) {
-    int64_t KB = up32(K), RB = up32(rows), NP = up32(N);
+    int64_t KB = up32(K), RB = up32(rows), NP = up32(N), KC = KB < KCHUNK ? KB : KCHUNK;
     /* a work item: a group of panels and a chunk of row blocks, each about
-     * 0.75 MiB so that both stay in the core's 2 MiB L2 while the item runs */
-    int64_t group = (3 << 18) / (KB * STEP * 2);
+     * 0.75 MiB over a chunk of K so that both stay in the core's 2 MiB L2
+     * while the item runs; with several chunks of K the item's sums wait in
+     * its thread's part of the work buffer */
+    int64_t group = (3 << 18) / (KC * STEP * 2);
     if (group < 1) group = 1;
+    float *sums = (float *)(ap + RB * KB * STEP);
 #pragma omp parallel num_threads(threads)
     {
         int nt = omp_get_num_threads();
@@ -187,12 +201,16 @@ AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N,
         for (int64_t it = 0; it < ng * nch; it++) {
             int64_t g = it / nch * group, ge = g + group < NP ? g + group : NP;
             int64_t r0 = it % nch * rc, r1 = r0 + rc < RB ? r0 + rc : RB;
-            for (int64_t rb = r0; rb < r1; rb++) {
-                int64_t nr = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
-                for (int64_t p = g; p < ge; p++) {
-                    block(ap + rb * KB * STEP, wp + p * KB * STEP, KB, nr > 16, c);
-                    int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
-                    epilogue(c, nr, nc, p * 32, N, sc, b, act, y, y_bf16, rb * 32);
+            for (int64_t k0 = 0; k0 < KB; k0 += KC) {
+                int64_t kn = KB - k0 < KC ? KB - k0 : KC, last = k0 + kn == KB;
+                for (int64_t rb = r0; rb < r1; rb++) {
+                    int64_t nr = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
+                    for (int64_t p = g; p < ge; p++) {
+                        float *cb = KB == KC ? c : sums + ((omp_get_thread_num() * group + (rb - r0)) * group + (p - g)) * 1024;
+                        block(ap + (rb * KB + k0) * STEP, wp + (p * KB + k0) * STEP, kn, nr > 16, cb, k0 > 0);
+                        int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
+                        if (last) epilogue(cb, nr, nc, p * 32, N, sc, b, act, y, y_bf16, rb * 32);
+                    }
                 }
             }
         }
@@ -209,4 +227,9 @@ int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, 
     return 1;
 }
 
-size_t kk_amx_work_bytes(int64_t rows, int64_t K) { return (size_t)(up32(rows) * up32(K)) * STEP * sizeof(uint16_t); }
+size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads) {
+    int64_t KB = up32(K), group = (3 << 18) / ((KB < KCHUNK ? KB : KCHUNK) * STEP * 2);
+    if (group < 1) group = 1;
+    size_t sums = KB > KCHUNK ? (size_t)((threads < 1 ? 1 : threads) * group * group) * 1024 * sizeof(float) : 0;
+    return (size_t)(up32(rows) * KB) * STEP * sizeof(uint16_t) + sums;
+}

@@ -20,13 +20,14 @@ void kk_amx_pack(const float *w, int64_t N, int64_t K, uint16_t *out);
 /* W [N,K] f32 back from the packed layout. */
 void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out);
 
-/* The bytes of the work buffer kk_amx_linear packs x into. */
-size_t kk_amx_work_bytes(int64_t rows, int64_t K);
+/* The bytes of the work buffer of kk_amx_linear on `threads` threads (x
+ * packed, and the sums of each thread's work item when K is long). */
+size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads);
 /* y [rows,N] = act((x [rows,K] . W^T) * scales [N] + b [N]) with bf16
  * products and f32 accumulation (scales, b may be NULL: the fp8 weights'
  * channel scales); x is f32 (rounded to bf16 here) or bf16, y f32 or bf16;
  * act is a KK_ACT_* value; on `threads` threads; work holds
- * kk_amx_work_bytes. Returns 0 (and does nothing) where it does not apply:
+ * kk_amx_work_bytes(rows, K, threads). Returns 0 (and does nothing) where it does not apply:
  * no AMX, or no work buffer. */
 int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const float *scales,
                   const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *work);
