@@ -165,6 +165,45 @@ TEST(bf16_activation_io) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
 }
 
+/* linear + gate_add in one call (the GEMM epilogue in the bf16 AMX kernel,
+ * the composition elsewhere) against the reference's linear then gate_add:
+ * batch 2, a gate read from a wider modulation row, odd sizes, f32 and bf16
+ * inputs, every backend */
+TEST(linear_gate_add_matches_reference) {
+    const kk_backend *ref = kk_reference();
+    int64_t B = 2, N = 37, K = 96, M = 70, E = 3 * M + 5, off = M + 3;
+    float *x = rnd(61, (size_t)(B * N * K), 1), *w = rnd(62, (size_t)(M * K), 0.1f), *b = rnd(63, (size_t)M, 0.1f);
+    float *res = rnd(64, (size_t)(B * N * M), 1), *mod = rnd(65, (size_t)(B * E), 0.5f);
+    float *gate = rnd(66, (size_t)(B * M), 0), *want = rnd(67, (size_t)(B * N * M), 0), *got = rnd(68, (size_t)(B * N * M), 0);
+    uint16_t *xb = kb_alloc_aligned(2 * (size_t)(B * N * K));
+    kt_from_f32(KILN_BF16, x, xb, (size_t)(B * N * K));
+    for (int64_t i = 0; i < B; i++) memcpy(gate + i * M, mod + i * E + off, sizeof(float) * (size_t)M);
+    kk_weight wr = {M, K, w, NULL, KILN_F32, NULL};
+    ref->linear(x, &wr, b, want, B * N, KK_ACT_NONE);
+    ref->gate_add(res, gate, want, want, B, N, M);
+    ref->linear_gate_add(x, 0, &wr, b, res, mod + off, E, got, B, N);
+    CHECK_MSG(rel_l2(got, want, (size_t)(B * N * M)) <= 1e-6, "reference linear_gate_add");
+    kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
+    for (int d = 0; d < 2; d++) {
+        const kk_backend *fast = kk_fast(dts[d]);
+        if (!fast) continue;
+        char layout[40];
+        size_t bytes;
+        CHECK_OK(kk_fast_layout(M, K, dts[d], layout, &bytes));
+        void *packed = kb_alloc_aligned(bytes);
+        CHECK_OK(kk_fast_pack(w, M, K, dts[d], packed));
+        kk_weight wf = {M, K, NULL, packed, dts[d], NULL};
+        for (int xin = 0; xin < (fast->linear_io ? 2 : 1); xin++) {
+            fast->linear_gate_add(xin ? (const void *)xb : (const void *)x, xin, &wf, b, res, mod + off, E, got, B, N);
+            double err = rel_l2(got, want, (size_t)(B * N * M)), tol = dts[d] == KILN_BF16 ? 1e-2 : 1e-5;
+            CHECK_MSG(err <= tol, "%s linear_gate_add x_bf16 %d: error %.3g", kiln_dtype_name(dts[d]), xin, err);
+        }
+        kb_free_aligned(packed);
+    }
+    void *bufs[] = {x, w, b, res, mod, gate, want, got, xb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
+}
+
 TEST(packed_layouts_are_stable) {
     /* the same shape and dtype always gives the same layout name and size */
     char a[40], b[40];
@@ -314,6 +353,7 @@ int main(void) {
     RUN(attention_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
+    RUN(linear_gate_add_matches_reference);
     RUN(packed_layouts_are_stable);
     RUN(quant_linear_matches_dequantized_reference);
     RUN(quant_layouts);

@@ -102,6 +102,14 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
     out(b, "    /* %d %s */ ", i, kg_op_name(n->op));
     switch (n->op) {
     case KG_LINEAR: {
+        if (n->iparam[1]) { /* a gate_add folded in: res + gate * (x W^T + b) */
+            out(b, "rt->linear_gate_add("), A(0), out(b, ", %d, (const struct kk_weight *)", nodes[s0].out_bf16), A(1), C;
+            if (s2 >= 0) A(2);
+            else out(b, "0");
+            C, A(3), out(b, ", (const float *)"), A(4), out(b, " + "), ipar(b, x, i, 2), C, dim(b, x, n->src[4], 1), C;
+            Y(), C, dim(b, x, i, 0), C, dim(b, x, i, 1), out(b, ");\n");
+            break;
+        }
         int io = nodes[s0].out_bf16 || n->out_bf16;
         out(b, io ? "rt->linear_io(" : "rt->linear(");
         A(0), C;
@@ -210,7 +218,7 @@ static char *signature(const kx_export *x, const kx_plan *p, const kg_region *rg
             kx_expr_str(k < 4 ? &x->dim[i][k] : &x->ip[i][k - 4], x->sym, x->nsym, es, sizeof es);
             out(&b, "%s,", es);
         }
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < KG_MAX_SRC; s++) {
             kg_id src = n->src[s];
             if (src < 0) out(&b, "-");
             else if (src >= rg->start) out(&b, "i%d", src - rg->start);

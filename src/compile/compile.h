@@ -24,7 +24,7 @@
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
 #define KX_FORMAT_VERSION 1
-#define KX_ABI 1
+#define KX_ABI 2
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {
@@ -111,6 +111,7 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
 #define KX_RT_BACKEND(X)                                                                                       \
     X(linear, void, (const float *, const struct kk_weight *, const float *, float *, int64_t, int))           \
     X(linear_io, void, (const void *, int, const struct kk_weight *, const float *, void *, int, int64_t, int)) \
+    X(linear_gate_add, void, (const void *, int, const struct kk_weight *, const float *, const float *, const float *, int64_t, float *, int64_t, int64_t)) \
     X(silu, void, (const float *, float *, int64_t))                                                             \
     X(gelu_tanh, void, (const float *, float *, int64_t))                                                        \
     X(layernorm, void, (const float *, float *, int64_t, int64_t, float))                                        \

@@ -25,7 +25,10 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     case KG_LINEAR: {
         int64_t M = n->shape[n->ndim - 1];
         (void)b;
-        if (A->out_bf16 || n->out_bf16)
+        if (ip[1]) /* res + gate * (x W^T + b), [B,N,M] */
+            be->linear_gate_add(a, A->out_bf16, g->nodes[n->src[1]].kw, c, buf[n->src[3]], buf[n->src[4]] + ip[2],
+                                g->nodes[n->src[4]].shape[1], y, n->shape[0], n->shape[1]);
+        else if (A->out_bf16 || n->out_bf16)
             be->linear_io(a, A->out_bf16, g->nodes[n->src[1]].kw, c, y, n->out_bf16, numel / (M ? M : 1), (int)ip[0]);
         else
             be->linear(a, g->nodes[n->src[1]].kw, c, y, numel / (M ? M : 1), (int)ip[0]);
@@ -110,12 +113,12 @@ void kg_liveness(const kg_graph *g, char *live, int *last_use) {
     for (int o = 0; o < g->n_outputs; o++) live[g->outputs[o]] = 1;
     for (int i = g->n - 1; i >= 0; i--)
         if (live[i])
-            for (int s = 0; s < 3; s++)
+            for (int s = 0; s < KG_MAX_SRC; s++)
                 if (g->nodes[i].src[s] >= 0) live[g->nodes[i].src[s]] = 1;
     for (int i = 0; i < g->n; i++) {
         last_use[i] = i;
         if (!live[i]) continue;
-        for (int s = 0; s < 3; s++)
+        for (int s = 0; s < KG_MAX_SRC; s++)
             if (g->nodes[i].src[s] >= 0) last_use[g->nodes[i].src[s]] = i;
     }
 }
@@ -161,7 +164,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
         buf[i] = y;
         kg_exec_node(g, be, nd, buf, y);
         /* free sources whose last consumer this was */
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < KG_MAX_SRC; s++) {
             kg_id src = nd->src[s];
             if (src < 0 || last_use[src] != i) continue;
             kg_op sop = g->nodes[src].op;

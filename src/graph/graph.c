@@ -73,6 +73,7 @@ static kg_id push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a
     n->src[0] = a;
     n->src[1] = b;
     n->src[2] = c;
+    n->src[3] = n->src[4] = -1;
     return g->n++;
 }
 
@@ -331,12 +332,21 @@ void kg_region_end(kg_graph *g) {
 
 /* ---- fusion --------------------------------------------------------------------- */
 
+/* node i folded into its producer p: consumers and outputs read p */
+static void alias_to(kg_graph *g, kg_id i, kg_id p) {
+    for (int j = i + 1; j < g->n; j++)
+        for (int s = 0; s < KG_MAX_SRC; s++)
+            if (g->nodes[j].src[s] == i) g->nodes[j].src[s] = p;
+    for (int o = 0; o < g->n_outputs; o++)
+        if (g->outputs[o] == i) g->outputs[o] = p;
+}
+
 void kg_fuse(kg_graph *g) {
     if (g->status) return;
     int *uses = calloc((size_t)g->n, sizeof *uses);
     if (!uses) return; /* fusion is an optimisation: skip it */
     for (int i = 0; i < g->n; i++)
-        for (int s = 0; s < 3; s++)
+        for (int s = 0; s < KG_MAX_SRC; s++)
             if (g->nodes[i].src[s] >= 0) uses[g->nodes[i].src[s]]++;
     for (int o = 0; o < g->n_outputs; o++) uses[g->outputs[o]] += 2; /* outputs keep their own buffer */
     for (int i = 0; i < g->n; i++) {
@@ -348,17 +358,37 @@ void kg_fuse(kg_graph *g) {
             p->iparam[0] = KK_ACT_GELU_TANH;
             n->op = KG_ALIAS;
             /* consumers read the linear directly; the alias is left dead */
-            for (int j = i + 1; j < g->n; j++)
-                for (int s = 0; s < 3; s++)
-                    if (g->nodes[j].src[s] == i) g->nodes[j].src[s] = s0;
-            for (int o = 0; o < g->n_outputs; o++)
-                if (g->outputs[o] == i) g->outputs[o] = s0;
+            alias_to(g, i, s0);
         } else if (n->op == KG_MODULATE && p->op == KG_LAYERNORM) {
             n->op = KG_LN_MODULATE;
             n->fparam = p->fparam;
             n->src[0] = p->src[0];
             uses[s0] = 0; /* the layernorm has no consumer left: executors skip it */
         }
+    }
+    /* gate_add (res + gate * y) into the epilogue of the linear making y, when
+     * y has no other consumer and res and gate exist before that linear runs:
+     * the linear then writes the residual stream itself (one pass less) */
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        kg_id y = n->src[2], gate = n->src[1];
+        if (n->op != KG_GATE_ADD || y < 0 || uses[y] != 1) continue;
+        kg_node *l = &g->nodes[y];
+        /* the gate is a slice of the modulation [B,E]: read it in place */
+        int64_t off = 0;
+        if (g->nodes[gate].op == KG_SLICE_COLS) {
+            off = g->nodes[gate].iparam[0];
+            gate = g->nodes[gate].src[0];
+        }
+        if (l->op != KG_LINEAR || l->iparam[0] != KK_ACT_NONE || l->iparam[1] || l->ndim != 3 ||
+            n->src[0] >= y || gate >= y || g->nodes[gate].ndim != 2)
+            continue;
+        l->iparam[1] = 1;
+        l->iparam[2] = off;
+        l->src[3] = n->src[0];
+        l->src[4] = gate;
+        n->op = KG_ALIAS;
+        alias_to(g, i, y);
     }
     free(uses);
 }
@@ -376,7 +406,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     for (int o = 0; o < g->n_outputs; o++) ok[g->outputs[o]] = 0;
     for (int i = 0; i < g->n; i++) {
         const kg_node *n = &g->nodes[i];
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < KG_MAX_SRC; s++) {
             kg_id src = n->src[s];
             if (src < 0) continue;
             used[src] = 1;
@@ -388,10 +418,11 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
         kg_node *n = &g->nodes[i];
         int producer = n->op == KG_LINEAR || n->op == KG_LN_MODULATE || n->op == KG_MODULATE;
         if (producer && used[i] && ok[i]) n->out_bf16 = 1;
-        /* a linear producing bf16 needs bf16-capable weights itself */
+        /* a linear producing bf16 needs bf16-capable weights itself, and one
+         * writing the residual stream (a gate_add folded in) stays f32 */
         if (n->op == KG_LINEAR && n->out_bf16) {
             const kk_weight *kw = g->nodes[n->src[1]].kw;
-            if (!kk_weight_bf16_io(kw)) n->out_bf16 = 0;
+            if (!kk_weight_bf16_io(kw) || n->iparam[1]) n->out_bf16 = 0;
         }
     }
     free(ok);

@@ -18,7 +18,10 @@ typedef enum kg_op {
     KG_INPUT,          /* name, shape; iparam[0] = input slot */
     KG_WEIGHT,         /* name, shape; data bound by the resolver */
     KG_LINEAR,         /* x [..,K] . W[M,K]^T + b[M] -> [..,M]; W may be [M, a, b, ..];
-                        * iparam[0] = KK_ACT_* applied after (set by kg_fuse) */
+                        * iparam[0] = KK_ACT_* applied after (set by kg_fuse);
+                        * iparam[1] = 1: a gate_add folded in by kg_fuse, the output is
+                        * res [B,N,M] + gate [B,M] * (x W^T + b), src[3] = res, src[4] = gate:
+                        * columns iparam[2] .. +M of the rows of src[4] (a [B,E] tensor) */
     KG_ADD,            /* a + b; b may have batch 1 (broadcast over dim 0) */
     KG_SILU,
     KG_GELU_TANH,
@@ -50,11 +53,13 @@ typedef enum kg_op {
 
 const char *kg_op_name(kg_op op);
 
+#define KG_MAX_SRC 5 /* sources of a node: 3, and 5 for a linear with a gate_add folded in */
+
 typedef struct kg_node {
     kg_op op;
     int ndim;
     int64_t shape[4];
-    kg_id src[3];
+    kg_id src[KG_MAX_SRC];
     int64_t iparam[4];
     float fparam;
     const char *name;     /* INPUT/WEIGHT: owned by the graph */

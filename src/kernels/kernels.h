@@ -59,6 +59,11 @@ typedef struct kk_backend {
     /* o [B,Nq,H*Dh] = softmax(q k^T / sqrt(Dh)) v, per batch and head */
     void (*attention)(const float *q, const float *k, const float *v, float *o, int64_t B,
                       int64_t Nq, int64_t Nk, int64_t H, int64_t Dh);
+    /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
+     * in the GEMM's epilogue (kg_fuse); gate's rows are gate_ld floats apart;
+     * x is bf16 when x_bf16 (only on backends with linear_io) */
+    void (*linear_gate_add)(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+                            const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N);
     /* Optional (NULL: not offered): bf16 activations between ops, so a GEMM
      * whose input another op produced needs no conversion pass. x_bf16 /
      * y_bf16 say whether x / y hold bf16 (uint16) instead of f32. */

@@ -657,7 +657,8 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         if (amx_bf16(KILN_F8_E4M3)) {
             int nt = gemm_threads(KILN_BF16);
             uint16_t *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
-            if (!kk_amx_linear(x, x_bf16, wb, M, K, w->scales, b, y, y_bf16, rows, act, nt, work))
+            kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
+            if (!kk_amx_linear(x, x_bf16, wb, M, K, &e, y, y_bf16, rows, nt, work))
                 kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
             return;
         }
@@ -697,7 +698,8 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_we
     if (amx_bf16(dt)) {
         int nt = gemm_threads(dt);
         uint16_t *work = scratch(11, kk_amx_work_bytes(rows, w->K, nt));
-        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, NULL, b, y, y_bf16, rows, act, nt, work))
+        kk_amx_epilogue e = {.bias = b, .act = act};
+        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, y_bf16, rows, nt, work))
             kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
         return;
     }
@@ -726,6 +728,35 @@ static void fast_linear(kiln_dtype dt, const float *x, const kk_weight *w, const
 static void linear_io_bf16(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
                            int64_t rows, int act) {
     fast_linear_io(KILN_BF16, x, x_bf16, w, b, y, y_bf16, rows, act);
+}
+
+/* y = res + gate * (x W^T + b): in the AMX GEMM's epilogue where it runs
+ * the bf16 weights, else the linear and then gate_add over its output */
+static void fast_gate_add(const float *res, const float *gate, const float *v, float *y, int64_t B, int64_t N,
+                          int64_t D);
+static void fast_linear_gate_add(kiln_dtype dt, const void *x, int x_bf16, const kk_weight *w, const float *b,
+                                 const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
+    if (amx_bf16(dt) && w->packed && w->packed_dtype == KILN_BF16) {
+        int nt = gemm_threads(dt);
+        uint16_t *work = scratch(11, kk_amx_work_bytes(B * N, w->K, nt));
+        kk_amx_epilogue e = {.bias = b, .res = res, .gate = gate, .gate_ld = gate_ld, .tokens = N};
+        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, 0, B * N, nt, work))
+            kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+        return;
+    }
+    fast_linear_io(dt, x, x_bf16, w, b, y, 0, B * N, KK_ACT_NONE);
+    for (int64_t i = 0; i < B; i++) /* one batch entry at a time: its gate row */
+        fast_gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
+}
+
+static void linear_gate_add_f32(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+                                const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
+    fast_linear_gate_add(KILN_F32, x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
+}
+
+static void linear_gate_add_bf16(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+                                 const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
+    fast_linear_gate_add(KILN_BF16, x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
 }
 
 static void linear_f32(const float *x, const kk_weight *w, const float *b, float *y, int64_t rows, int act) {
@@ -998,8 +1029,10 @@ static void attention_bf16(const float *q, const float *k, const float *v, float
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
     .modulate = fast_modulate, .gate_add = fast_gate_add
 
-static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32, FAST_COMMON};
+static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
+                                      .linear_gate_add = linear_gate_add_f32, FAST_COMMON};
 static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16,
+                                       .linear_gate_add = linear_gate_add_bf16,
                                        .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
                                        .modulate_bf16 = fast_modulate_bf16, FAST_COMMON};
 

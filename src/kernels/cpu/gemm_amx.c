@@ -108,18 +108,22 @@ AMX_FN static inline __m512 gelu16(__m512 v) {
 }
 
 /* C [32 x 32] of rows [r0, r0+nr) and outputs [n0, n0+nc) -> y */
-AMX_FN static void epilogue(const float *c, int64_t nr, int64_t nc, int64_t n0, int64_t N, const float *sc,
-                            const float *b, int act, void *y, int y_bf16, int64_t r0) {
+AMX_FN static void epilogue(const float *c, int64_t nr, int64_t nc, int64_t n0, int64_t N, const kk_amx_epilogue *e,
+                            void *y, int y_bf16, int64_t r0) {
     for (int64_t h = 0; h < 32; h += 16) {
         int64_t w = nc - h < 16 ? nc - h : 16;
         if (w <= 0) break;
         __mmask16 m = w == 16 ? 0xffff : (__mmask16)((1u << w) - 1);
-        __m512 bias = b ? _mm512_maskz_loadu_ps(m, b + n0 + h) : _mm512_setzero_ps();
-        __m512 scale = sc ? _mm512_maskz_loadu_ps(m, sc + n0 + h) : _mm512_set1_ps(1.0f);
+        __m512 bias = e->bias ? _mm512_maskz_loadu_ps(m, e->bias + n0 + h) : _mm512_setzero_ps();
+        __m512 scale = e->scales ? _mm512_maskz_loadu_ps(m, e->scales + n0 + h) : _mm512_set1_ps(1.0f);
         for (int64_t i = 0; i < nr; i++) {
             __m512 v = _mm512_fmadd_ps(_mm512_load_ps(c + i * 32 + h), scale, bias);
-            if (act == KK_ACT_GELU_TANH) v = gelu16(v);
+            if (e->act == KK_ACT_GELU_TANH) v = gelu16(v);
             int64_t at = (r0 + i) * N + n0 + h;
+            if (e->res) {
+                __m512 gate = _mm512_maskz_loadu_ps(m, e->gate + (r0 + i) / e->tokens * e->gate_ld + n0 + h);
+                v = _mm512_fmadd_ps(gate, v, _mm512_maskz_loadu_ps(m, e->res + at));
+            }
             if (y_bf16) _mm256_mask_storeu_epi16((uint16_t *)y + at, m, (__m256i)_mm512_cvtneps_pbh(v));
             else _mm512_mask_storeu_ps((float *)y + at, m, v);
         }
@@ -172,8 +176,8 @@ AMX_FN static void block(const uint16_t *a, const uint16_t *bp, int64_t KB, int 
     _tile_stored(1, c + 16, 128);
 }
 
-AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N, int64_t K, const float *sc,
-                       const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *ap) {
+AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N, int64_t K, const kk_amx_epilogue *e,
+                       void *y, int y_bf16, int64_t rows, int threads, uint16_t *ap) {
     int64_t KB = up32(K), RB = up32(rows), NP = up32(N), KC = KB < KCHUNK ? KB : KCHUNK;
     /* a work item: a group of panels and a chunk of row blocks, each about
      * 0.75 MiB over a chunk of K so that both stay in the core's 2 MiB L2
@@ -209,7 +213,7 @@ AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N,
                         float *cb = KB == KC ? c : sums + ((omp_get_thread_num() * group + (rb - r0)) * group + (p - g)) * 1024;
                         block(ap + (rb * KB + k0) * STEP, wp + (p * KB + k0) * STEP, kn, nr > 16, cb, k0 > 0);
                         int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
-                        if (last) epilogue(cb, nr, nc, p * 32, N, sc, b, act, y, y_bf16, rb * 32);
+                        if (last) epilogue(cb, nr, nc, p * 32, N, e, y, y_bf16, rb * 32);
                     }
                 }
             }
@@ -218,12 +222,12 @@ AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N,
     }
 }
 
-int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const float *scales,
-                  const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *work) {
+int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
+                  void *y, int y_bf16, int64_t rows, int threads, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
     if (!kk_amx_ready() || !work) return 0;
     if (rows < 1) return 1;
-    run(x, x_bf16, packed, N, K, scales, b, y, y_bf16, rows, act, threads < 1 ? 1 : threads, work);
+    run(x, x_bf16, packed, N, K, e, y, y_bf16 && !e->res, rows, threads < 1 ? 1 : threads, work);
     return 1;
 }
 

@@ -23,14 +23,24 @@ void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out);
 /* The bytes of the work buffer of kk_amx_linear on `threads` threads (x
  * packed, and the sums of each thread's work item when K is long). */
 size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads);
-/* y [rows,N] = act((x [rows,K] . W^T) * scales [N] + b [N]) with bf16
- * products and f32 accumulation (scales, b may be NULL: the fp8 weights'
- * channel scales); x is f32 (rounded to bf16 here) or bf16, y f32 or bf16;
- * act is a KK_ACT_* value; on `threads` threads; work holds
- * kk_amx_work_bytes(rows, K, threads). Returns 0 (and does nothing) where it does not apply:
- * no AMX, or no work buffer. */
-int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const float *scales,
-                  const float *b, void *y, int y_bf16, int64_t rows, int act, int threads, uint16_t *work);
+/* What the epilogue does to a sum s = x . W^T while it is in L1:
+ *   v = act(s * scales + bias)            scales, bias [N] or NULL (scales: fp8's channel scales)
+ *   y = res + gate[row / tokens] * v      when res is set: res [rows,N], gate [rows/tokens, N]
+ *                                         with rows gate_ld floats apart */
+typedef struct kk_amx_epilogue {
+    const float *scales, *bias;
+    int act; /* KK_ACT_* */
+    const float *res, *gate;
+    int64_t gate_ld, tokens;
+} kk_amx_epilogue;
+
+/* y [rows,N] = the epilogue of x [rows,K] . W^T, bf16 products with f32
+ * accumulation; x is f32 (rounded to bf16 here) or bf16, y f32 or bf16
+ * (f32 with res); on `threads` threads; work holds kk_amx_work_bytes(rows,
+ * K, threads). Returns 0 (and does nothing) where it does not apply: no
+ * AMX, or no work buffer. */
+int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
+                  void *y, int y_bf16, int64_t rows, int threads, uint16_t *work);
 
 /* ---- shared by the AMX kernels (gemm_amx.c, attn_amx.c) ---- */
 #include <immintrin.h>

@@ -138,6 +138,15 @@ static void ref_attention(const float *q, const float *k, const float *v, float 
     }
 }
 
+/* the linear, then gate_add over its output (x is f32: the reference has no linear_io) */
+static void ref_linear_gate_add(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+                                const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
+    (void)x_bf16;
+    ref_linear(x, w, b, y, B * N, KK_ACT_NONE);
+    for (int64_t i = 0; i < B; i++) /* one batch entry at a time: its gate row */
+        ref_gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
+}
+
 static const kk_backend k_ref = {
     .name = "reference",
     .linear = ref_linear,
@@ -149,6 +158,7 @@ static const kk_backend k_ref = {
     .modulate = ref_modulate,
     .gate_add = ref_gate_add,
     .attention = ref_attention,
+    .linear_gate_add = ref_linear_gate_add,
 };
 
 const kk_backend *kk_reference(void) { return &k_ref; }
