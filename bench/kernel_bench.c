@@ -5,14 +5,55 @@
  *
  * GEMM: kiln's linear (f32 activations in, bf16 conversion, packed weights,
  * bias) against a bare oneDNN bf16 matmul whose source is already bf16.
- * Attention: kiln's attention at N tokens, GFLOP/s against the GEMM rate. */
+ * Attention: kiln's attention at N tokens, GFLOP/s against the GEMM rate.
+ * AMX peak: TDPBF16PS on tiles loaded from L1 (one tile load per product,
+ * as in a 2x2 GEMM micro-kernel), on every thread: the most a bf16 GEMM
+ * can reach on this machine, measured in the same run. */
 #include "base/base.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
+
+#include <omp.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* GFLOP/s of the 2x2 micro-kernel's loop on L1-resident tiles, all threads */
+AMX_FN static double amx_peak_gflops(void) {
+    static uint16_t a[2][512] __attribute__((aligned(64))), b[2][512] __attribute__((aligned(64)));
+    for (int i = 0; i < 512; i++) a[0][i] = a[1][i] = b[0][i] = b[1][i] = 0x3c00; /* bf16 2^-7 */
+    long iters = 400000;
+    int nt = 1;
+    double t0 = kb_now();
+#pragma omp parallel
+    {
+        kk_tile_config cfg = {.palette = 1};
+        for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+        _tile_loadconfig(&cfg);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (long i = 0; i < iters; i++) {
+            _tile_loadd(4, a[0], 64);
+            _tile_loadd(6, b[0], 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b[1], 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, a[1], 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        float c[256];
+        _tile_stored(0, c, 64);
+        _tile_release();
+#pragma omp single
+        nt = omp_get_num_threads();
+    }
+    return (double)nt * (double)iters * 4 * 16 * 16 * 32 * 2 / (kb_now() - t0) / 1e9;
+}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -161,9 +202,14 @@ int main(int argc, char **argv) {
                fl / d / 1e6, kt, fl / kt / 1e6, 100.0 * d / kt);
         gemm_rate += fl / kt / 1e6 / (double)(sizeof shapes / sizeof shapes[0]);
     }
+    double peak = kk_amx_ready() ? amx_peak_gflops() : 0;
     double at = kiln_attention_ms(tokens, 24, 64, runs < 5 ? runs : 5);
     double afl = 4.0 * (double)tokens * (double)tokens * 1536.0;
     printf("\nattention, %lld tokens, 24 heads of 64: %.1f ms, %.0f GFLOP/s = %.0f%% of kiln's mean GEMM rate (%.0f GFLOP/s)\n",
            (long long)tokens, at, afl / at / 1e6, 100.0 * (afl / at / 1e6) / gemm_rate, gemm_rate);
+    if (peak > 0)
+        printf("AMX bf16 peak (TDPBF16PS on L1-resident tiles, one tile load per product, %d threads): %.0f GFLOP/s; "
+               "kiln's mean GEMM rate is %.0f%% of it\n",
+               kiln_get_threads(), peak, 100.0 * gemm_rate / peak);
     return 0;
 }
