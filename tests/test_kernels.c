@@ -310,7 +310,7 @@ static double check_quant_linear(kiln_dtype qt, int64_t rows, int64_t K, int64_t
 
 TEST(quant_linear_matches_dequantized_reference) {
     int64_t shapes[][3] = {{1, 7, 5}, {3, 64, 48}, {77, 96, 130}, {129, 33, 64}, {300, 256, 17}, {2, 1536, 64},
-                           {64, 1536, 1536}};
+                           {64, 1536, 1536}, {37, 3200, 130}}; /* K 3200: the s8 products in two chunks of K */
     kiln_dtype qts[2] = {KILN_I8, KILN_F8_E4M3};
     for (int d = 0; d < 2; d++) {
         double worst = 0;
@@ -333,7 +333,9 @@ TEST(quant_layouts) {
     CHECK_OK(kk_fast_layout(64, 96, KILN_F8_E4M3, c, &nc));
     /* distinct names; fp8 is half the bf16 bytes plus its scales */
     CHECK(strcmp(a, b) && strcmp(a, c) && strcmp(b, c));
-    CHECK(!strncmp(c, "e4m3-", 5) && !strncmp(b, "dnnl-", 5));
+    CHECK(!strncmp(c, "e4m3-", 5));
+    /* int8: the AMX GEMM's s8 layout where it runs, else oneDNN's */
+    CHECK(!strcmp(b, kk_cpu_has("amx") ? "s8-amx32" : b) && (kk_cpu_has("amx") || !strncmp(b, "dnnl-", 5)));
     CHECK_MSG(nc == ((na / 2 + 63) & ~(size_t)63) + 64 * 4, "fp8 bytes %zu, bf16 bytes %zu", nc, na);
     CHECK(nb >= 64 * 96 + 64 * 4);
     CHECK(kk_fast_scales(NULL, nb, 64, KILN_I8) == NULL);

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LAYOUT_VERSION 1 /* bump when the conversion changes what a cache holds */
+#define LAYOUT_VERSION 2 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts) */
 
 /* ---- loaded models: the documented process-wide registry ----------------------- */
 

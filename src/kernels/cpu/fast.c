@@ -295,6 +295,9 @@ static int amx_bf16(kiln_dtype dt) {
     return (dt == KILN_BF16 || dt == KILN_F8_E4M3) && engine() && kk_amx_ready();
 }
 
+/* int8 weights take the AMX GEMM's s8 products where the CPU has AMX */
+static int amx_i8(kiln_dtype dt) { return dt == KILN_I8 && engine() && kk_amx_ready(); }
+
 /* The element count of a BF16 / F8_E4M3 packed layout (padding included) */
 static int packed_elems(int64_t M, int64_t K, kiln_dtype dt, size_t *n) {
     dnnl_memory_desc_t md;
@@ -315,6 +318,11 @@ static int layout_md(int64_t M, int64_t K, kiln_dtype dt, dnnl_memory_desc_t *md
 }
 
 kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes) {
+    if (amx_i8(dt)) {
+        snprintf(layout, 40, "s8-amx32");
+        *bytes = align64(kk_amx_s8_packed_bytes(M, K)) + sizeof(float) * (size_t)M;
+        return KILN_OK;
+    }
     if (amx_bf16(dt)) {
         size_t n = kk_amx_packed_bytes(M, K);
         snprintf(layout, 40, dt == KILN_F8_E4M3 ? "e4m3-amx32" : "amx32");
@@ -525,16 +533,18 @@ static void decode_e4m3_par(const uint8_t *p, uint16_t *o, int64_t n) {
 static kiln_status pack_quant(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out) {
     dnnl_memory_desc_t dst, src;
     size_t qb, n = (size_t)(M * K);
-    int amx = amx_bf16(dt);
-    if (amx ? !packed_elems(M, K, dt, &qb)
-            : (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dt == KILN_I8 ? dnnl_s8 : dnnl_f32, dt == KILN_I8, &src)))
+    int amx = amx_bf16(dt) || amx_i8(dt);
+    if (amx_i8(dt)) qb = kk_amx_s8_packed_bytes(M, K);
+    else if (amx ? !packed_elems(M, K, dt, &qb)
+                 : (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dt == KILN_I8 ? dnnl_s8 : dnnl_f32, dt == KILN_I8, &src)))
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot pack [%lld x %lld] as %s", (long long)M, (long long)K,
                        kiln_dtype_name(dt));
     float *scales = (float *)((char *)out + align64(qb));
     uint8_t *q = kb_alloc_aligned(n ? n : 1);
     if (!q) return kb_fail(KILN_ERR_NOMEM, "out of memory quantizing a [%lld x %lld] weight", (long long)M, (long long)K);
     kiln_status st = kt_quantize_rows(w, M, K, dt, q, scales);
-    if (!st && dt == KILN_I8) st = reorder_into(&src, q, &dst, out);
+    if (!st && dt == KILN_I8 && amx) kk_amx_s8_pack((const int8_t *)q, M, K, out);
+    else if (!st && dt == KILN_I8) st = reorder_into(&src, q, &dst, out);
     if (!st && dt == KILN_F8_E4M3) {
         /* the e4m3 values (unscaled) are exact in bf16: pack them as bf16 (amx32
          * or through oneDNN), then store each packed element back as its e4m3 code */
@@ -557,12 +567,19 @@ static kiln_status unpack_quant(const kk_weight *w, float *out) {
     dnnl_memory_desc_t src, dst;
     size_t qb, n = (size_t)(w->M * w->K);
     if (!w->scales) return kb_fail(KILN_ERR_INVALID_ARG, "kk_fast_unpack: a %s weight without scales", kiln_dtype_name(w->packed_dtype));
-    int i8 = w->packed_dtype == KILN_I8, amx = amx_bf16(w->packed_dtype);
-    if (amx ? !packed_elems(w->M, w->K, w->packed_dtype, &qb)
-            : (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, i8, &dst)))
+    int i8 = w->packed_dtype == KILN_I8, amx = amx_bf16(w->packed_dtype) || amx_i8(w->packed_dtype);
+    if (amx_i8(w->packed_dtype)) qb = kk_amx_s8_packed_bytes(w->M, w->K);
+    else if (amx ? !packed_elems(w->M, w->K, w->packed_dtype, &qb)
+                 : (!layout_md(w->M, w->K, w->packed_dtype, &src, &qb) || !plain_md(w->M, w->K, dnnl_f32, i8, &dst)))
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN cannot unpack [%lld x %lld]", (long long)w->M, (long long)w->K);
     kiln_status st = KILN_OK;
-    if (i8) {
+    if (i8 && amx) {
+        int8_t *q = kb_alloc_aligned(n ? n : 1);
+        if (!q) return kb_fail(KILN_ERR_NOMEM, "out of memory unpacking an int8 weight");
+        kk_amx_s8_unpack(w->packed, w->M, w->K, q);
+        for (size_t i = 0; i < n; i++) out[i] = (float)q[i]; /* exact */
+        kb_free_aligned(q);
+    } else if (i8) {
         st = reorder_into(&src, w->packed, &dst, out); /* s8 -> f32 is exact */
     } else {
         uint16_t *bf = kb_alloc_aligned(2 * qb + 64);
@@ -637,6 +654,14 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         size_t esz = x_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * K > (1 << 15))
         for (int64_t r = 0; r < rows; r++) quant_row_s8(xc + esz * (size_t)(r * K), x_bf16, K, xq + r * K, sx + r);
+        if (amx_i8(KILN_I8)) {
+            int nt = gemm_threads(KILN_BF16);
+            void *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
+            kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
+            if (!kk_amx_linear_s8(xq, sx, w->packed, M, K, &e, y, y_bf16, rows, nt, work))
+                kb_log(KILN_LOG_ERROR, "AMX int8 linear failed: out of memory");
+            return;
+        }
         key.dt = dnnl_s8;
         key.q = Q_I8;
         src = xq;

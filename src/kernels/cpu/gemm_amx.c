@@ -26,6 +26,7 @@
 #define AHEAD 2     /* steps prefetched ahead into L1 (bench_kernels: 1-4 within noise, 0 slower) */
 #define KCHUNK 48 /* steps of K (1536 inputs) per pass over a work item */
 #define STEP 1024 /* bf16 elements per 32-input step of a block: 2 tiles x 16 x 32 */
+#define SB 2048   /* bytes per step of a block: 32 inputs in bf16, 64 in s8 */
 
 int kk_amx_ready(void) {
     static int ready = -1;
@@ -39,6 +40,7 @@ int kk_amx_ready(void) {
 }
 
 static int64_t up32(int64_t n) { return (n + 31) / 32; }
+static int64_t up64(int64_t n) { return (n + 63) / 64; }
 
 size_t kk_amx_packed_bytes(int64_t N, int64_t K) { return (size_t)(up32(N) * up32(K)) * STEP * sizeof(uint16_t); }
 
@@ -130,67 +132,115 @@ AMX_FN static void epilogue(const float *c, int64_t nr, int64_t nc, int64_t n0, 
     }
 }
 
-/* one 32 x 32 block (two A tiles when the block has more than 16 rows) */
-AMX_FN static void block(const uint16_t *a, const uint16_t *bp, int64_t KB, int two, float *c, int acc) {
-    if (acc) { /* go on from the sums of earlier steps, kept in c */
-        _tile_loadd(0, c, 128);
-        _tile_loadd(1, c + 16, 128);
+/* One 32 x 32 block over KB steps (two A tiles when the block has more than
+ * 16 rows): bf16 products into f32 sums, or s8 x s8 into int32 ones. c holds
+ * the sums (acc: go on from the earlier steps' sums kept there). */
+#define BLOCK_LOOP(DP)                                                              \
+    if (two) {                                                                      \
+        for (int64_t s = 0; s < KB; s++, a += SB, bp += SB) {                       \
+            for (int l = 0; l < 32; l++) {                                          \
+                _mm_prefetch(bp + AHEAD * SB + 64 * l, _MM_HINT_T0);                \
+                _mm_prefetch(a + AHEAD * SB + 64 * l, _MM_HINT_T0);                 \
+            }                                                                       \
+            _tile_loadd(4, a, 64);                                                  \
+            _tile_loadd(6, bp, 64);                                                 \
+            DP(0, 4, 6);                                                            \
+            _tile_loadd(7, bp + 1024, 64);                                          \
+            DP(1, 4, 7);                                                            \
+            _tile_loadd(5, a + 1024, 64);                                           \
+            DP(2, 5, 6);                                                            \
+            DP(3, 5, 7);                                                            \
+        }                                                                           \
+    } else {                                                                        \
+        for (int64_t s = 0; s < KB; s++, a += SB, bp += SB) {                       \
+            _tile_loadd(4, a, 64);                                                  \
+            _tile_loadd(6, bp, 64);                                                 \
+            DP(0, 4, 6);                                                            \
+            _tile_loadd(7, bp + 1024, 64);                                          \
+            DP(1, 4, 7);                                                            \
+        }                                                                           \
+    }
+
+AMX_FN static void block(const char *a, const char *bp, int64_t KB, int two, void *c, int acc, int s8) {
+    char *cc = c;
+    if (acc) {
+        _tile_loadd(0, cc, 128);
+        _tile_loadd(1, cc + 64, 128);
+        if (two) {
+            _tile_loadd(2, cc + 2048, 128);
+            _tile_loadd(3, cc + 2048 + 64, 128);
+        }
     } else {
         _tile_zero(0);
         _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
     }
-    if (two) {
-        if (acc) {
-            _tile_loadd(2, c + 16 * 32, 128);
-            _tile_loadd(3, c + 16 * 32 + 16, 128);
-        } else {
-            _tile_zero(2);
-            _tile_zero(3);
-        }
-        for (int64_t s = 0; s < KB; s++, a += STEP, bp += STEP) {
-            for (int l = 0; l < 32; l++) {
-                _mm_prefetch((const char *)(bp + AHEAD * STEP) + 64 * l, _MM_HINT_T0);
-                _mm_prefetch((const char *)(a + AHEAD * STEP) + 64 * l, _MM_HINT_T0);
-            }
-            _tile_loadd(4, a, 64);
-            _tile_loadd(6, bp, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, bp + 512, 64);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, a + 512, 64);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(2, c + 16 * 32, 128);
-        _tile_stored(3, c + 16 * 32 + 16, 128);
+    if (s8) {
+        BLOCK_LOOP(_tile_dpbssd)
     } else {
-        for (int64_t s = 0; s < KB; s++, a += STEP, bp += STEP) {
-            _tile_loadd(4, a, 64);
-            _tile_loadd(6, bp, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_loadd(7, bp + 512, 64);
-            _tile_dpbf16ps(1, 4, 7);
+        BLOCK_LOOP(_tile_dpbf16ps)
+    }
+    _tile_stored(0, cc, 128);
+    _tile_stored(1, cc + 64, 128);
+    if (two) {
+        _tile_stored(2, cc + 2048, 128);
+        _tile_stored(3, cc + 2048 + 64, 128);
+    }
+}
+#undef BLOCK_LOOP
+
+/* rows [r0, r0+32) of s8 x [rows,K] (zero past rows and K) into one block: [KB][2][16][64] */
+AMX_FN static void pack_rows_s8(const int8_t *x, int64_t rows, int64_t K, int64_t r0, char *dst) {
+    int64_t KB = up64(K);
+    for (int64_t i = 0; i < 32; i++) {
+        int64_t r = r0 + i;
+        char *d = dst + (i / 16) * 1024 + (i % 16) * 64;
+        for (int64_t s = 0; s < KB; s++) {
+            int64_t k0 = s * 64, n = r < rows ? (K - k0 < 64 ? K - k0 : 64) : 0;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            _mm512_storeu_si512(d + s * SB, _mm512_maskz_loadu_epi8(m, x + r * K + k0));
         }
     }
-    _tile_stored(0, c, 128);
-    _tile_stored(1, c + 16, 128);
 }
 
-AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N, int64_t K, const kk_amx_epilogue *e,
-                       void *y, int y_bf16, int64_t rows, int threads, uint16_t *ap) {
-    int64_t KB = up32(K), RB = up32(rows), NP = up32(N), KC = KB < KCHUNK ? KB : KCHUNK;
+/* int32 sums of rows [r0, r0+nr) times each row's activation scale, as f32, in place */
+AMX_FN static void sums_to_f32(void *c, int64_t nr, const float *xs, int64_t r0) {
+    for (int64_t i = 0; i < nr; i++) {
+        __m512 s = _mm512_set1_ps(xs[r0 + i]);
+        for (int h = 0; h < 32; h += 16) {
+            char *p = (char *)c + (i * 32 + h) * 4;
+            _mm512_storeu_ps((float *)p, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(p)), s));
+        }
+    }
+}
+
+/* x is f32 / bf16 (bf16 products), or s8 with per-row scales xs (s8 x s8) */
+typedef struct operand {
+    const void *x;
+    int x_bf16;
+    const float *xs; /* non-NULL: x is s8 */
+} operand;
+
+AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, const kk_amx_epilogue *e, void *y,
+                       int y_bf16, int64_t rows, int threads, char *ap) {
+    int s8 = in->xs != NULL;
+    int64_t KB = s8 ? up64(K) : up32(K), RB = up32(rows), NP = up32(N), KC = KB < KCHUNK ? KB : KCHUNK;
     /* a work item: a group of panels and a chunk of row blocks, each about
      * 0.75 MiB over a chunk of K so that both stay in the core's 2 MiB L2
      * while the item runs; with several chunks of K the item's sums wait in
      * its thread's part of the work buffer */
-    int64_t group = (3 << 18) / (KC * STEP * 2);
+    int64_t group = (3 << 18) / (KC * SB);
     if (group < 1) group = 1;
-    float *sums = (float *)(ap + RB * KB * STEP);
+    char *sums = ap + RB * KB * SB;
 #pragma omp parallel num_threads(threads)
     {
         int nt = omp_get_num_threads();
 #pragma omp for schedule(static)
-        for (int64_t rb = 0; rb < RB; rb++) pack_rows(x, x_bf16, rows, K, rb * 32, ap + rb * KB * STEP);
+        for (int64_t rb = 0; rb < RB; rb++) {
+            if (s8) pack_rows_s8(in->x, rows, K, rb * 32, ap + rb * KB * SB);
+            else pack_rows(in->x, in->x_bf16, rows, K, rb * 32, (uint16_t *)(ap + rb * KB * SB));
+        }
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
@@ -210,10 +260,13 @@ AMX_FN static void run(const void *x, int x_bf16, const uint16_t *wp, int64_t N,
                 for (int64_t rb = r0; rb < r1; rb++) {
                     int64_t nr = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
                     for (int64_t p = g; p < ge; p++) {
-                        float *cb = KB == KC ? c : sums + ((omp_get_thread_num() * group + (rb - r0)) * group + (p - g)) * 1024;
-                        block(ap + (rb * KB + k0) * STEP, wp + (p * KB + k0) * STEP, kn, nr > 16, cb, k0 > 0);
+                        float *cb = KB == KC ? c
+                                             : (float *)(sums + ((omp_get_thread_num() * group + (rb - r0)) * group + (p - g)) * 4096);
+                        block(ap + (rb * KB + k0) * SB, wp + (p * KB + k0) * SB, kn, nr > 16, cb, k0 > 0, s8);
+                        if (!last) continue;
+                        if (s8) sums_to_f32(cb, nr, in->xs, rb * 32);
                         int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
-                        if (last) epilogue(cb, nr, nc, p * 32, N, e, y, y_bf16, rb * 32);
+                        epilogue(cb, nr, nc, p * 32, N, e, y, y_bf16, rb * 32);
                     }
                 }
             }
@@ -227,13 +280,48 @@ int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, 
     /* the check comes first, outside any function built for AMX */
     if (!kk_amx_ready() || !work) return 0;
     if (rows < 1) return 1;
-    run(x, x_bf16, packed, N, K, e, y, y_bf16 && !e->res, rows, threads < 1 ? 1 : threads, work);
+    operand in = {x, x_bf16, NULL};
+    run(&in, (const char *)packed, N, K, e, y, y_bf16 && !e->res, rows, threads < 1 ? 1 : threads, (char *)work);
     return 1;
 }
 
+int kk_amx_linear_s8(const int8_t *xq, const float *xs, const int8_t *packed, int64_t N, int64_t K,
+                     const kk_amx_epilogue *e, void *y, int y_bf16, int64_t rows, int threads, void *work) {
+    if (!kk_amx_ready() || !work || !xs) return 0;
+    if (rows < 1) return 1;
+    operand in = {xq, 0, xs};
+    run(&in, (const char *)packed, N, K, e, y, y_bf16 && !e->res, rows, threads < 1 ? 1 : threads, work);
+    return 1;
+}
+
+/* An upper bound for both products: s8 steps cover twice the inputs of bf16 ones */
 size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads) {
-    int64_t KB = up32(K), group = (3 << 18) / ((KB < KCHUNK ? KB : KCHUNK) * STEP * 2);
+    int64_t KB = up32(K), group = (3 << 18) / ((KB < KCHUNK ? KB : KCHUNK) * SB);
     if (group < 1) group = 1;
-    size_t sums = KB > KCHUNK ? (size_t)((threads < 1 ? 1 : threads) * group * group) * 1024 * sizeof(float) : 0;
-    return (size_t)(up32(rows) * KB) * STEP * sizeof(uint16_t) + sums;
+    size_t sums = KB > KCHUNK ? (size_t)((threads < 1 ? 1 : threads) * group * group) * 4096 : 0;
+    return (size_t)(up32(rows) * KB) * SB + sums;
+}
+
+/* ---- the s8 layout: panels of 32 outputs, per step of 64 inputs two tiles of
+ * 16 input quads x 16 outputs x 4 (TDPBSSD's B operand) ---- */
+
+size_t kk_amx_s8_packed_bytes(int64_t N, int64_t K) { return (size_t)(up32(N) * up64(K)) * SB; }
+
+static size_t packed_s8_at(int64_t n, int64_t k, int64_t KB) {
+    int64_t panel = n / 32, tile = (n % 32) / 16, col = n % 16, step = k / 64, quad = (k % 64) / 4;
+    return (size_t)((panel * KB + step) * SB + tile * 1024 + quad * 64 + col * 4 + k % 4);
+}
+
+void kk_amx_s8_pack(const int8_t *q, int64_t N, int64_t K, int8_t *out) {
+    int64_t KB = up64(K);
+    memset(out, 0, kk_amx_s8_packed_bytes(N, K));
+#pragma omp parallel for schedule(static) if (N * K > (1 << 16))
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) out[packed_s8_at(n, k, KB)] = q[n * K + k];
+}
+
+void kk_amx_s8_unpack(const int8_t *packed, int64_t N, int64_t K, int8_t *out) {
+    int64_t KB = up64(K);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) out[n * K + k] = packed[packed_s8_at(n, k, KB)];
 }

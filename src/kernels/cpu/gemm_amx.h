@@ -42,11 +42,22 @@ typedef struct kk_amx_epilogue {
 int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
                   void *y, int y_bf16, int64_t rows, int threads, uint16_t *work);
 
+/* The s8 products (AMX-INT8): W [N,K] s8 in panels of 32 outputs, per step
+ * of 64 inputs two tiles of 16 input quads x 16 outputs x 4, N and K
+ * zero-padded (to 32 and 64). Its size, and packing from / to row-major s8: */
+size_t kk_amx_s8_packed_bytes(int64_t N, int64_t K);
+void kk_amx_s8_pack(const int8_t *q, int64_t N, int64_t K, int8_t *out);
+void kk_amx_s8_unpack(const int8_t *packed, int64_t N, int64_t K, int8_t *out);
+/* y = the epilogue of (xq [rows,K] . Wq^T) * xs [rows] (s8 x s8, int32 sums;
+ * e->scales are W's channel scales); work as for kk_amx_linear. */
+int kk_amx_linear_s8(const int8_t *xq, const float *xs, const int8_t *packed, int64_t N, int64_t K,
+                     const kk_amx_epilogue *e, void *y, int y_bf16, int64_t rows, int threads, void *work);
+
 /* ---- shared by the AMX kernels (gemm_amx.c, attn_amx.c) ---- */
 #include <immintrin.h>
 
 /* functions built for AMX; only called after kk_amx_ready() */
-#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")))
+#define AMX_FN __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")))
 
 /* the LDTILECFG operand (palette 1) */
 typedef struct {
