@@ -1,6 +1,8 @@
-/* fast.c - the fast CPU backend: GEMMs and attention through oneDNN matmul
- * (f32, or bf16 with f32 accumulation on AMX / AVX-512 BF16) on weights
- * packed once into oneDNN's preferred layout, plus fused elementwise kernels.
+/* fast.c - the fast CPU backend: GEMMs on weights packed once at conversion
+ * (bf16, int8 and fp8 on kiln's AMX GEMM, gemm_amx.c, where the CPU has AMX;
+ * oneDNN's matmul for f32 and on CPUs without AMX), attention (the fused
+ * AMX kernel, attn_amx.c, else oneDNN matmuls per strip), and fused
+ * elementwise kernels.
  *
  * Primitives are created once per shape and kept (a small table under a
  * lock); scratch buffers grow per thread and are reused, so a steady state

@@ -1,22 +1,26 @@
-/* gemm_amx.c - kiln's own bf16 GEMM on AMX tiles.
+/* gemm_amx.c - kiln's own GEMM on AMX tiles: bf16 products (TDPBF16PS) and,
+ * for int8 backbones, s8 x s8 ones (TDPBSSD).
  *
- * y [rows,N] = act(x [rows,K] . W^T + b). W is packed once (at conversion,
+ * y [rows,N] = epilogue(x [rows,K] . W^T). W is packed once (at conversion,
  * stored so in the weight cache) into panels of 32 outputs laid out exactly
- * as the B operand of TDPBF16PS wants it: per step of 32 inputs, two 16x16
- * tiles of input pairs. x is packed per call the same way (blocks of 32 rows,
- * two 16-row tiles per step), so every tile load reads 1 KiB contiguous.
+ * as the B operand wants it: per step of 32 inputs (bf16; 64 for s8), two
+ * 16x16 tiles of input pairs (quads). x is packed per call the same way
+ * (blocks of 32 rows, two 16-row tiles per step), so every tile load reads
+ * 1 KiB contiguous.
  *
  * The micro-kernel keeps a 32 x 32 block of C in four accumulator tiles
  * (2 x 2: one tile load per product, the best ratio eight tile registers
- * allow) over the whole K, then the epilogue adds the bias, applies the
- * activation and writes f32 or bf16 - one pass over C while it is in L1.
+ * allow) over K in chunks of 1536, then the epilogue applies scales, bias,
+ * GELU or a gated residual and writes f32 or bf16 - one pass over C while
+ * it is in L1.
  *
- * Threads take work items dynamically: a group of panels that fits L2 and
- * a chunk of row blocks streamed past it. On the 2-core Sapphire Rapids VM this runs
- * 1.2-1.5x oneDNN 2.6's brgemm on the SD3 shapes (bench_kernels,
+ * Threads take work items dynamically: a group of panels and a chunk of
+ * row blocks that fit L2 together. On the 2-core Sapphire Rapids VM this
+ * runs 1.2-2.7x oneDNN 2.6's brgemm on the SD3 shapes (bench_kernels,
  * docs/PERFORMANCE.md). */
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
+#include "tensor/dtype.h"
 
 #include <omp.h>
 #include <string.h>
@@ -44,13 +48,6 @@ static int64_t up64(int64_t n) { return (n + 63) / 64; }
 
 size_t kk_amx_packed_bytes(int64_t N, int64_t K) { return (size_t)(up32(N) * up32(K)) * STEP * sizeof(uint16_t); }
 
-static uint16_t bf16_rne(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* element (n, k) of W in the packed layout */
 static size_t packed_at(int64_t n, int64_t k, int64_t KB) {
     int64_t panel = n / 32, tile = (n % 32) / 16, col = n % 16, step = k / 32, pair = (k % 32) / 2;
@@ -62,16 +59,13 @@ void kk_amx_pack(const float *w, int64_t N, int64_t K, uint16_t *out) {
     memset(out, 0, kk_amx_packed_bytes(N, K));
 #pragma omp parallel for schedule(static) if (N * K > (1 << 16))
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) out[packed_at(n, k, KB)] = bf16_rne(w[n * K + k]);
+        for (int64_t k = 0; k < K; k++) out[packed_at(n, k, KB)] = kt_f32_to_bf16(w[n * K + k]);
 }
 
 void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out) {
     int64_t KB = up32(K);
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) {
-            uint32_t u = (uint32_t)packed[packed_at(n, k, KB)] << 16;
-            memcpy(&out[n * K + k], &u, 4);
-        }
+        for (int64_t k = 0; k < K; k++) out[n * K + k] = kt_bf16_to_f32(packed[packed_at(n, k, KB)]);
 }
 
 /* x rows [r0, r0+32) (zero past rows) into one block: [KB][2][16][32] */
