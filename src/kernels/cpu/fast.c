@@ -822,7 +822,7 @@ static void fast_gelu(const float *x, float *y, int64_t n) {
     for (int64_t c = 0; c < n; c += chunk) gelu_chunk(x + c, y + c, n - c < chunk ? n - c : chunk);
 }
 
-static void row_stats(const float *x, int64_t D, float eps, float *mean, float *inv) {
+static inline void row_stats(const float *x, int64_t D, float eps, float *mean, float *inv) {
     float s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < D; i++) s += x[i];
@@ -843,43 +843,49 @@ static void fast_layernorm(const float *x, float *y, int64_t rows, int64_t D, fl
     }
 }
 
+/* one row of layernorm + modulate (f32 or bf16 out), compiled per CPU */
+KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, void *y, int bf16, int64_t D,
+                                 float eps) {
+    float mu, inv;
+    row_stats(xr, D, eps, &mu, &inv);
+    if (bf16) {
+        uint16_t *yr = y;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) yr[i] = bf16_of((xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
+    } else {
+        float *yr = y;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
+    }
+}
+
 static void fast_ln_modulate(const float *x, const float *shift, const float *scale, float *y, int64_t B,
                              int64_t N, int64_t D, float eps) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++) {
-            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
-            float *yr = y + (b * N + n) * D, mu, inv;
-            row_stats(xr, D, eps, &mu, &inv);
-#pragma omp simd
-            for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
-        }
+        for (int64_t n = 0; n < N; n++)
+            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 0, D, eps);
 }
 
 static void fast_ln_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                                   int64_t N, int64_t D, float eps) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++) {
-            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
-            uint16_t *yr = y + (b * N + n) * D;
-            float mu, inv;
-            row_stats(xr, D, eps, &mu, &inv);
+        for (int64_t n = 0; n < N; n++)
+            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 1, D, eps);
+}
+
+KK_CLONES static void mod_row_bf16(const float *xr, const float *sh, const float *sc, uint16_t *yr, int64_t D) {
 #pragma omp simd
-            for (int64_t i = 0; i < D; i++) yr[i] = bf16_of((xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
-        }
+    for (int64_t i = 0; i < D; i++) yr[i] = bf16_of(xr[i] * (1.0f + sc[i]) + sh[i]);
 }
 
 static void fast_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                                int64_t N, int64_t D) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++) {
-            const float *xr = x + (b * N + n) * D, *sh = shift + b * D, *sc = scale + b * D;
-            uint16_t *yr = y + (b * N + n) * D;
-#pragma omp simd
-            for (int64_t i = 0; i < D; i++) yr[i] = bf16_of(xr[i] * (1.0f + sc[i]) + sh[i]);
-        }
+        for (int64_t n = 0; n < N; n++)
+            mod_row_bf16(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, D);
 }
 
 static void fast_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H, int64_t Dh,
