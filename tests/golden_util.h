@@ -3,8 +3,23 @@
 #define KILN_GOLDEN_UTIL_H
 
 #include "format/safetensors.h"
+#include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "test.h"
+
+/* The cache folder prefix of a single-process model loaded with the
+ * default dtype: bf16, or f32 on a CPU without a bf16 GEMM (the load
+ * falls back) */
+static inline const char *default_key_prefix(void) { return kk_fast(KILN_BF16) ? "mesh1x1_bf16_" : "mesh1x1_f32_"; }
+
+/* Whether this CPU runs a quantization scheme (kiln refuses it otherwise,
+ * tested in test_quant): int8 needs AVX-512 VNNI or AMX, fp8 a bf16 GEMM.
+ * Prints a skip line for `what` when it does not. */
+static inline int quant_runs_here(kiln_quant q, const char *what) {
+    int ok = q == KILN_QUANT_NONE || (q == KILN_QUANT_INT8 ? kk_cpu_has("avx512vnni") : kk_fast(KILN_BF16) != NULL);
+    if (!ok) fprintf(stderr, "  %s: %s does not run on this CPU (%s): skipped\n", what, kiln_quant_name(q), kk_fast_isa());
+    return ok;
+}
 
 /* A malloc'd f32 copy of tensor name (any float dtype), its element count in *n. */
 static inline float *golden_tensor(const st_file *f, const char *name, size_t *n) {

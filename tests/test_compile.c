@@ -486,6 +486,7 @@ TEST(forked_workers) {
 TEST(quantized_packages_pass_the_quality_gate) {
     char dir[1100];
     subdir(dir, sizeof dir, "quant");
+    if (!quant_runs_here(KILN_QUANT_INT8, "quantized package")) return;
     kiln_open_opts bo = {.dtype = KILN_BF16}, qo = {.dtype = KILN_BF16, .quant = KILN_QUANT_INT8};
     kiln_model *base = NULL, *q = NULL;
     CHECK_OK(kiln_model_open(MODEL_DIR, &bo, &base));

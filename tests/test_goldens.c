@@ -61,6 +61,7 @@ static void check_exec(const kiln_model *m, const mode *md) {
 }
 
 static void run_backbone_mode(const char *name, const mode *md) {
+    if (!quant_runs_here(md->o.quant, md->label)) return;
     kiln_model *m = NULL;
     CHECK_OK(kiln_model_open(golden_path(name, NULL), &md->o, &m));
     if (!m) return;
@@ -129,6 +130,7 @@ static void on_step(void *user, int step, int steps, double sigma, const float *
 static void run_sampler(const mode *md) {
     const char *name = "sampler-sd3-tiny";
     fprintf(stderr, "  sampler, %s\n", md->label);
+    if (!quant_runs_here(md->o.quant, md->label)) return;
     kiln_model *m = NULL;
     CHECK_OK(kiln_model_open(golden_path(name, NULL), &md->o, &m));
     st_file *io = NULL;

@@ -110,7 +110,8 @@ kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40],
  * e.g. "amx-dnnl2.6-amx32" (part of the weight cache key). */
 const char *kk_fast_isa(void);
 /* Whether this machine has a CPU feature named by a kk_fast_isa tag
- * ("avx2", "avx512", "avx512bf16", "amx"); 0 for names it does not know. */
+ * ("avx2", "avx512", "avx512vnni", "avx512bf16", "amx"); 0 for names it
+ * does not know. */
 int kk_cpu_has(const char *feature);
 /* Pack W [M,K] (f32 row-major) into out (kk_fast_layout's bytes); for I8
  * and F8_E4M3 quantize it first (per output channel, src/tensor/quant.h). */

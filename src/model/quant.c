@@ -35,6 +35,12 @@ kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layer
     kiln_dtype qt = q == KILN_QUANT_INT8 ? KILN_I8 : KILN_F8_E4M3;
     char name[40];
     size_t bytes;
+    /* without VNNI (or AMX), oneDNN's s8 products go through 16-bit pair sums
+     * that saturate: int8 would be wrong by ~10%, not slow */
+    if (q == KILN_QUANT_INT8 && !kk_cpu_has("avx512vnni"))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "--quant int8 needs a CPU with AVX-512 VNNI or AMX-INT8 (this one: %s); "
+                                             "without them the int8 products saturate",
+                       kk_fast_isa());
     if (q == KILN_QUANT_FP8 && !kk_fast(KILN_BF16))
         return kb_fail(KILN_ERR_UNSUPPORTED, "--quant fp8 computes in bf16, and this CPU has no bf16 GEMM (AVX-512 BF16 / AMX)");
     if (!kk_fast(cp->dtype) || kk_fast_layout(64, 64, qt, name, &bytes))

@@ -1083,6 +1083,7 @@ static const struct {
 } k_isa_tags[] = {{"sse41", dnnl_cpu_isa_sse41},
                   {"avx2", dnnl_cpu_isa_avx2},
                   {"avx512", dnnl_cpu_isa_avx512_core},
+                  {"avx512vnni", dnnl_cpu_isa_avx512_core_vnni},
                   {"avx512bf16", dnnl_cpu_isa_avx512_core_bf16},
                   {"amx", dnnl_cpu_isa_avx512_core_amx}};
 
