@@ -4,6 +4,7 @@
 
 #include "format/safetensors.h"
 #include "kernels/kernels.h"
+#include "model/model.h"
 #include "tensor/dtype.h"
 #include "test.h"
 
@@ -12,11 +13,15 @@
  * falls back) */
 static inline const char *default_key_prefix(void) { return kk_fast(KILN_BF16) ? "mesh1x1_bf16_" : "mesh1x1_f32_"; }
 
-/* Whether this CPU runs a quantization scheme (kiln refuses it otherwise,
- * tested in test_quant): int8 needs AVX-512 VNNI or AMX, fp8 a bf16 GEMM.
- * Prints a skip line for `what` when it does not. */
+/* Whether this CPU runs a quantization scheme, by kiln's own check
+ * (km_compute_set_quant, on the dtype a default load computes in): int8
+ * needs AVX-512 VNNI or AMX, fp8 a bf16 GEMM (the refusal is tested in
+ * test_cli). Prints a skip line for `what` when it does not. */
 static inline int quant_runs_here(kiln_quant q, const char *what) {
-    int ok = q == KILN_QUANT_NONE || (q == KILN_QUANT_INT8 ? kk_cpu_has("avx512vnni") : kk_fast(KILN_BF16) != NULL);
+    km_compute cp;
+    memset(&cp, 0, sizeof cp);
+    cp.dtype = kk_fast(KILN_BF16) ? KILN_BF16 : KILN_F32;
+    int ok = km_compute_set_quant(&cp, q, NULL) == KILN_OK;
     if (!ok) fprintf(stderr, "  %s: %s does not run on this CPU (%s): skipped\n", what, kiln_quant_name(q), kk_fast_isa());
     return ok;
 }

@@ -150,25 +150,11 @@ AMX_FN static void pack_kv_row(const float *krow, const float *vrow, int64_t key
     }
 }
 
-/* the packed operands of every (batch, head), grown per calling thread and kept */
-static uint16_t *work(size_t bytes) {
-    static _Thread_local uint16_t *buf;
-    static _Thread_local size_t cap;
-    if (cap < bytes) {
-        free(buf);
-        buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        cap = buf ? bytes : 0;
-    }
-    return buf;
-}
-
-AMX_FN static int run(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                      int64_t H, int64_t Dh) {
+AMX_FN static void run(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
+                       int64_t H, int64_t Dh, uint16_t *all) {
     int64_t D = H * Dh, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
     float scale = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
     size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
-    uint16_t *all = work(sizeof(uint16_t) * (size_t)B * per_b);
-    if (!all) return 0;
 #pragma omp parallel
     {
         /* flush denormals to zero here: a rescale by a tiny exp(m_old - m) makes
@@ -196,12 +182,17 @@ AMX_FN static int run(const float *q, const float *k, const float *v, float *o, 
         _tile_release();
         _mm_setcsr(csr);
     }
-    return 1;
+}
+
+size_t kk_attention_amx_work_bytes(int64_t B, int64_t Nq, int64_t Nk, int64_t H) {
+    int64_t Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
+    return sizeof(uint16_t) * (size_t)(B * H * (Nqp + 2 * Nkp) * DH);
 }
 
 int kk_attention_amx(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                     int64_t H, int64_t Dh) {
+                     int64_t H, int64_t Dh, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
-    if (Dh != DH || Nq < 1 || Nk < 1 || !kk_amx_ready()) return 0;
-    return run(q, k, v, o, B, Nq, Nk, H, Dh);
+    if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
+    run(q, k, v, o, B, Nq, Nk, H, Dh, work);
+    return 1;
 }

@@ -2,12 +2,16 @@
 #ifndef KILN_ATTN_AMX_H
 #define KILN_ATTN_AMX_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+/* The bytes of kk_attention_amx's work buffer (every head's packed q, k, v). */
+size_t kk_attention_amx_work_bytes(int64_t B, int64_t Nq, int64_t Nk, int64_t H);
 /* o [B,Nq,H*Dh] = softmax(q k^T / sqrt(Dh)) v with bf16 operands and f32
- * accumulation, one pass with an online softmax. Returns 0 (and does
- * nothing) where it does not apply: no AMX on this CPU or head size not 64. */
+ * accumulation, one pass with an online softmax; work holds
+ * kk_attention_amx_work_bytes. Returns 0 (and does nothing) where it does
+ * not apply: no AMX on this CPU, head size not 64, or no work buffer. */
 int kk_attention_amx(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                     int64_t H, int64_t Dh);
+                     int64_t H, int64_t Dh, uint16_t *work);
 
 #endif

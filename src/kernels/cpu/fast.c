@@ -420,8 +420,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[12];
-    static _Thread_local size_t cap[12];
+    static _Thread_local void *buf[13];
+    static _Thread_local size_t cap[13];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -1053,7 +1053,9 @@ static void attention_bf16(const float *q, const float *k, const float *v, float
         const char *mode = getenv("KILN_ATTENTION");
         __atomic_store_n(&strips, mode && !strcmp(mode, "strips"), __ATOMIC_RELAXED);
     }
-    if (!__atomic_load_n(&strips, __ATOMIC_RELAXED) && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh)) return;
+    if (!__atomic_load_n(&strips, __ATOMIC_RELAXED) && Dh == 64 &&
+        kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H))))
+        return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 

@@ -48,10 +48,12 @@ static int64_t up64(int64_t n) { return (n + 63) / 64; }
 
 size_t kk_amx_packed_bytes(int64_t N, int64_t K) { return (size_t)(up32(N) * up32(K)) * STEP * sizeof(uint16_t); }
 
-/* element (n, k) of W in the packed layout */
-static size_t packed_at(int64_t n, int64_t k, int64_t KB) {
-    int64_t panel = n / 32, tile = (n % 32) / 16, col = n % 16, step = k / 32, pair = (k % 32) / 2;
-    return (size_t)((panel * KB + step) * STEP + tile * 512 + pair * 32 + col * 2 + k % 2);
+/* The byte of element (n, k) of W in a packed layout of esz-byte elements
+ * (2: bf16, 1: s8): a step holds 64 bytes of inputs per output, grouped in
+ * 4-byte pairs (bf16) or quads (s8), one 16-output tile per 1 KiB. */
+static size_t packed_byte(int64_t n, int64_t k, int64_t KB, int esz) {
+    int64_t per = 4 / esz, in_step = 64 / esz, panel = n / 32, tile = (n % 32) / 16, col = n % 16;
+    return (size_t)((panel * KB + k / in_step) * SB + tile * 1024 + (k % in_step) / per * 64 + col * 4 + k % per * esz);
 }
 
 void kk_amx_pack(const float *w, int64_t N, int64_t K, uint16_t *out) {
@@ -59,13 +61,13 @@ void kk_amx_pack(const float *w, int64_t N, int64_t K, uint16_t *out) {
     memset(out, 0, kk_amx_packed_bytes(N, K));
 #pragma omp parallel for schedule(static) if (N * K > (1 << 16))
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) out[packed_at(n, k, KB)] = kt_f32_to_bf16(w[n * K + k]);
+        for (int64_t k = 0; k < K; k++) out[packed_byte(n, k, KB, 2) / 2] = kt_f32_to_bf16(w[n * K + k]);
 }
 
 void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out) {
     int64_t KB = up32(K);
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) out[n * K + k] = kt_bf16_to_f32(packed[packed_at(n, k, KB)]);
+        for (int64_t k = 0; k < K; k++) out[n * K + k] = kt_bf16_to_f32(packed[packed_byte(n, k, KB, 2) / 2]);
 }
 
 /* x rows [r0, r0+32) (zero past rows) into one block: [KB][2][16][32] */
@@ -301,21 +303,16 @@ size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads) {
 
 size_t kk_amx_s8_packed_bytes(int64_t N, int64_t K) { return (size_t)(up32(N) * up64(K)) * SB; }
 
-static size_t packed_s8_at(int64_t n, int64_t k, int64_t KB) {
-    int64_t panel = n / 32, tile = (n % 32) / 16, col = n % 16, step = k / 64, quad = (k % 64) / 4;
-    return (size_t)((panel * KB + step) * SB + tile * 1024 + quad * 64 + col * 4 + k % 4);
-}
-
 void kk_amx_s8_pack(const int8_t *q, int64_t N, int64_t K, int8_t *out) {
     int64_t KB = up64(K);
     memset(out, 0, kk_amx_s8_packed_bytes(N, K));
 #pragma omp parallel for schedule(static) if (N * K > (1 << 16))
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) out[packed_s8_at(n, k, KB)] = q[n * K + k];
+        for (int64_t k = 0; k < K; k++) out[packed_byte(n, k, KB, 1)] = q[n * K + k];
 }
 
 void kk_amx_s8_unpack(const int8_t *packed, int64_t N, int64_t K, int8_t *out) {
     int64_t KB = up64(K);
     for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++) out[n * K + k] = packed[packed_s8_at(n, k, KB)];
+        for (int64_t k = 0; k < K; k++) out[n * K + k] = packed[packed_byte(n, k, KB, 1)];
 }
