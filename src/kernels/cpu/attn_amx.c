@@ -22,17 +22,18 @@
 #define QB 16 /* queries per block: one tile's rows */
 #define KB 64 /* keys per block: four 16-column accumulator tiles */
 #define DH 64
+#define QG 4 /* blocks of queries per pass over the keys */
 
-/* 2^x for 16 lanes, x <= 0 (clamped at -126): degree-3 polynomial on the
- * fraction, 1.1e-4 relative error - P is rounded to bf16 (3.9e-3) anyway */
+/* 2^x for 16 lanes, x <= 0: x = n + f with n = floor(x), f in [0, 1);
+ * 2^f by a degree-3 polynomial (7.5e-5 relative error; P is rounded to bf16,
+ * 3.9e-3, anyway) and the 2^n by scalef, which floors x itself and gives 0
+ * far below the f32 range */
 AMX_FN static inline __m512 exp2_16(__m512 x) {
-    __m512 t = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.05459283f), f, _mm512_set1_ps(0.24221838f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69336869f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.07802419f), f, _mm512_set1_ps(0.22606721f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69583374f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992517f));
+    return _mm512_scalef_ps(p, x);
 }
 
 AMX_FN static inline void store_bf16(uint16_t *dst, __m512 x) {
@@ -40,25 +41,11 @@ AMX_FN static inline void store_bf16(uint16_t *dst, __m512 x) {
     memcpy(dst, &h, 32);
 }
 
-/* one (batch, head): qp (Q^T tiles per block of 16 queries, scaled), kp and
- * vp packed by pack_head */
-AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
-                        int64_t Nq, int64_t Nk) {
-    int64_t nkb = (Nk + KB - 1) / KB;
-    float St[KB * QB] __attribute__((aligned(64))); /* S^T: 64 keys x 16 queries */
-    float Ot[DH * QB] __attribute__((aligned(64))); /* O^T: 64 dims x 16 queries */
-    uint16_t Pt[KB * QB] __attribute__((aligned(64))); /* P^T in key pairs: [32][16 queries x 2] */
-    /* bf16 pairs (even key, odd key) per query: [e0 o0 e1 o1 ...] from [e0..e15 o0..o15] */
-    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t i0 = 0; i0 < Nq; i0 += QB, qp += 2 * 512) {
-        __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
-        memset(Ot, 0, sizeof Ot);
-        for (int64_t kb = 0; kb < nkb; kb++) {
-            /* S^T = K Q^T: tiles 0-3 = keys 16j.., 4-5 hold Q^T's two halves of Dh, 6-7 stream K */
-            const uint16_t *k = kp + kb * KB * DH;
-            _tile_loadd(4, qp, 64);
-            _tile_loadd(5, qp + 512, 64);
+/* S^T [64 keys x 16 queries] = K Q^T for one block of keys k and of queries
+ * q: tiles 0-3 = keys 16j.., 4-5 hold Q^T's two halves of Dh, 6-7 stream K */
+AMX_FN static inline void scores(const uint16_t *q, const uint16_t *k, float *St) {
+    _tile_loadd(4, q, 64);
+    _tile_loadd(5, q + 512, 64);
 #define QK(j)                                      \
     _tile_zero(j);                                 \
     _tile_loadd(6, k + (j)*16 * DH, DH * 2);       \
@@ -66,33 +53,51 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
     _tile_loadd(7, k + (j)*16 * DH + 32, DH * 2);  \
     _tile_dpbf16ps(j, 7, 5);                       \
     _tile_stored(j, St + (j)*16 * QB, QB * 4);
-            QK(0) QK(1) QK(2) QK(3)
+    QK(0) QK(1) QK(2) QK(3)
 #undef QK
-            /* online softmax down the columns (one lane per query): no horizontal reductions */
-            int valid = (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB);
-            __m512 mx = m;
-            for (int r = 0; r < valid; r++) mx = _mm512_max_ps(mx, _mm512_load_ps(St + r * QB));
-            /* the scores are in log2 units (log2 e is folded into q's scale); when no
-             * query's max moved, nothing needs rescaling */
-            int moved = _mm512_cmp_ps_mask(mx, m, _CMP_GT_OQ) != 0;
-            __m512 alpha = moved ? exp2_16(_mm512_sub_ps(m, mx)) : _mm512_set1_ps(1.0f); /* m = -inf at first: O, l are 0 */
-            m = mx;
-            __m512 sum = _mm512_setzero_ps();
-            for (int r = 0; r < KB; r += 2) {
-                __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
-                if (r < valid) p0 = exp2_16(_mm512_sub_ps(_mm512_load_ps(St + r * QB), m));
-                if (r + 1 < valid) p1 = exp2_16(_mm512_sub_ps(_mm512_load_ps(St + (r + 1) * QB), m));
-                sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-                __m512i pair = _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-                _mm512_store_si512(Pt + r * QB, pair);
-            }
-            l = _mm512_fmadd_ps(l, alpha, sum);
-            if (moved)
-                for (int d = 0; d < DH; d++) _mm512_store_ps(Ot + d * QB, _mm512_mul_ps(_mm512_load_ps(Ot + d * QB), alpha));
-            /* O^T += V^T P^T: tiles 0-3 = dims 16n.., 4-5 hold P^T (keys 0-31, 32-63), 6-7 stream V^T */
-            const uint16_t *v = vp + kb * KB * DH;
-            _tile_loadd(4, Pt, 64);
-            _tile_loadd(5, Pt + 512, 64);
+}
+
+/* The online softmax of one S^T block (valid keys of it) down the columns,
+ * one lane per query, so no horizontal reductions: updates the running max
+ * m and sum l, rescales O^T when a max moved, and writes P^T in key pairs
+ * (bf16) for the product with V. The scores are in log2 units (log2 e is
+ * folded into q's scale). */
+AMX_FN static inline void softmax(const float *St, int valid, __m512 *m, __m512 *l, float *Ot, uint16_t *Pt) {
+    /* bf16 pairs (even key, odd key) per query: [e0 o0 e1 o1 ...] from [e0..e15 o0..o15] */
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 mx0 = *m, mx1 = *m, mx2 = *m, mx3 = *m; /* four chains: a max waits 4 cycles on the one before */
+    int r = 0;
+    for (; r + 4 <= valid; r += 4) {
+        mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(St + (r + 1) * QB));
+        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(St + (r + 2) * QB));
+        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(St + (r + 3) * QB));
+    }
+    for (; r < valid; r++) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
+    __m512 mx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
+    /* when no query's max moved, nothing needs rescaling (m = -inf at first: O, l are 0) */
+    int moved = _mm512_cmp_ps_mask(mx, *m, _CMP_GT_OQ) != 0;
+    __m512 alpha = moved ? exp2_16(_mm512_sub_ps(*m, mx)) : _mm512_set1_ps(1.0f);
+    *m = mx;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (r = 0; r < KB; r += 2) {
+        __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
+        if (r < valid) p0 = exp2_16(_mm512_sub_ps(_mm512_load_ps(St + r * QB), mx));
+        if (r + 1 < valid) p1 = exp2_16(_mm512_sub_ps(_mm512_load_ps(St + (r + 1) * QB), mx));
+        s0 = _mm512_add_ps(s0, p0);
+        s1 = _mm512_add_ps(s1, p1);
+        _mm512_store_si512(Pt + r * QB, _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+    *l = _mm512_fmadd_ps(*l, alpha, _mm512_add_ps(s0, s1));
+    if (moved)
+        for (int d = 0; d < DH; d++) _mm512_store_ps(Ot + d * QB, _mm512_mul_ps(_mm512_load_ps(Ot + d * QB), alpha));
+}
+
+/* O^T += V^T P^T: tiles 0-3 = dims 16n.., 4-5 hold P^T (keys 0-31, 32-63), 6-7 stream V^T */
+AMX_FN static inline void weigh(const uint16_t *Pt, const uint16_t *v, float *Ot) {
+    _tile_loadd(4, Pt, 64);
+    _tile_loadd(5, Pt + 512, 64);
 #define PV(n)                                      \
     _tile_loadd(n, Ot + (n)*16 * QB, QB * 4);      \
     _tile_loadd(6, v + ((n)*2 + 0) * 512, 64);     \
@@ -100,16 +105,50 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
     _tile_loadd(7, v + ((n)*2 + 1) * 512, 64);     \
     _tile_dpbf16ps(n, 7, 5);                       \
     _tile_stored(n, Ot + (n)*16 * QB, QB * 4);
-            PV(0) PV(1) PV(2) PV(3)
+    PV(0) PV(1) PV(2) PV(3)
 #undef PV
+}
+
+/* one (batch, head): qp (Q^T tiles per block of 16 queries, scaled), kp and
+ * vp packed by pack_head.
+ * - QG blocks of queries go over the keys together: each block of 64 keys
+ *   comes from L2 once for all of them, then serves the others from L1.
+ * - The steps (block of keys, block of queries) are pipelined: the scores
+ *   of the next step are issued to the tile unit before the softmax of this
+ *   one, so the tile products run while the vector units do the softmax. */
+AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
+                        int64_t Nq, int64_t Nk) {
+    int64_t nkb = (Nk + KB - 1) / KB;
+    float St[2][KB * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 64 keys x 16 queries */
+    float Ot[QG][DH * QB] __attribute__((aligned(64))); /* O^T per block of queries: 64 dims x 16 queries */
+    uint16_t Pt[KB * QB] __attribute__((aligned(64)));  /* P^T in key pairs: [32][16 queries x 2] */
+    for (int64_t g0 = 0; g0 < Nq; g0 += QG * QB, qp += QG * 2 * 512) {
+        int nq = (int)((Nq - g0 + QB - 1) / QB < QG ? (Nq - g0 + QB - 1) / QB : QG);
+        __m512 m[QG], l[QG];
+        for (int b = 0; b < nq; b++) {
+            m[b] = _mm512_set1_ps(-INFINITY);
+            l[b] = _mm512_setzero_ps();
+            memset(Ot[b], 0, sizeof Ot[b]);
+        }
+        int64_t steps = nkb * nq; /* step t: keys of block t / nq, queries of block t % nq */
+        scores(qp, kp, St[0]);
+        for (int64_t t = 0; t < steps; t++) {
+            int64_t kb = t / nq;
+            int b = (int)(t % nq);
+            if (t + 1 < steps) scores(qp + (t + 1) % nq * 2 * 512, kp + (t + 1) / nq * KB * DH, St[(t + 1) & 1]);
+            softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), &m[b], &l[b], Ot[b], Pt);
+            weigh(Pt, vp + kb * KB * DH, Ot[b]);
         }
         /* o = (O^T)^T / l */
-        float inv[QB] __attribute__((aligned(64)));
-        _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
-        int rows = (int)(Nq - i0 < QB ? Nq - i0 : QB);
-        for (int r = 0; r < rows; r++) {
-            float *dst = o + (i0 + r) * ostride;
-            for (int d = 0; d < DH; d++) dst[d] = Ot[d * QB + r] * inv[r];
+        for (int b = 0; b < nq; b++) {
+            float inv[QB] __attribute__((aligned(64)));
+            _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l[b]));
+            int64_t i0 = g0 + b * QB;
+            int rows = (int)(Nq - i0 < QB ? Nq - i0 : QB);
+            for (int r = 0; r < rows; r++) {
+                float *dst = o + (i0 + r) * ostride;
+                for (int d = 0; d < DH; d++) dst[d] = Ot[b][d * QB + r] * inv[r];
+            }
         }
     }
 }
