@@ -78,7 +78,9 @@ TEST(attention_matches_reference) {
                            {1, 257, 40, 2, 64}, {1, 20, 600, 1, 32},
                            /* head size 64: the fused AMX kernel in bf16; partial query and key blocks */
                            {2, 1, 1, 2, 64}, {1, 17, 65, 3, 64}, {2, 333, 200, 2, 64}, {1, 64, 64, 1, 64},
-                           {1, 100, 1357, 1, 64}};
+                           {1, 100, 1357, 1, 64},
+                           /* more query blocks than one group of four shares, and more queries than keys */
+                           {1, 80, 33, 2, 64}, {3, 49, 97, 2, 64}};
     for (int d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             check_attention(dts[d], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);

@@ -1,16 +1,19 @@
 /* attn_amx.c - fused flash attention on AMX tiles, for bf16 compute with a
  * head size of 64 (every SD3 / SD3.5 model).
  *
- * Per (batch, head): q (scaled by 1/sqrt(Dh)), k and v are converted to bf16
- * once, straight into the tile layouts the products want. Everything runs
- * transposed (keys and dims down, the 16 queries of a block across one
- * vector), so the softmax's max and sum go down columns with no horizontal
- * reductions. Per block of 16 queries, for each block of 64 keys:
+ * Per (batch, head): q (scaled by log2 e / sqrt(Dh)), k and v are converted
+ * to bf16 once, straight into the tile layouts the products want (blocks of
+ * tokens, transposed in registers). Everything runs transposed (keys and
+ * dims down, the 16 queries of a block across one vector), so the softmax's
+ * max and sum go down columns with no horizontal reductions. Per block of
+ * 16 queries, for each block of 64 keys:
  *   S^T [64 x 16] = K Q^T         4 accumulator tiles, 2 steps over Dh
- *   online softmax (AVX-512):     running max m and sum l per query, P^T = exp(S^T - m) in bf16
- *   O^T [64 x 16] = O^T exp(m_old - m) + V^T P^T   4 accumulator tiles, 2 steps over the keys
- * and (O^T)^T / l is the output. The N x N matrix is never formed; parallel
- * over batch x heads. */
+ *   online softmax (AVX-512):     running max m and sum l per query, P^T = 2^(S^T - m) in bf16
+ *   O^T [64 x 16] = O^T 2^(m_old - m) + V^T P^T   4 accumulator tiles, 2 steps over the keys
+ * and (O^T)^T / l is the output. Four blocks of queries share each block of
+ * keys while it is in L1, and the next step's S^T is issued to the tile
+ * unit before this step's softmax, so the two overlap. The N x N matrix is
+ * never formed; parallel over batch x heads. */
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
@@ -34,11 +37,6 @@ AMX_FN static inline __m512 exp2_16(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69583374f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992517f));
     return _mm512_scalef_ps(p, x);
-}
-
-AMX_FN static inline void store_bf16(uint16_t *dst, __m512 x) {
-    __m256bh h = _mm512_cvtneps_pbh(x);
-    memcpy(dst, &h, 32);
 }
 
 /* S^T [64 keys x 16 queries] = K Q^T for one block of keys k and of queries
@@ -110,7 +108,7 @@ AMX_FN static inline void weigh(const uint16_t *Pt, const uint16_t *v, float *Ot
 }
 
 /* one (batch, head): qp (Q^T tiles per block of 16 queries, scaled), kp and
- * vp packed by pack_head.
+ * vp packed by pack_q_block and pack_kv_block.
  * - QG blocks of queries go over the keys together: each block of 64 keys
  *   comes from L2 once for all of them, then serves the others from L1.
  * - The steps (block of keys, block of queries) are pipelined: the scores
@@ -157,35 +155,83 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
  * Q^T: [query/16][Dh half][Dh pair][query%16][2] (scaled, zero past Nq);
  * K:   [key][Dh] (zero past Nk, to a whole block of 64);
  * V^T: [key/64][Dh/16][key half][Dh%16][key%32] (zero past Nk).
- * One token (row) of every head at a time: the rows of q, k and v are read
+ * Blocks of tokens of every head at a time: the rows of q, k and v are read
  * whole and in order (per head they would be 256-byte pieces 6 KiB apart,
- * which the prefetchers do not follow). */
-AMX_FN static void pack_q_row(const float *row, int64_t i, int64_t H, int64_t Nqp, float scale, uint16_t *qp) {
+ * which the prefetchers do not follow); Q and V are transposed in
+ * registers, 16 x 16 lanes of 32 bits at a time. */
+
+/* r[j] lane i <- r[i] lane j, for 32-bit lanes */
+AMX_FN static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* queries [i0, i0+16) of one batch (rows of q [Nq, H*Dh]) into Q^T: each
+ * query's Dh pairs (32 bits, even dim low) become a lane of 16 vectors */
+AMX_FN static void pack_q_block(const float *q, int64_t i0, int64_t Nq, int64_t H, int64_t Nqp, float scale,
+                                uint16_t *qp) {
     __m512 sc = _mm512_set1_ps(scale);
     for (int64_t h = 0; h < H; h++) {
-        uint16_t b16[DH];
-        for (int c = 0; c < DH; c += 16)
-            store_bf16(b16 + c, row ? _mm512_mul_ps(_mm512_loadu_ps(row + h * DH + c), sc) : _mm512_setzero_ps());
-        uint16_t *blk = qp + h * Nqp * DH + (i / QB) * 2 * 512 + (i % QB) * 2;
-        for (int d = 0; d < DH; d += 2) {
-            uint16_t *dst = blk + (d / 32) * 512 + ((d % 32) / 2) * 32;
-            dst[0] = b16[d];
-            dst[1] = b16[d + 1];
+        __m512i half[2][16];
+        for (int r = 0; r < QB; r++) {
+            const float *row = q + (i0 + r) * H * DH + h * DH;
+            for (int c = 0; c < 2; c++)
+                half[c][r] = i0 + r < Nq ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + 32 * c + 16), sc),
+                                                                      _mm512_mul_ps(_mm512_loadu_ps(row + 32 * c), sc))
+                                         : _mm512_setzero_si512();
+        }
+        uint16_t *blk = qp + h * Nqp * DH + i0 / QB * 2 * 512;
+        for (int c = 0; c < 2; c++) {
+            transpose16(half[c]);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512(blk + c * 512 + j * 32, half[c][j]);
         }
     }
 }
 
-AMX_FN static void pack_kv_row(const float *krow, const float *vrow, int64_t key, int64_t H, int64_t Nkp, uint16_t *kp,
-                               uint16_t *vp) {
+/* keys [k0, k0+32) of one batch (rows of k, v [Nk, H*Dh]) into K and V^T */
+AMX_FN static void pack_kv_block(const float *k, const float *v, int64_t k0, int64_t Nk, int64_t H, int64_t Nkp,
+                                 uint16_t *kp, uint16_t *vp) {
     for (int64_t h = 0; h < H; h++) {
-        uint16_t vb16[DH];
-        uint16_t *kdst = kp + h * Nkp * DH + key * DH;
-        for (int c = 0; c < DH; c += 16) {
-            store_bf16(kdst + c, krow ? _mm512_loadu_ps(krow + h * DH + c) : _mm512_setzero_ps());
-            store_bf16(vb16 + c, vrow ? _mm512_loadu_ps(vrow + h * DH + c) : _mm512_setzero_ps());
+        for (int r = 0; r < 32; r++) {
+            uint16_t *kdst = kp + h * Nkp * DH + (k0 + r) * DH;
+            const float *row = k + (k0 + r) * H * DH + h * DH;
+            for (int c = 0; c < DH; c += 32)
+                _mm512_storeu_si512(kdst + c, k0 + r < Nk ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16),
+                                                                                         _mm512_loadu_ps(row + c))
+                                                          : _mm512_setzero_si512());
         }
-        uint16_t *blk = vp + h * Nkp * DH + (key / KB) * KB * DH + ((key % KB) / 32) * 512 + key % 32;
-        for (int d = 0; d < DH; d++) blk[(d / 16) * 1024 + (d % 16) * 32] = vb16[d];
+        uint16_t *blk = vp + h * Nkp * DH + k0 / KB * KB * DH + (k0 % KB) / 32 * 512;
+        for (int d0 = 0; d0 < DH; d0 += 16) {
+            __m512i lo[16], hi[16]; /* keys k0.. and k0+16.. x 16 dims, then 16 dims x those keys */
+            for (int r = 0; r < 16; r++) {
+                lo[r] = k0 + r < Nk ? _mm512_loadu_si512(v + (k0 + r) * H * DH + h * DH + d0) : _mm512_setzero_si512();
+                hi[r] = k0 + 16 + r < Nk ? _mm512_loadu_si512(v + (k0 + 16 + r) * H * DH + h * DH + d0)
+                                         : _mm512_setzero_si512();
+            }
+            transpose16(lo);
+            transpose16(hi);
+            for (int d = 0; d < 16; d++)
+                _mm512_storeu_si512(blk + d0 / 16 * 1024 + d * 32,
+                                   (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi[d]), _mm512_castsi512_ps(lo[d])));
+        }
     }
 }
 
@@ -205,12 +251,10 @@ AMX_FN static void run(const float *q, const float *k, const float *v, float *o,
         _tile_loadconfig(&cfg);
 #pragma omp for collapse(2) schedule(static)
         for (int64_t b = 0; b < B; b++)
-            for (int64_t i = 0; i < (Nqp > Nkp ? Nqp : Nkp); i++) {
+            for (int64_t i = 0; i < (Nqp > Nkp ? Nqp : Nkp); i += 32) {
                 uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-                if (i < Nqp) pack_q_row(i < Nq ? q + (b * Nq + i) * D : NULL, i, H, Nqp, scale, qp);
-                if (i < Nkp)
-                    pack_kv_row(i < Nk ? k + (b * Nk + i) * D : NULL, i < Nk ? v + (b * Nk + i) * D : NULL, i, H, Nkp,
-                                kp, vp);
+                for (int64_t i0 = i; i0 < i + 32 && i0 < Nqp; i0 += QB) pack_q_block(q + b * Nq * D, i0, Nq, H, Nqp, scale, qp);
+                if (i < Nkp) pack_kv_block(k + b * Nk * D, v + b * Nk * D, i, Nk, H, Nkp, kp, vp);
             }
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t b = 0; b < B; b++)
