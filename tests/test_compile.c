@@ -180,6 +180,8 @@ TEST(outside_the_range_falls_back) {
     snprintf(path, sizeof path, "%s/model.c", r.path);
     CHECK_OK(kb_read_file(path, &code, &len));
     CHECK(code && strstr(code, "rt->linear_gate_add(") && !strstr(code, "rt->gate_add("));
+    /* and the joint attention reads the image and context streams in place: no concatenation is left */
+    CHECK(code && strstr(code, "rt->attention_joint(") && !strstr(code, "rt->concat_rows("));
     free(code);
     inputs in;
     make_inputs(m, 2, 16, 32, 77, 1, &in); /* w_tok 16 > 12 */

@@ -86,6 +86,40 @@ TEST(attention_matches_reference) {
             check_attention(dts[d], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
 }
 
+/* attention over two token segments against the reference attention of their concatenation */
+static void check_attention_joint(const kk_backend *be, double tol, int64_t B, int64_t Na, int64_t Nb, int64_t H,
+                                  int64_t Dh) {
+    int64_t D = H * Dh, N = Na + Nb;
+    float *seg[6], *cat[3];
+    for (int s = 0; s < 6; s++) seg[s] = rnd(30 + (uint64_t)s, (size_t)(B * (s < 3 ? Na : Nb) * D + 1), 1);
+    for (int s = 0; s < 3; s++) {
+        cat[s] = rnd(40, (size_t)(B * N * D), 0);
+        kk_concat_rows(seg[s], Na * D, seg[s + 3], Nb * D, cat[s], B);
+    }
+    float *want = rnd(41, (size_t)(B * N * D), 0), *got = rnd(42, (size_t)(B * N * D), 0);
+    kk_reference()->attention(cat[0], cat[1], cat[2], want, B, N, N, H, Dh);
+    be->attention_joint(seg[0], seg[1], seg[2], seg[3], seg[4], seg[5], got, B, Na, Nb, H, Dh);
+    double err = rel_l2(got, want, (size_t)(B * N * D));
+    CHECK_MSG(err <= tol, "%s attention_joint B %lld Na %lld Nb %lld H %lld Dh %lld: error %.3g", be->name, (long long)B,
+              (long long)Na, (long long)Nb, (long long)H, (long long)Dh, err);
+    for (int s = 0; s < 6; s++) kb_free_aligned(seg[s]);
+    for (int s = 0; s < 3; s++) kb_free_aligned(cat[s]);
+    kb_free_aligned(want);
+    kb_free_aligned(got);
+}
+
+TEST(attention_joint_matches_reference) {
+    /* head size 64 reads the segments in place (AMX, bf16); others concatenate first */
+    int64_t shapes[][5] = {{1, 1, 1, 1, 64}, {2, 37, 11, 2, 64}, {1, 100, 33, 3, 64}, {2, 64, 64, 1, 64},
+                           {2, 5, 9, 3, 8}, {1, 20, 0, 2, 64}, {1, 0, 20, 2, 64}};
+    const kk_backend *bes[3] = {kk_reference(), kk_fast(KILN_F32), kk_fast(KILN_BF16)};
+    for (int b = 0; b < 3; b++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            if (bes[b])
+                check_attention_joint(bes[b], b == 2 ? 1e-2 : 1e-5, shapes[s][0], shapes[s][1], shapes[s][2],
+                                      shapes[s][3], shapes[s][4]);
+}
+
 TEST(elementwise_matches_reference) {
     const kk_backend *fast = kk_fast(KILN_F32), *ref = kk_reference();
     if (!fast) return;
@@ -355,6 +389,7 @@ TEST(quant_layouts) {
 int main(void) {
     RUN(linear_matches_reference);
     RUN(attention_matches_reference);
+    RUN(attention_joint_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);

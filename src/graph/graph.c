@@ -366,6 +366,29 @@ void kg_fuse(kg_graph *g) {
             uses[s0] = 0; /* the layernorm has no consumer left: executors skip it */
         }
     }
+    /* the concatenations of two token streams (image, context) into an
+     * attention's q, k and v, when nothing else reads them: the attention
+     * reads both segments in place (attention_joint), no copy is made */
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        if (n->op != KG_ATTENTION || n->iparam[1]) continue;
+        int ok = 1;
+        for (int s = 0; s < 3 && ok; s++) {
+            const kg_node *c = &g->nodes[n->src[s]], *q = &g->nodes[n->src[0]];
+            ok = c->op == KG_CONCAT_TOKENS && uses[n->src[s]] == 1 && !c->out_bf16 &&
+                 g->nodes[c->src[0]].shape[1] == g->nodes[q->src[0]].shape[1] &&
+                 g->nodes[c->src[1]].shape[1] == g->nodes[q->src[1]].shape[1];
+        }
+        if (!ok) continue;
+        kg_id seg[6];
+        for (int s = 0; s < 3; s++) {
+            seg[s] = g->nodes[n->src[s]].src[0];
+            seg[s + 3] = g->nodes[n->src[s]].src[1];
+            uses[n->src[s]] = 0; /* no consumer left: executors skip the concat */
+        }
+        for (int s = 0; s < 6; s++) n->src[s] = seg[s];
+        n->iparam[1] = 1;
+    }
     /* gate_add (res + gate * y) into the epilogue of the linear making y, when
      * y has no other consumer and res and gate exist before that linear runs:
      * the linear then writes the residual stream itself (one pass less) */

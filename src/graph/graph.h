@@ -32,7 +32,9 @@ typedef enum kg_op {
     KG_SLICE_COLS,     /* x [B,E] -> [B,len]; iparam = off, len */
     KG_CONCAT_TOKENS,  /* [B,N1,D] ++ [B,N2,D] -> [B,N1+N2,D] */
     KG_SLICE_TOKENS,   /* [B,N,D] -> [B,len,D]; iparam = off, len */
-    KG_ATTENTION,      /* q [B,Nq,H*Dh], k,v [B,Nk,H*Dh] -> [B,Nq,H*Dh]; iparam[0] = H */
+    KG_ATTENTION,      /* q [B,Nq,H*Dh], k,v [B,Nk,H*Dh] -> [B,Nq,H*Dh]; iparam[0] = H;
+                        * iparam[1] = 1: joint (set by kg_fuse): the concat_tokens making q, k, v
+                        * folded in, src = q, k, v of the first segment, then of the second */
     KG_PATCHIFY,       /* [B,C,H,W] -> [B,(H/p)(W/p),C*p*p]; iparam[0] = p */
     KG_UNPATCHIFY,     /* [B,h*w,p*p*C] -> [B,C,h*p,w*p]; iparam = p, h, w, C */
     KG_TIMESTEP_PROJ,  /* t [B] -> [B,dim] (cos | sin); iparam[0] = dim */
@@ -53,7 +55,7 @@ typedef enum kg_op {
 
 const char *kg_op_name(kg_op op);
 
-#define KG_MAX_SRC 5 /* sources of a node: 3, and 5 for a linear with a gate_add folded in */
+#define KG_MAX_SRC 6 /* sources of a node: 3; 5 for a linear with a gate_add folded in, 6 for a joint attention */
 
 typedef struct kg_node {
     kg_op op;

@@ -160,6 +160,18 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
  * which the prefetchers do not follow); Q and V are transposed in
  * registers, 16 x 16 lanes of 32 bits at a time. */
 
+/* Where the token rows of q, k or v lie: token i of batch b is row
+ * b * na + i of a for i < na, else row b * nb + i - na of b (attention over
+ * two token segments, the image and context streams, read in place) */
+typedef struct rows_of {
+    const float *a, *b;
+    int64_t na, nb;
+} rows_of;
+
+static inline const float *row_of(const rows_of *r, int64_t batch, int64_t i, int64_t D) {
+    return i < r->na ? r->a + (batch * r->na + i) * D : r->b + (batch * r->nb + i - r->na) * D;
+}
+
 /* r[j] lane i <- r[i] lane j, for 32-bit lanes */
 AMX_FN static inline void transpose16(__m512i r[16]) {
     __m512i t[16], u[16];
@@ -184,17 +196,17 @@ AMX_FN static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* queries [i0, i0+16) of one batch (rows of q [Nq, H*Dh]) into Q^T: each
- * query's Dh pairs (32 bits, even dim low) become a lane of 16 vectors */
-AMX_FN static void pack_q_block(const float *q, int64_t i0, int64_t Nq, int64_t H, int64_t Nqp, float scale,
-                                uint16_t *qp) {
+/* queries [i0, i0+16) of one batch into Q^T: each query's Dh pairs (32
+ * bits, even dim low) become a lane of 16 vectors */
+AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int64_t Nq, int64_t H, int64_t Nqp,
+                                float scale, uint16_t *qp) {
     __m512 sc = _mm512_set1_ps(scale);
     for (int64_t h = 0; h < H; h++) {
         __m512i half[2][16];
         for (int r = 0; r < QB; r++) {
-            const float *row = q + (i0 + r) * H * DH + h * DH;
+            const float *row = i0 + r < Nq ? row_of(q, batch, i0 + r, H * DH) + h * DH : NULL;
             for (int c = 0; c < 2; c++)
-                half[c][r] = i0 + r < Nq ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + 32 * c + 16), sc),
+                half[c][r] = row ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + 32 * c + 16), sc),
                                                                       _mm512_mul_ps(_mm512_loadu_ps(row + 32 * c), sc))
                                          : _mm512_setzero_si512();
         }
@@ -206,15 +218,17 @@ AMX_FN static void pack_q_block(const float *q, int64_t i0, int64_t Nq, int64_t 
     }
 }
 
-/* keys [k0, k0+32) of one batch (rows of k, v [Nk, H*Dh]) into K and V^T */
-AMX_FN static void pack_kv_block(const float *k, const float *v, int64_t k0, int64_t Nk, int64_t H, int64_t Nkp,
-                                 uint16_t *kp, uint16_t *vp) {
+/* keys [k0, k0+32) of one batch into K and V^T */
+AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t batch, int64_t k0, int64_t Nk, int64_t H,
+                                 int64_t Nkp, uint16_t *kp, uint16_t *vp) {
+    const float *vrow[32];
+    for (int r = 0; r < 32; r++) vrow[r] = k0 + r < Nk ? row_of(v, batch, k0 + r, H * DH) : NULL;
     for (int64_t h = 0; h < H; h++) {
         for (int r = 0; r < 32; r++) {
             uint16_t *kdst = kp + h * Nkp * DH + (k0 + r) * DH;
-            const float *row = k + (k0 + r) * H * DH + h * DH;
+            const float *row = k0 + r < Nk ? row_of(k, batch, k0 + r, H * DH) + h * DH : NULL;
             for (int c = 0; c < DH; c += 32)
-                _mm512_storeu_si512(kdst + c, k0 + r < Nk ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16),
+                _mm512_storeu_si512(kdst + c, row ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16),
                                                                                          _mm512_loadu_ps(row + c))
                                                           : _mm512_setzero_si512());
         }
@@ -222,9 +236,8 @@ AMX_FN static void pack_kv_block(const float *k, const float *v, int64_t k0, int
         for (int d0 = 0; d0 < DH; d0 += 16) {
             __m512i lo[16], hi[16]; /* keys k0.. and k0+16.. x 16 dims, then 16 dims x those keys */
             for (int r = 0; r < 16; r++) {
-                lo[r] = k0 + r < Nk ? _mm512_loadu_si512(v + (k0 + r) * H * DH + h * DH + d0) : _mm512_setzero_si512();
-                hi[r] = k0 + 16 + r < Nk ? _mm512_loadu_si512(v + (k0 + 16 + r) * H * DH + h * DH + d0)
-                                         : _mm512_setzero_si512();
+                lo[r] = vrow[r] ? _mm512_loadu_si512(vrow[r] + h * DH + d0) : _mm512_setzero_si512();
+                hi[r] = vrow[16 + r] ? _mm512_loadu_si512(vrow[16 + r] + h * DH + d0) : _mm512_setzero_si512();
             }
             transpose16(lo);
             transpose16(hi);
@@ -235,9 +248,9 @@ AMX_FN static void pack_kv_block(const float *k, const float *v, int64_t k0, int
     }
 }
 
-AMX_FN static void run(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                       int64_t H, int64_t Dh, uint16_t *all) {
-    int64_t D = H * Dh, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
+AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, float *o, int64_t B, int64_t H,
+                       int64_t Dh, uint16_t *all) {
+    int64_t D = H * Dh, Nq = q->na + q->nb, Nk = k->na + k->nb, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
     float scale = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
     size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
 #pragma omp parallel
@@ -253,8 +266,8 @@ AMX_FN static void run(const float *q, const float *k, const float *v, float *o,
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < (Nqp > Nkp ? Nqp : Nkp); i += 32) {
                 uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-                for (int64_t i0 = i; i0 < i + 32 && i0 < Nqp; i0 += QB) pack_q_block(q + b * Nq * D, i0, Nq, H, Nqp, scale, qp);
-                if (i < Nkp) pack_kv_block(k + b * Nk * D, v + b * Nk * D, i, Nk, H, Nkp, kp, vp);
+                for (int64_t i0 = i; i0 < i + 32 && i0 < Nqp; i0 += QB) pack_q_block(q, b, i0, Nq, H, Nqp, scale, qp);
+                if (i < Nkp) pack_kv_block(k, v, b, i, Nk, H, Nkp, kp, vp);
             }
 #pragma omp for collapse(2) schedule(dynamic)
         for (int64_t b = 0; b < B; b++)
@@ -276,6 +289,16 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
                      int64_t H, int64_t Dh, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
     if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
-    run(q, k, v, o, B, Nq, Nk, H, Dh, work);
+    rows_of rq = {q, NULL, Nq, 0}, rk = {k, NULL, Nk, 0}, rv = {v, NULL, Nk, 0};
+    run(&rq, &rk, &rv, o, B, H, Dh, work);
+    return 1;
+}
+
+int kk_attention_amx_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
+                           const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                           uint16_t *work) {
+    if (Dh != DH || Na < 0 || Nb < 0 || Na + Nb < 1 || !work || !kk_amx_ready()) return 0;
+    rows_of rq = {qa, qb, Na, Nb}, rk = {ka, kb, Na, Nb}, rv = {va, vb, Na, Nb};
+    run(&rq, &rk, &rv, o, B, H, Dh, work);
     return 1;
 }

@@ -420,8 +420,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[13];
-    static _Thread_local size_t cap[13];
+    static _Thread_local void *buf[14];
+    static _Thread_local size_t cap[14];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -1045,18 +1045,51 @@ static void attention_f32(const float *q, const float *k, const float *v, float 
     fast_attention(KILN_F32, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 
-static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
-                           int64_t Nk, int64_t H, int64_t Dh) {
-    /* the fused AMX kernel where it applies (head size 64, AMX; KILN_ATTENTION=strips turns it off) */
-    static int strips = -1; /* read once: this runs every layer */
+/* KILN_ATTENTION=strips turns the fused AMX kernel off (read once: this runs every layer) */
+static int attention_strips(void) {
+    static int strips = -1;
     if (__atomic_load_n(&strips, __ATOMIC_RELAXED) < 0) {
         const char *mode = getenv("KILN_ATTENTION");
         __atomic_store_n(&strips, mode && !strcmp(mode, "strips"), __ATOMIC_RELAXED);
     }
-    if (!__atomic_load_n(&strips, __ATOMIC_RELAXED) && Dh == 64 &&
+    return __atomic_load_n(&strips, __ATOMIC_RELAXED);
+}
+
+static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
+                           int64_t Nk, int64_t H, int64_t Dh) {
+    /* the fused AMX kernel where it applies (head size 64, AMX) */
+    if (!attention_strips() && Dh == 64 &&
         kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H))))
         return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
+}
+
+/* the concatenations for kernels without segmented reads (slot 13) */
+static void attention_joint_concat(const kk_backend *be, const float *qa, const float *ka, const float *va,
+                                   const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
+                                   int64_t Nb, int64_t H, int64_t Dh) {
+    float *work = scratch(13, sizeof(float) * 3 * (size_t)(B * (Na + Nb) * H * Dh));
+    if (!work) {
+        kb_log(KILN_LOG_ERROR, "out of memory for attention; using the reference attention");
+        kk_reference()->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+        return;
+    }
+    kk_attention_joint_concat(be, qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work);
+}
+
+static void attention_joint_f32(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
+                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+    attention_joint_concat(kk_fast(KILN_F32), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+}
+
+static void attention_joint_bf16(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
+                                 const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+    /* the fused AMX kernel reads both segments in place */
+    if (!attention_strips() && Dh == 64 &&
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh,
+                               scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
+        return;
+    attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
 }
 
 #define FAST_COMMON                                                                         \
@@ -1065,8 +1098,10 @@ static void attention_bf16(const float *q, const float *k, const float *v, float
     .modulate = fast_modulate, .gate_add = fast_gate_add
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
+                                      .attention_joint = attention_joint_f32,
                                       .linear_gate_add = linear_gate_add_f32, FAST_COMMON};
 static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16,
+                                       .attention_joint = attention_joint_bf16,
                                        .linear_gate_add = linear_gate_add_bf16,
                                        .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
                                        .modulate_bf16 = fast_modulate_bf16, FAST_COMMON};

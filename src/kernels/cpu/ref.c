@@ -2,6 +2,7 @@
  * double so they sit as close to diffusers' float64 goldens as f32 storage
  * allows. OpenMP splits independent rows; no reduction crosses threads, so
  * results do not depend on the thread count. */
+#include "base/base.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -147,6 +148,17 @@ static void ref_linear_gate_add(const void *x, int x_bf16, const kk_weight *w, c
         ref_gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
 }
 
+static void ref_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
+                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+    float *work = malloc(sizeof(float) * 3 * (size_t)(B * (Na + Nb) * H * Dh) + 1);
+    if (!work) { /* leave o as it is, like the reference attention's own allocation failure */
+        kb_log(KILN_LOG_ERROR, "reference attention: out of memory");
+        return;
+    }
+    kk_attention_joint_concat(kk_reference(), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work);
+    free(work);
+}
+
 static const kk_backend k_ref = {
     .name = "reference",
     .linear = ref_linear,
@@ -158,6 +170,7 @@ static const kk_backend k_ref = {
     .modulate = ref_modulate,
     .gate_add = ref_gate_add,
     .attention = ref_attention,
+    .attention_joint = ref_attention_joint,
     .linear_gate_add = ref_linear_gate_add,
 };
 
