@@ -26,6 +26,7 @@
 #define KB 64 /* keys per block: four 16-column accumulator tiles */
 #define DH 64
 #define QG 4 /* blocks of queries per pass over the keys */
+#define LAZY 8.0f /* log2 units a max may pass the softmax's reference point before it moves */
 
 /* 2^x for 16 lanes, x <= 0: x = n + f with n = floor(x), f in [0, 1);
  * 2^f by a degree-3 polynomial (7.5e-5 relative error; P is rounded to bf16,
@@ -74,10 +75,15 @@ AMX_FN static inline void softmax(const float *St, int valid, __m512 *m, __m512 
     }
     for (; r < valid; r++) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
     __m512 mx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
-    /* when no query's max moved, nothing needs rescaling (m = -inf at first: O, l are 0) */
-    int moved = _mm512_cmp_ps_mask(mx, *m, _CMP_GT_OQ) != 0;
-    __m512 alpha = moved ? exp2_16(_mm512_sub_ps(*m, mx)) : _mm512_set1_ps(1.0f);
-    *m = mx;
+    /* The reference point m of a query moves only when its max passes it by
+     * more than LAZY: below that, P = 2^(S - m) stays under 2^LAZY (exact in
+     * bf16's exponent range, l and O in f32) and the final O / l is the same,
+     * so most steps skip rescaling O (m = -inf at first: O, l are 0) */
+    __mmask16 up = _mm512_cmp_ps_mask(mx, _mm512_add_ps(*m, _mm512_set1_ps(LAZY)), _CMP_GT_OQ);
+    int moved = up != 0;
+    __m512 mnew = _mm512_mask_mov_ps(*m, up, mx);
+    __m512 alpha = moved ? exp2_16(_mm512_sub_ps(*m, mnew)) : _mm512_set1_ps(1.0f);
+    *m = mx = mnew;
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     for (r = 0; r < KB; r += 2) {
         __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
