@@ -5,7 +5,11 @@
  *
  * GEMM: kiln's linear (f32 activations in, bf16 conversion, packed weights,
  * bias) against a bare oneDNN bf16 matmul whose source is already bf16.
- * Attention: kiln's attention at N tokens, GFLOP/s against the GEMM rate.
+ * Attention: kiln's attention at N tokens against kiln's largest forward
+ * GEMM (1024x1536x6144), FLOP rate to FLOP rate. Each pair runs in turn,
+ * run by run, and the ratio is the median of the per-run ratios: the host's
+ * speed drifts 3-4x with other tenants, so separate medians can compare a
+ * quiet minute with a busy one.
  * AMX peak: TDPBF16PS on tiles loaded from L1 (one tile load per product,
  * as in a 2x2 GEMM micro-kernel), on every thread: the most a bf16 GEMM
  * can reach on this machine, measured in the same run. */
@@ -66,11 +70,19 @@ static double median(double *v, int n) {
 }
 
 /* a bare oneDNN matmul: bf16 src [M,K] x packed bf16 weights -> f32 [M,N] + bias */
-static double onednn_ms(int64_t M, int64_t K, int64_t N, int runs) {
+typedef struct onednn_mm {
     dnnl_engine_t eng;
     dnnl_stream_t st;
-    dnnl_engine_create(&eng, dnnl_cpu, 0);
-    dnnl_stream_create(&st, eng, dnnl_stream_default_flags);
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    dnnl_memory_t mem[4];
+    dnnl_exec_arg_t args[4];
+} onednn_mm;
+
+static int onednn_open(onednn_mm *o, int64_t M, int64_t K, int64_t N) {
+    memset(o, 0, sizeof *o);
+    dnnl_engine_create(&o->eng, dnnl_cpu, 0);
+    dnnl_stream_create(&o->st, o->eng, dnnl_stream_default_flags);
     dnnl_memory_desc_t a, b, c, bias;
     dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N}, dbias = {1, N};
     dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, dnnl_ab);
@@ -78,95 +90,126 @@ static double onednn_ms(int64_t M, int64_t K, int64_t N, int runs) {
     dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab);
     dnnl_memory_desc_init_by_tag(&bias, 2, dbias, dnnl_f32, dnnl_ab);
     dnnl_matmul_desc_t md;
-    dnnl_primitive_desc_t pd;
-    dnnl_primitive_t p;
     dnnl_matmul_desc_init(&md, &a, &b, &bias, &c);
-    if (dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL) || dnnl_primitive_create(&p, pd)) return -1;
-    dnnl_memory_t ma, mb, mc, mbias;
-    dnnl_memory_create(&ma, &a, eng, DNNL_MEMORY_ALLOCATE);
-    dnnl_memory_create(&mb, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0), eng, DNNL_MEMORY_ALLOCATE);
-    dnnl_memory_create(&mc, &c, eng, DNNL_MEMORY_ALLOCATE);
-    dnnl_memory_create(&mbias, &bias, eng, DNNL_MEMORY_ALLOCATE);
+    if (dnnl_primitive_desc_create(&o->pd, &md, NULL, o->eng, NULL) || dnnl_primitive_create(&o->p, o->pd)) return 0;
+    dnnl_memory_create(&o->mem[0], &a, o->eng, DNNL_MEMORY_ALLOCATE);
+    dnnl_memory_create(&o->mem[1], dnnl_primitive_desc_query_md(o->pd, dnnl_query_weights_md, 0), o->eng,
+                       DNNL_MEMORY_ALLOCATE);
+    dnnl_memory_create(&o->mem[2], &c, o->eng, DNNL_MEMORY_ALLOCATE);
+    dnnl_memory_create(&o->mem[3], &bias, o->eng, DNNL_MEMORY_ALLOCATE);
     /* real data in every buffer: untouched memory maps the kernel's zero page, every read hits the
      * cache, and the matmul would look several times faster than it is on real weights */
-    dnnl_memory_t all[4] = {ma, mb, mc, mbias};
     for (int i = 0; i < 4; i++) {
         void *h = NULL;
-        dnnl_memory_get_data_handle(all[i], &h);
+        dnnl_memory_get_data_handle(o->mem[i], &h);
         const dnnl_memory_desc_t *d;
-        dnnl_memory_get_memory_desc(all[i], &d);
+        dnnl_memory_get_memory_desc(o->mem[i], &d);
         size_t n = dnnl_memory_desc_get_size(d);
         uint16_t *p = h;
         for (size_t k = 0; k < n / 2; k++) p[k] = (uint16_t)(0x3c00 + (k * 2654435761u >> 20) % 0x200); /* bf16 in [0.0078, 0.0156) */
     }
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, mbias}};
-    dnnl_primitive_execute(p, st, 4, args);
-    dnnl_stream_wait(st);
-    double t[64];
-    for (int r = 0; r < runs; r++) {
-        double t0 = kb_now();
-        dnnl_primitive_execute(p, st, 4, args);
-        dnnl_stream_wait(st);
-        t[r] = (kb_now() - t0) * 1e3;
-    }
-    dnnl_memory_destroy(ma);
-    dnnl_memory_destroy(mb);
-    dnnl_memory_destroy(mc);
-    dnnl_memory_destroy(mbias);
-    dnnl_primitive_destroy(p);
-    dnnl_primitive_desc_destroy(pd);
-    dnnl_stream_destroy(st);
-    dnnl_engine_destroy(eng);
-    return median(t, runs);
+    int argk[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    for (int i = 0; i < 4; i++) o->args[i] = (dnnl_exec_arg_t){argk[i], o->mem[i]};
+    return 1;
 }
 
-static double kiln_linear_ms(int64_t M, int64_t K, int64_t N, int runs) {
-    const kk_backend *be = kk_fast(KILN_BF16);
+static double onednn_run_ms(onednn_mm *o) {
+    double t0 = kb_now();
+    dnnl_primitive_execute(o->p, o->st, 4, o->args);
+    dnnl_stream_wait(o->st);
+    return (kb_now() - t0) * 1e3;
+}
+
+static void onednn_close(onednn_mm *o) {
+    for (int i = 0; i < 4; i++)
+        if (o->mem[i]) dnnl_memory_destroy(o->mem[i]);
+    if (o->p) dnnl_primitive_destroy(o->p);
+    if (o->pd) dnnl_primitive_desc_destroy(o->pd);
+    dnnl_stream_destroy(o->st);
+    dnnl_engine_destroy(o->eng);
+}
+
+/* kiln's linear on f32 input (converted to bf16 inside) and packed weights, + bias */
+typedef struct kiln_lin {
+    const kk_backend *be;
+    kk_weight kw;
+    float *w, *x, *y, *bias;
+    void *packed;
+    int64_t M;
+} kiln_lin;
+
+static int kiln_open(kiln_lin *l, int64_t M, int64_t K, int64_t N) {
+    memset(l, 0, sizeof *l);
+    l->be = kk_fast(KILN_BF16);
     char layout[40];
     size_t bytes;
-    if (!be || kk_fast_layout(N, K, KILN_BF16, layout, &bytes)) return -1;
-    float *w = kb_alloc_aligned(sizeof(float) * (size_t)(N * K)), *x = kb_alloc_aligned(sizeof(float) * (size_t)(M * K));
-    float *y = kb_alloc_aligned(sizeof(float) * (size_t)(M * N)), *bias = kb_alloc_aligned(sizeof(float) * (size_t)N);
-    void *packed = kb_alloc_aligned(bytes);
-    kiln_noise(1, w, (size_t)(N * K));
-    kiln_noise(2, x, (size_t)(M * K));
-    kiln_noise(3, bias, (size_t)N);
-    kk_fast_pack(w, N, K, KILN_BF16, packed);
-    kk_weight kw = {N, K, NULL, packed, KILN_BF16, NULL};
-    be->linear(x, &kw, bias, y, M, KK_ACT_NONE);
-    double t[64];
-    for (int r = 0; r < runs; r++) {
-        double t0 = kb_now();
-        be->linear(x, &kw, bias, y, M, KK_ACT_NONE);
-        t[r] = (kb_now() - t0) * 1e3;
-    }
-    kb_free_aligned(w);
-    kb_free_aligned(x);
-    kb_free_aligned(y);
-    kb_free_aligned(bias);
-    kb_free_aligned(packed);
-    return median(t, runs);
+    if (!l->be || kk_fast_layout(N, K, KILN_BF16, layout, &bytes)) return 0;
+    l->w = kb_alloc_aligned(sizeof(float) * (size_t)(N * K));
+    l->x = kb_alloc_aligned(sizeof(float) * (size_t)(M * K));
+    l->y = kb_alloc_aligned(sizeof(float) * (size_t)(M * N));
+    l->bias = kb_alloc_aligned(sizeof(float) * (size_t)N);
+    l->packed = kb_alloc_aligned(bytes);
+    kiln_noise(1, l->w, (size_t)(N * K));
+    kiln_noise(2, l->x, (size_t)(M * K));
+    kiln_noise(3, l->bias, (size_t)N);
+    kk_fast_pack(l->w, N, K, KILN_BF16, l->packed);
+    l->kw = (kk_weight){N, K, NULL, l->packed, KILN_BF16, NULL};
+    l->M = M;
+    return 1;
 }
 
-static double kiln_attention_ms(int64_t N, int64_t H, int64_t Dh, int runs) {
-    const kk_backend *be = kk_fast(KILN_BF16);
-    size_t n = (size_t)(N * H * Dh);
-    float *q = kb_alloc_aligned(4 * n), *k = kb_alloc_aligned(4 * n), *v = kb_alloc_aligned(4 * n), *o = kb_alloc_aligned(4 * n);
-    kiln_noise(4, q, n);
-    kiln_noise(5, k, n);
-    kiln_noise(6, v, n);
-    be->attention(q, k, v, o, 1, N, N, H, Dh);
-    double t[64];
+static double kiln_run_ms(kiln_lin *l) {
+    double t0 = kb_now();
+    l->be->linear(l->x, &l->kw, l->bias, l->y, l->M, KK_ACT_NONE);
+    return (kb_now() - t0) * 1e3;
+}
+
+static void kiln_close(kiln_lin *l) {
+    kb_free_aligned(l->w);
+    kb_free_aligned(l->x);
+    kb_free_aligned(l->y);
+    kb_free_aligned(l->bias);
+    kb_free_aligned(l->packed);
+}
+
+/* The host's speed drifts between runs (the tile unit is shared with other
+ * tenants), so two kernels are compared run by run: a[r] and b[r] are timed
+ * back to back (in turn first), and the ratio is the median of a[r] / b[r]. */
+typedef double (*run_fn)(void *);
+
+static double paired(run_fn fa, void *a, run_fn fb, void *b, int runs, double *ma, double *mb) {
+    double ta[64], tb[64], ratio[64];
+    fa(a); /* warm-up */
+    fb(b);
     for (int r = 0; r < runs; r++) {
-        double t0 = kb_now();
-        be->attention(q, k, v, o, 1, N, N, H, Dh);
-        t[r] = (kb_now() - t0) * 1e3;
+        if (r % 2) {
+            tb[r] = fb(b);
+            ta[r] = fa(a);
+        } else {
+            ta[r] = fa(a);
+            tb[r] = fb(b);
+        }
+        ratio[r] = ta[r] / tb[r];
     }
-    kb_free_aligned(q);
-    kb_free_aligned(k);
-    kb_free_aligned(v);
-    kb_free_aligned(o);
-    return median(t, runs);
+    *ma = median(ta, runs);
+    *mb = median(tb, runs);
+    return median(ratio, runs);
+}
+
+static double onednn_run(void *o) { return onednn_run_ms(o); }
+static double kiln_run(void *l) { return kiln_run_ms(l); }
+
+typedef struct attn_case {
+    const kk_backend *be;
+    float *q, *k, *v, *o;
+    int64_t N, H, Dh;
+} attn_case;
+
+static double attn_run(void *p) {
+    attn_case *a = p;
+    double t0 = kb_now();
+    a->be->attention(a->q, a->k, a->v, a->o, 1, a->N, a->N, a->H, a->Dh);
+    return (kb_now() - t0) * 1e3;
 }
 
 int main(int argc, char **argv) {
@@ -185,7 +228,9 @@ int main(int argc, char **argv) {
         printf("no bf16 fast backend on this machine (needs AVX-512 BF16 or AMX)\n");
         return 0;
     }
-    printf("bf16 GEMMs, SD3-medium shapes (rows: 1024 image tokens, 333 context tokens, 2048 = CFG batch 2, 1 = modulation), %d threads, median of %d\n\n",
+    printf("bf16 GEMMs, SD3-medium shapes (rows: 1024 image tokens, 333 context tokens, 2048 = CFG batch 2, 1 = "
+           "modulation), %d threads; %d runs of each, oneDNN and kiln in turn; medians, and the median of the "
+           "per-run ratios\n\n",
            kiln_get_threads(), runs);
     printf("| M x K x N | oneDNN matmul ms | GFLOP/s | kiln linear ms | GFLOP/s | kiln / oneDNN throughput |\n");
     printf("|---|---|---|---|---|---|\n");
@@ -193,23 +238,47 @@ int main(int argc, char **argv) {
      * batch 2 (2048), and the modulations (1 row) */
     int64_t shapes[][3] = {{1024, 1536, 1536}, {1024, 1536, 6144}, {1024, 6144, 1536}, {333, 1536, 1536},
                            {333, 1536, 6144}, {333, 6144, 1536}, {2048, 1536, 1536}, {1, 1536, 9216}};
-    double gemm_rate = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int64_t M = shapes[i][0], K = shapes[i][1], N = shapes[i][2];
-        double fl = 2.0 * (double)M * (double)K * (double)N;
-        double d = onednn_ms(M, K, N, runs), kt = kiln_linear_ms(M, K, N, runs);
+        double fl = 2.0 * (double)M * (double)K * (double)N, d, kt;
+        onednn_mm o;
+        kiln_lin l;
+        if (!onednn_open(&o, M, K, N) || !kiln_open(&l, M, K, N)) {
+            printf("| %lldx%lldx%lld | (cannot create) |\n", (long long)M, (long long)K, (long long)N);
+            continue;
+        }
+        double ratio = paired(onednn_run, &o, kiln_run, &l, runs, &d, &kt);
         printf("| %lldx%lldx%lld | %.2f | %.0f | %.2f | %.0f | %.0f%% |\n", (long long)M, (long long)K, (long long)N, d,
-               fl / d / 1e6, kt, fl / kt / 1e6, 100.0 * d / kt);
-        gemm_rate += fl / kt / 1e6 / (double)(sizeof shapes / sizeof shapes[0]);
+               fl / d / 1e6, kt, fl / kt / 1e6, 100.0 * ratio);
+        onednn_close(&o);
+        kiln_close(&l);
     }
-    double peak = kk_amx_ready() ? amx_peak_gflops() : 0;
-    double at = kiln_attention_ms(tokens, 24, 64, runs < 5 ? runs : 5);
-    double afl = 4.0 * (double)tokens * (double)tokens * 1536.0;
-    printf("\nattention, %lld tokens, 24 heads of 64: %.1f ms, %.0f GFLOP/s = %.0f%% of kiln's mean GEMM rate (%.0f GFLOP/s)\n",
-           (long long)tokens, at, afl / at / 1e6, 100.0 * (afl / at / 1e6) / gemm_rate, gemm_rate);
-    if (peak > 0)
-        printf("AMX bf16 peak (TDPBF16PS on L1-resident tiles, one tile load per product, %d threads): %.0f GFLOP/s; "
-               "kiln's mean GEMM rate is %.0f%% of it\n",
-               kiln_get_threads(), peak, 100.0 * gemm_rate / peak);
+    /* attention against the forward's largest GEMM (the feed-forward's up-projection), in turn */
+    attn_case ac = {kk_fast(KILN_BF16), NULL, NULL, NULL, NULL, tokens, 24, 64};
+    size_t n = (size_t)(tokens * 24 * 64);
+    ac.q = kb_alloc_aligned(4 * n), ac.k = kb_alloc_aligned(4 * n), ac.v = kb_alloc_aligned(4 * n);
+    ac.o = kb_alloc_aligned(4 * n);
+    kiln_noise(4, ac.q, n);
+    kiln_noise(5, ac.k, n);
+    kiln_noise(6, ac.v, n);
+    kiln_lin ref;
+    if (kiln_open(&ref, 1024, 1536, 6144)) {
+        double at, gt, ratio = paired(attn_run, &ac, kiln_run, &ref, runs < 9 ? runs : 9, &at, &gt);
+        double afl = 4.0 * (double)tokens * (double)tokens * 1536.0, gfl = 2.0 * 1024 * 1536 * 6144;
+        /* rate ratio = (afl / at) / (gfl / gt), per run */
+        printf("\nattention, %lld tokens, 24 heads of 64: %.1f ms, %.0f GFLOP/s; kiln's 1024x1536x6144 GEMM in turn: "
+               "%.0f GFLOP/s; attention runs at %.0f%% of the GEMM's FLOP rate (median of the per-run ratios)\n",
+               (long long)tokens, at, afl / at / 1e6, gfl / gt / 1e6, 100.0 * afl / gfl / ratio);
+        kiln_close(&ref);
+    }
+    kb_free_aligned(ac.q);
+    kb_free_aligned(ac.k);
+    kb_free_aligned(ac.v);
+    kb_free_aligned(ac.o);
+    if (kk_amx_ready()) {
+        double peak = amx_peak_gflops();
+        printf("AMX bf16 peak (TDPBF16PS on L1-resident tiles, one tile load per product, %d threads): %.0f GFLOP/s\n",
+               kiln_get_threads(), peak);
+    }
     return 0;
 }
