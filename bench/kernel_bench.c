@@ -243,8 +243,11 @@ int main(int argc, char **argv) {
         double fl = 2.0 * (double)M * (double)K * (double)N, d, kt;
         onednn_mm o;
         kiln_lin l;
-        if (!onednn_open(&o, M, K, N) || !kiln_open(&l, M, K, N)) {
+        int have_o = onednn_open(&o, M, K, N), have_l = have_o && kiln_open(&l, M, K, N);
+        if (!have_l) {
             printf("| %lldx%lldx%lld | (cannot create) |\n", (long long)M, (long long)K, (long long)N);
+            onednn_close(&o); /* whatever was created */
+            if (have_o) kiln_close(&l);
             continue;
         }
         double ratio = paired(onednn_run, &o, kiln_run, &l, runs, &d, &kt);

@@ -28,10 +28,10 @@
 #define QG 4 /* blocks of queries per pass over the keys */
 #define LAZY 8.0f /* log2 units a max may pass the softmax's reference point before it moves */
 
-/* 2^x for 16 lanes, x <= 0: x = n + f with n = floor(x), f in [0, 1);
- * 2^f by a degree-3 polynomial (7.5e-5 relative error; P is rounded to bf16,
- * 3.9e-3, anyway) and the 2^n by scalef, which floors x itself and gives 0
- * far below the f32 range */
+/* 2^x for 16 lanes, x <= LAZY (-inf included): x = n + f with n = floor(x),
+ * f in [0, 1); 2^f by a degree-3 polynomial (7.5e-5 relative error; P is
+ * rounded to bf16, 3.9e-3, anyway) and the 2^n by scalef, which floors x
+ * itself and gives 0 far below the f32 range */
 AMX_FN static inline __m512 exp2_16(__m512 x) {
     __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.07802419f), f, _mm512_set1_ps(0.22606721f));
