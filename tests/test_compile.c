@@ -182,6 +182,14 @@ TEST(outside_the_range_falls_back) {
     CHECK(code && strstr(code, "rt->linear_gate_add(") && !strstr(code, "rt->gate_add("));
     /* and the joint attention reads the image and context streams in place: no concatenation is left */
     CHECK(code && strstr(code, "rt->attention_joint(") && !strstr(code, "rt->concat_rows("));
+    /* the last block asks with the image tokens alone (its context output is dropped): no context queries */
+    int image_only = 0;
+    for (const char *at = code; at && (at = strstr(at, "rt->attention_joint(")); at++) {
+        const char *arg = at + strlen("rt->attention_joint(");
+        for (int comma = 0; comma < 3 && arg; comma++) arg = strchr(arg, ',') ? strchr(arg, ',') + 1 : NULL;
+        image_only += arg && !strncmp(arg, " 0,", 3);
+    }
+    CHECK_MSG(image_only == 1, "%d joint attentions with image queries only, want 1 (the last block)", image_only);
     free(code);
     inputs in;
     make_inputs(m, 2, 16, 32, 77, 1, &in); /* w_tok 16 > 12 */

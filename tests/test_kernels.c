@@ -87,21 +87,28 @@ TEST(attention_matches_reference) {
 }
 
 /* attention over two token segments against the reference attention of their concatenation */
+/* q_both 0: only the first segment's tokens are queries (qb NULL), o [B,Na,D]
+ * and nothing written past it */
 static void check_attention_joint(const kk_backend *be, double tol, int64_t B, int64_t Na, int64_t Nb, int64_t H,
-                                  int64_t Dh) {
-    int64_t D = H * Dh, N = Na + Nb;
+                                  int64_t Dh, int q_both) {
+    int64_t D = H * Dh, N = Na + Nb, Nq = q_both ? N : Na;
     float *seg[6], *cat[3];
     for (int s = 0; s < 6; s++) seg[s] = rnd(30 + (uint64_t)s, (size_t)(B * (s < 3 ? Na : Nb) * D + 1), 1);
     for (int s = 0; s < 3; s++) {
         cat[s] = rnd(40, (size_t)(B * N * D), 0);
         kk_concat_rows(seg[s], Na * D, seg[s + 3], Nb * D, cat[s], B);
     }
-    float *want = rnd(41, (size_t)(B * N * D), 0), *got = rnd(42, (size_t)(B * N * D), 0);
-    kk_reference()->attention(cat[0], cat[1], cat[2], want, B, N, N, H, Dh);
-    be->attention_joint(seg[0], seg[1], seg[2], seg[3], seg[4], seg[5], got, B, Na, Nb, H, Dh);
-    double err = rel_l2(got, want, (size_t)(B * N * D));
-    CHECK_MSG(err <= tol, "%s attention_joint B %lld Na %lld Nb %lld H %lld Dh %lld: error %.3g", be->name, (long long)B,
-              (long long)Na, (long long)Nb, (long long)H, (long long)Dh, err);
+    float *want = rnd(41, (size_t)(B * N * D), 0), *got = rnd(42, (size_t)(B * N * D + 1), 0);
+    for (int64_t i = B * Nq * D; i <= B * N * D; i++) got[i] = 12345.0f;
+    kk_reference()->attention(q_both ? cat[0] : seg[0], cat[1], cat[2], want, B, Nq, N, H, Dh);
+    be->attention_joint(seg[0], seg[1], seg[2], q_both ? seg[3] : NULL, seg[4], seg[5], got, B, Na, Nb, H, Dh);
+    double err = rel_l2(got, want, (size_t)(B * Nq * D));
+    int64_t past = 0;
+    for (int64_t i = B * Nq * D; i <= B * N * D; i++) past += got[i] != 12345.0f;
+    CHECK_MSG(err <= tol && !past,
+              "%s attention_joint B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s: error %.3g, %lld written past o",
+              be->name, (long long)B, (long long)Na, (long long)Nb, (long long)H, (long long)Dh,
+              q_both ? "both segments" : "the first segment", err, (long long)past);
     for (int s = 0; s < 6; s++) kb_free_aligned(seg[s]);
     for (int s = 0; s < 3; s++) kb_free_aligned(cat[s]);
     kb_free_aligned(want);
@@ -115,9 +122,10 @@ TEST(attention_joint_matches_reference) {
     const kk_backend *bes[3] = {kk_reference(), kk_fast(KILN_F32), kk_fast(KILN_BF16)};
     for (int b = 0; b < 3; b++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            if (bes[b])
-                check_attention_joint(bes[b], b == 2 ? 1e-2 : 1e-5, shapes[s][0], shapes[s][1], shapes[s][2],
-                                      shapes[s][3], shapes[s][4]);
+            for (int q_both = 0; q_both < 2; q_both++)
+                if (bes[b])
+                    check_attention_joint(bes[b], b == 2 ? 1e-2 : 1e-5, shapes[s][0], shapes[s][1], shapes[s][2],
+                                          shapes[s][3], shapes[s][4], q_both);
 }
 
 TEST(elementwise_matches_reference) {

@@ -75,7 +75,8 @@ typedef struct refs {
 } refs;
 
 static void ref(sb *b, const refs *r, kg_id id) {
-    if (r->local) out(b, "P[m[%d]]", r->local[id]);
+    if (id < 0) out(b, "0"); /* an absent source (a joint attention's queries of one segment) */
+    else if (r->local) out(b, "P[m[%d]]", r->local[id]);
     else out(b, "P[%d]", id);
 }
 
@@ -164,7 +165,7 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
     case KG_ATTENTION:
         if (n->iparam[1]) { /* joint: two token segments read in place */
             out(b, "rt->attention_joint("), A(0), C, A(1), C, A(2), C, A(3), C, A(4), C, A(5), C, Y(), C;
-            dim(b, x, i, 0), C, dim(b, x, s0, 1), C, dim(b, x, n->src[3], 1), C, ipar(b, x, i, 0), C, dim(b, x, i, 2);
+            dim(b, x, i, 0), C, dim(b, x, s0, 1), C, dim(b, x, n->src[4], 1), C, ipar(b, x, i, 0), C, dim(b, x, i, 2);
             out(b, "/"), ipar(b, x, i, 0), out(b, ");\n");
             break;
         }

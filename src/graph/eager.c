@@ -73,8 +73,8 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     case KG_ATTENTION: {
         const kg_node *K = &g->nodes[n->src[1]];
         if (ip[1]) /* joint: q, k, v of two token segments, read in place */
-            be->attention_joint(a, b, c, buf[n->src[3]], buf[n->src[4]], buf[n->src[5]], y, n->shape[0], A->shape[1],
-                                g->nodes[n->src[3]].shape[1], ip[0], n->shape[2] / ip[0]);
+            be->attention_joint(a, b, c, n->src[3] >= 0 ? buf[n->src[3]] : NULL, buf[n->src[4]], buf[n->src[5]], y,
+                                n->shape[0], A->shape[1], g->nodes[n->src[4]].shape[1], ip[0], n->shape[2] / ip[0]);
         else
             be->attention(a, b, c, y, n->shape[0], n->shape[1], K->shape[1], ip[0], n->shape[2] / ip[0]);
         break;

@@ -367,21 +367,24 @@ void kg_fuse(kg_graph *g) {
         }
     }
     /* the concatenations of two token streams (image, context) into an
-     * attention's q, k and v, when nothing else reads them: the attention
-     * reads both segments in place (attention_joint), no copy is made */
+     * attention's k and v, and q, when nothing else reads them: the attention
+     * reads both segments in place (attention_joint), no copy is made. q may
+     * be the first stream alone (the last block's context is dropped, so only
+     * the image tokens ask): then src[3] is -1 */
     for (int i = 0; i < g->n; i++) {
         kg_node *n = &g->nodes[i];
         if (n->op != KG_ATTENTION || n->iparam[1]) continue;
-        int ok = 1;
-        for (int s = 0; s < 3 && ok; s++) {
-            const kg_node *c = &g->nodes[n->src[s]], *q = &g->nodes[n->src[0]];
+        const kg_node *k = &g->nodes[n->src[1]];
+        int q_joint = g->nodes[n->src[0]].op == KG_CONCAT_TOKENS, ok = k->op == KG_CONCAT_TOKENS;
+        for (int s = q_joint ? 0 : 1; s < 3 && ok; s++) {
+            const kg_node *c = &g->nodes[n->src[s]];
             ok = c->op == KG_CONCAT_TOKENS && uses[n->src[s]] == 1 && !c->out_bf16 &&
-                 g->nodes[c->src[0]].shape[1] == g->nodes[q->src[0]].shape[1] &&
-                 g->nodes[c->src[1]].shape[1] == g->nodes[q->src[1]].shape[1];
+                 g->nodes[c->src[0]].shape[1] == g->nodes[k->src[0]].shape[1] &&
+                 g->nodes[c->src[1]].shape[1] == g->nodes[k->src[1]].shape[1];
         }
-        if (!ok) continue;
-        kg_id seg[6];
-        for (int s = 0; s < 3; s++) {
+        if (!ok || (!q_joint && n->shape[1] != g->nodes[k->src[0]].shape[1])) continue;
+        kg_id seg[6] = {n->src[0], -1, -1, -1, -1, -1};
+        for (int s = q_joint ? 0 : 1; s < 3; s++) {
             seg[s] = g->nodes[n->src[s]].src[0];
             seg[s + 3] = g->nodes[n->src[s]].src[1];
             uses[n->src[s]] = 0; /* no consumer left: executors skip the concat */

@@ -34,7 +34,8 @@ typedef enum kg_op {
     KG_SLICE_TOKENS,   /* [B,N,D] -> [B,len,D]; iparam = off, len */
     KG_ATTENTION,      /* q [B,Nq,H*Dh], k,v [B,Nk,H*Dh] -> [B,Nq,H*Dh]; iparam[0] = H;
                         * iparam[1] = 1: joint (set by kg_fuse): the concat_tokens making q, k, v
-                        * folded in, src = q, k, v of the first segment, then of the second */
+                        * folded in, src = q, k, v of the first segment, then of the second;
+                        * src[3] = -1 when only the first segment's tokens are queries */
     KG_PATCHIFY,       /* [B,C,H,W] -> [B,(H/p)(W/p),C*p*p]; iparam[0] = p */
     KG_UNPATCHIFY,     /* [B,h*w,p*p*C] -> [B,C,h*p,w*p]; iparam = p, h, w, C */
     KG_TIMESTEP_PROJ,  /* t [B] -> [B,dim] (cos | sin); iparam[0] = dim */

@@ -65,7 +65,8 @@ typedef struct kk_backend {
     /* o [B,Na+Nb,H*Dh]: attention over two token segments read in place, q =
      * [qa; qb] along each batch's tokens (qa [B,Na,H*Dh], qb [B,Nb,H*Dh]), k
      * and v alike: the image and context streams, whose concatenations
-     * kg_fuse folds in */
+     * kg_fuse folds in. qb NULL: only qa's tokens are queries, o [B,Na,H*Dh]
+     * (k and v still span both segments) */
     void (*attention_joint)(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                             const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh);
     /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
@@ -99,8 +100,9 @@ void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t n
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
 /* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
-/* attention_joint by be->attention on the concatenated q, k, v, made in
- * work (3 * B*(Na+Nb)*H*Dh floats): for kernels without segmented reads */
+/* attention_joint by be->attention on the concatenated q (or qa alone when
+ * qb is NULL), k and v, made in work (3 * B*(Na+Nb)*H*Dh floats): for
+ * kernels without segmented reads */
 void kk_attention_joint_concat(const kk_backend *be, const float *qa, const float *ka, const float *va,
                                const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
                                int64_t Nb, int64_t H, int64_t Dh, float *work);

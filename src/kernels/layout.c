@@ -77,8 +77,8 @@ void kk_attention_joint_concat(const kk_backend *be, const float *qa, const floa
                                const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
                                int64_t Nb, int64_t H, int64_t Dh, float *work) {
     int64_t D = H * Dh, n = B * (Na + Nb) * D;
-    kk_concat_rows(qa, Na * D, qb, Nb * D, work, B);
+    if (qb) kk_concat_rows(qa, Na * D, qb, Nb * D, work, B);
     kk_concat_rows(ka, Na * D, kb, Nb * D, work + n, B);
     kk_concat_rows(va, Na * D, vb, Nb * D, work + 2 * n, B);
-    be->attention(work, work + n, work + 2 * n, o, B, Na + Nb, Na + Nb, H, Dh);
+    be->attention(qb ? work : qa, work + n, work + 2 * n, o, B, qb ? Na + Nb : Na, Na + Nb, H, Dh);
 }

@@ -71,19 +71,22 @@ static kg_id feed_forward(fwd *f, kg_id x, const char *ff, int blk) {
  * image tokens and every head; an all-to-all trades them for every token of
  * this rank's heads, the context takes its slice of heads, and the outputs
  * go back the same way. Returns the image part [B,n,Dl], and the context
- * part [B,T,Dl] in *o_ctx. */
+ * part [B,T,Dl] in *o_ctx; o_ctx NULL (the last, context_pre_only block,
+ * whose context output diffusers drops): the context tokens are keys and
+ * values only, b[0] is not read, and no context output is computed. */
 static kg_id attend(fwd *f, const kg_id a[3], const kg_id *b, kg_id *o_ctx) {
     kg_graph *g = f->g;
     int sp = f->par.sp;
     kg_id q[3];
     for (int k = 0; k < 3; k++) {
         kg_id ai = sp > 1 ? kg_alltoall(g, a[k], 1, KD_SP, sp) : a[k];
-        q[k] = b ? kg_concat_tokens(g, ai, sp > 1 ? kg_shard(g, b[k], 2, sp, f->par.sp_index) : b[k]) : ai;
+        int joint = b && (k > 0 || o_ctx);
+        q[k] = joint ? kg_concat_tokens(g, ai, sp > 1 ? kg_shard(g, b[k], 2, sp, f->par.sp_index) : b[k]) : ai;
     }
     kg_id o = kg_attention(g, q[0], q[1], q[2], (int)(f->heads / sp));
     if (g->status) return -1;
     int64_t n_all = g->nodes[a[0]].shape[1] * sp, n_tot = g->nodes[o].shape[1];
-    if (b) {
+    if (b && o_ctx) {
         kg_id oc = kg_slice_tokens(g, o, n_all, n_tot - n_all);
         *o_ctx = sp > 1 ? kg_allgather(g, oc, 2, KD_SP, sp) : oc;
         o = kg_slice_tokens(g, o, 0, n_all);
@@ -116,7 +119,7 @@ static kg_id joint_block(fwd *f, int i, kg_id hs, kg_id *ctx, kg_id silu_temb) {
     qkv(f, c, i, "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.norm_added_q",
         "attn.norm_added_k", b);
     kg_id o_ctx = -1;
-    kg_id o_img = row_lin(f, attend(f, a, b, &o_ctx), "transformer_blocks.%d.attn.to_out.0", i);
+    kg_id o_img = row_lin(f, attend(f, a, b, last ? NULL : &o_ctx), "transformer_blocks.%d.attn.to_out.0", i);
     hs = kg_gate_add(g, hs, chunk(f, emb, 2), o_img);
 
     if (dual) { /* attn2: self-attention on the image stream only */

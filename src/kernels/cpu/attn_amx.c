@@ -303,8 +303,8 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
 int kk_attention_amx_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                            const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
                            uint16_t *work) {
-    if (Dh != DH || Na < 0 || Nb < 0 || Na + Nb < 1 || !work || !kk_amx_ready()) return 0;
-    rows_of rq = {qa, qb, Na, Nb}, rk = {ka, kb, Na, Nb}, rv = {va, vb, Na, Nb};
+    if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_amx_ready()) return 0;
+    rows_of rq = {qa, qb, Na, qb ? Nb : 0}, rk = {ka, kb, Na, Nb}, rv = {va, vb, Na, Nb};
     run(&rq, &rk, &rv, o, B, H, Dh, work);
     return 1;
 }
