@@ -28,18 +28,6 @@
 #define QG 4 /* blocks of queries per pass over the keys */
 #define LAZY 8.0f /* log2 units a max may pass the softmax's reference point before it moves */
 
-/* 2^x for 16 lanes, x <= LAZY (-inf included): x = n + f with n = floor(x),
- * f in [0, 1); 2^f by a degree-3 polynomial (7.5e-5 relative error; P is
- * rounded to bf16, 3.9e-3, anyway) and the 2^n by scalef, which floors x
- * itself and gives 0 far below the f32 range */
-AMX_FN static inline __m512 exp2_16(__m512 x) {
-    __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.07802419f), f, _mm512_set1_ps(0.22606721f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69583374f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992517f));
-    return _mm512_scalef_ps(p, x);
-}
-
 /* S^T [64 keys x 16 queries] = K Q^T for one block of keys k and of queries
  * q: tiles 0-3 = keys 16j.., 4-5 hold Q^T's two halves of Dh, 6-7 stream K */
 AMX_FN static inline void scores(const uint16_t *q, const uint16_t *k, float *St) {
@@ -82,13 +70,13 @@ AMX_FN static inline void softmax(const float *St, int valid, __m512 *m, __m512 
     __mmask16 up = _mm512_cmp_ps_mask(mx, _mm512_add_ps(*m, _mm512_set1_ps(LAZY)), _CMP_GT_OQ);
     int moved = up != 0;
     __m512 mnew = _mm512_mask_mov_ps(*m, up, mx);
-    __m512 alpha = moved ? exp2_16(_mm512_sub_ps(*m, mnew)) : _mm512_set1_ps(1.0f);
+    __m512 alpha = moved ? kk_exp2_16(_mm512_sub_ps(*m, mnew)) : _mm512_set1_ps(1.0f);
     *m = mx = mnew;
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     for (r = 0; r < KB; r += 2) {
         __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
-        if (r < valid) p0 = exp2_16(_mm512_sub_ps(_mm512_load_ps(St + r * QB), mx));
-        if (r + 1 < valid) p1 = exp2_16(_mm512_sub_ps(_mm512_load_ps(St + (r + 1) * QB), mx));
+        if (r < valid) p0 = kk_exp2_16(_mm512_sub_ps(_mm512_load_ps(St + r * QB), mx));
+        if (r + 1 < valid) p1 = kk_exp2_16(_mm512_sub_ps(_mm512_load_ps(St + (r + 1) * QB), mx));
         s0 = _mm512_add_ps(s0, p0);
         s1 = _mm512_add_ps(s1, p1);
         _mm512_store_si512(Pt + r * QB, _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
