@@ -100,6 +100,11 @@ void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t n
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
 /* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
+/* linear_gate_add as be's linear (linear_io for bf16 x) and then its
+ * gate_add over y, one batch entry (gate row) at a time: for GEMMs without
+ * the epilogue */
+void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_bf16, const kk_weight *w, const float *b,
+                             const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N);
 /* attention_joint by be->attention on the concatenated q (or qa alone when
  * qb is NULL), k and v, made in work (3 * B*(Na+Nb)*H*Dh floats): for
  * kernels without segmented reads */

@@ -82,3 +82,11 @@ void kk_attention_joint_concat(const kk_backend *be, const float *qa, const floa
     kk_concat_rows(va, Na * D, vb, Nb * D, work + 2 * n, B);
     be->attention(qb ? work : qa, work + n, work + 2 * n, o, B, qb ? Na + Nb : Na, Na + Nb, H, Dh);
 }
+
+void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_bf16, const kk_weight *w, const float *b,
+                             const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
+    if (x_bf16) be->linear_io(x, 1, w, b, y, 0, B * N, KK_ACT_NONE);
+    else be->linear(x, w, b, y, B * N, KK_ACT_NONE);
+    for (int64_t i = 0; i < B; i++)
+        be->gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
+}

@@ -43,15 +43,20 @@ static kg_id chunk(fwd *f, kg_id emb, int k) { return kg_slice_cols(f->g, emb, k
 static void qkv(fwd *f, kg_id x, int blk, const char *q, const char *k, const char *v,
                 const char *nq, const char *nk, kg_id out[3]) {
     char fmt[96];
-    snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", q);
-    out[0] = lin(f, x, fmt, blk);
+    out[0] = -1; /* q NULL: no queries asked of these tokens */
+    if (q) {
+        snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", q);
+        out[0] = lin(f, x, fmt, blk);
+    }
     snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", k);
     out[1] = lin(f, x, fmt, blk);
     snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s", v);
     out[2] = lin(f, x, fmt, blk);
-    if (f->c->qk_norm_rms) {
+    if (f->c->qk_norm_rms && q) {
         snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.weight", nq);
         out[0] = kg_rmsnorm_heads(f->g, out[0], weight(f, fmt, blk), (int)f->heads, SD3_NORM_EPS);
+    }
+    if (f->c->qk_norm_rms) {
         snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.%s.weight", nk);
         out[1] = kg_rmsnorm_heads(f->g, out[1], weight(f, fmt, blk), (int)f->heads, SD3_NORM_EPS);
     }
@@ -73,7 +78,8 @@ static kg_id feed_forward(fwd *f, kg_id x, const char *ff, int blk) {
  * go back the same way. Returns the image part [B,n,Dl], and the context
  * part [B,T,Dl] in *o_ctx; o_ctx NULL (the last, context_pre_only block,
  * whose context output diffusers drops): the context tokens are keys and
- * values only, b[0] is not read, and no context output is computed. */
+ * values only, b[0] is not read (qkv made none), and no context output is
+ * computed. */
 static kg_id attend(fwd *f, const kg_id a[3], const kg_id *b, kg_id *o_ctx) {
     kg_graph *g = f->g;
     int sp = f->par.sp;
@@ -116,7 +122,8 @@ static kg_id joint_block(fwd *f, int i, kg_id hs, kg_id *ctx, kg_id silu_temb) {
     /* JointAttnProcessor2_0: image tokens first, then context tokens */
     kg_id a[3], b[3];
     qkv(f, x, i, "attn.to_q", "attn.to_k", "attn.to_v", "attn.norm_q", "attn.norm_k", a);
-    qkv(f, c, i, "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.norm_added_q",
+    /* the last block's context output is dropped (as diffusers drops it): its tokens are keys and values only */
+    qkv(f, c, i, last ? NULL : "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.norm_added_q",
         "attn.norm_added_k", b);
     kg_id o_ctx = -1;
     kg_id o_img = row_lin(f, attend(f, a, b, last ? NULL : &o_ctx), "transformer_blocks.%d.attn.to_out.0", i);

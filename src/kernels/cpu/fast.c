@@ -300,6 +300,15 @@ static int amx_bf16(kiln_dtype dt) {
 /* int8 weights take the AMX GEMM's s8 products where the CPU has AMX */
 static int amx_i8(kiln_dtype dt) { return dt == KILN_I8 && engine() && kk_amx_ready(); }
 
+/* y = the epilogue e of x . W^T on kiln's AMX GEMM (packed: amx32 bf16),
+ * with this thread's work buffer (slot 11) */
+static void amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t M, int64_t K,
+                       const kk_amx_epilogue *e, void *y, int y_bf16, int64_t rows) {
+    int nt = gemm_threads(KILN_BF16);
+    if (!kk_amx_linear(x, x_bf16, packed, M, K, e, y, y_bf16, rows, nt, scratch(11, kk_amx_work_bytes(rows, K, nt))))
+        kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+}
+
 /* The element count of a BF16 / F8_E4M3 packed layout (padding included) */
 static int packed_elems(int64_t M, int64_t K, kiln_dtype dt, size_t *n) {
     dnnl_memory_desc_t md;
@@ -682,11 +691,8 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         if (!wb) return;
         decode_e4m3_par(w->packed, wb, (int64_t)qb);
         if (amx_bf16(KILN_F8_E4M3)) {
-            int nt = gemm_threads(KILN_BF16);
-            uint16_t *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
             kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
-            if (!kk_amx_linear(x, x_bf16, wb, M, K, &e, y, y_bf16, rows, nt, work))
-                kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+            amx_linear(x, x_bf16, wb, M, K, &e, y, y_bf16, rows);
             return;
         }
         if (!x_bf16) {
@@ -723,11 +729,8 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_we
         return;
     }
     if (amx_bf16(dt)) {
-        int nt = gemm_threads(dt);
-        uint16_t *work = scratch(11, kk_amx_work_bytes(rows, w->K, nt));
         kk_amx_epilogue e = {.bias = b, .act = act};
-        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, y_bf16, rows, nt, work))
-            kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+        amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, y_bf16, rows);
         return;
     }
     const void *src = x;
@@ -759,21 +762,14 @@ static void linear_io_bf16(const void *x, int x_bf16, const kk_weight *w, const 
 
 /* y = res + gate * (x W^T + b): in the AMX GEMM's epilogue where it runs
  * the bf16 weights, else the linear and then gate_add over its output */
-static void fast_gate_add(const float *res, const float *gate, const float *v, float *y, int64_t B, int64_t N,
-                          int64_t D);
 static void fast_linear_gate_add(kiln_dtype dt, const void *x, int x_bf16, const kk_weight *w, const float *b,
                                  const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
     if (amx_bf16(dt) && w->packed && w->packed_dtype == KILN_BF16) {
-        int nt = gemm_threads(dt);
-        uint16_t *work = scratch(11, kk_amx_work_bytes(B * N, w->K, nt));
         kk_amx_epilogue e = {.bias = b, .res = res, .gate = gate, .gate_ld = gate_ld, .tokens = N};
-        if (!kk_amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, 0, B * N, nt, work))
-            kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+        amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, 0, B * N);
         return;
     }
-    fast_linear_io(dt, x, x_bf16, w, b, y, 0, B * N, KK_ACT_NONE);
-    for (int64_t i = 0; i < B; i++) /* one batch entry at a time: its gate row */
-        fast_gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
+    kk_linear_then_gate_add(kk_fast(dt), x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
 }
 
 static void linear_gate_add_f32(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,

@@ -142,10 +142,7 @@ static void ref_attention(const float *q, const float *k, const float *v, float 
 /* the linear, then gate_add over its output (x is f32: the reference has no linear_io) */
 static void ref_linear_gate_add(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
                                 const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
-    (void)x_bf16;
-    ref_linear(x, w, b, y, B * N, KK_ACT_NONE);
-    for (int64_t i = 0; i < B; i++) /* one batch entry at a time: its gate row */
-        ref_gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
+    kk_linear_then_gate_add(kk_reference(), x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
 }
 
 static void ref_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
