@@ -170,14 +170,27 @@ TEST(elementwise_matches_reference) {
 
 #include "tensor/dtype.h"
 
-/* bf16 activations between ops: the same numbers as f32 in, f32 out, to bf16 precision */
-TEST(bf16_activation_io) {
+/* 1 when every padding element of a blocked [rows, K] is zero */
+static int blocked_pad_zero(const uint16_t *p, int64_t rows, int64_t K) {
+    int64_t R = (rows + 31) / 32 * 32, KP = (K + 31) / 32 * 32;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < KP; k++)
+            if ((r >= rows || k >= K) && p[kk_blocked_index(r, k, K)]) return 0;
+    return 1;
+}
+
+/* bf16 activations between ops: the same numbers as f32 in, f32 out, to bf16
+ * precision; bf16 rows and blocked (KK_FMT_*) give bit for bit the same
+ * numbers, in x and in y, and a blocked y has zero padding */
+static void check_activation_io(int64_t rows, int64_t K, int64_t M) {
     const kk_backend *fast = kk_fast(KILN_BF16), *ref = kk_reference();
     if (!fast || !fast->linear_io) return;
-    int64_t rows = 45, K = 96, M = 70, B = 1, N = 45, D = 96;
+    int64_t B = 1, N = rows, D = K;
     float *x = rnd(31, (size_t)(rows * K), 1), *w = rnd(32, (size_t)(M * K), 0.1f), *b = rnd(33, (size_t)M, 0.1f);
     float *y0 = rnd(34, (size_t)(rows * M), 0), *y1 = rnd(35, (size_t)(rows * M), 0);
     uint16_t *xb = kb_alloc_aligned(2 * (size_t)(rows * K)), *yb = kb_alloc_aligned(2 * (size_t)(rows * M));
+    uint16_t *xk = kb_alloc_aligned(2 * kk_blocked_elems(rows, K)), *yk = kb_alloc_aligned(2 * kk_blocked_elems(rows, M));
+    uint16_t *first = kb_alloc_aligned(2 * (size_t)(rows * M));
     char layout[40];
     size_t bytes;
     CHECK_OK(kk_fast_layout(M, K, KILN_BF16, layout, &bytes));
@@ -186,27 +199,56 @@ TEST(bf16_activation_io) {
     kk_weight wr = {M, K, w, NULL, KILN_F32, NULL}, wf = {M, K, NULL, packed, KILN_BF16, NULL};
     ref->linear(x, &wr, b, y0, rows, KK_ACT_GELU_TANH);
     kt_from_f32(KILN_BF16, x, xb, (size_t)(rows * K));
-    for (int xin = 0; xin < 2; xin++)
-        for (int yout = 0; yout < 2; yout++) {
-            fast->linear_io(xin ? (const void *)xb : (const void *)x, xin, &wf, b, yout ? (void *)yb : (void *)y1, yout,
-                            rows, KK_ACT_GELU_TANH);
+    memset(xk, 0xff, 2 * kk_blocked_elems(rows, K)); /* kk_block_rows must write the padding */
+    kk_block_rows(xb, rows, K, xk);
+    CHECK_MSG(blocked_pad_zero(xk, rows, K), "kk_block_rows: padding not zero");
+    const void *xs[3] = {x, xb, xk};
+    for (int xin = 0; xin < 3; xin++)
+        for (int yout = 0; yout < 3; yout++) {
+            memset(yk, 0xff, 2 * kk_blocked_elems(rows, M));
+            void *yp = yout == KK_FMT_F32 ? (void *)y1 : yout == KK_FMT_BF16 ? (void *)yb : (void *)yk;
+            fast->linear_io(xs[xin], xin, &wf, b, yp, yout, rows, KK_ACT_GELU_TANH);
+            if (yout == KK_FMT_BLOCKED) {
+                CHECK_MSG(blocked_pad_zero(yk, rows, M), "linear_io x_fmt %d: blocked y's padding not zero", xin);
+                kk_unblock_rows(yk, rows, M, yb);
+            }
             if (yout) kt_to_f32(KILN_BF16, yb, y1, (size_t)(rows * M));
             double err = rel_l2(y1, y0, (size_t)(rows * M));
-            CHECK_MSG(err <= 1e-2, "linear_io x_bf16 %d y_bf16 %d: error %.3g", xin, yout, err);
+            CHECK_MSG(err <= 1e-2, "linear_io x_fmt %d y_fmt %d: error %.3g", xin, yout, err);
+            /* bf16 x as rows or blocked, bf16 y as rows or blocked: the same bits */
+            if (xin && yout && xin + yout == 2) memcpy(first, yb, 2 * (size_t)(rows * M));
+            if (xin && yout && xin + yout > 2)
+                CHECK_MSG(!memcmp(first, yb, 2 * (size_t)(rows * M)), "linear_io x_fmt %d y_fmt %d differs from bf16 rows", xin, yout);
         }
     float *sh = rnd(36, (size_t)D, 0.3f), *sc = rnd(37, (size_t)D, 0.3f);
     float *z0 = rnd(38, (size_t)(N * D), 0), *z1 = rnd(39, (size_t)(N * D), 0);
-    uint16_t *zb = kb_alloc_aligned(2 * (size_t)(N * D));
-    ref->layernorm_modulate(x, sh, sc, z0, B, N, D, 1e-6f);
-    fast->layernorm_modulate_bf16(x, sh, sc, zb, B, N, D, 1e-6f);
-    kt_to_f32(KILN_BF16, zb, z1, (size_t)(N * D));
-    CHECK_MSG(rel_l2(z1, z0, (size_t)(N * D)) <= 1e-2, "layernorm_modulate_bf16");
-    ref->modulate(x, sh, sc, z0, B, N, D);
-    fast->modulate_bf16(x, sh, sc, zb, B, N, D);
-    kt_to_f32(KILN_BF16, zb, z1, (size_t)(N * D));
-    CHECK_MSG(rel_l2(z1, z0, (size_t)(N * D)) <= 1e-2, "modulate_bf16");
-    void *bufs[] = {x, w, b, y0, y1, xb, yb, packed, sh, sc, z0, z1, zb};
+    uint16_t *zb = kb_alloc_aligned(2 * (size_t)(N * D)), *zr = kb_alloc_aligned(2 * (size_t)(N * D));
+    for (int op = 0; op < 2; op++) {
+        const char *name = op ? "modulate_bf16" : "layernorm_modulate_bf16";
+        if (op) ref->modulate(x, sh, sc, z0, B, N, D);
+        else ref->layernorm_modulate(x, sh, sc, z0, B, N, D, 1e-6f);
+        for (int fmt = KK_FMT_BF16; fmt <= KK_FMT_BLOCKED; fmt++) {
+            uint16_t *out = fmt == KK_FMT_BLOCKED ? xk : zb;
+            memset(xk, 0xff, 2 * kk_blocked_elems(N, D));
+            if (op) fast->modulate_bf16(x, sh, sc, out, B, N, D, fmt);
+            else fast->layernorm_modulate_bf16(x, sh, sc, out, B, N, D, 1e-6f, fmt);
+            if (fmt == KK_FMT_BLOCKED) {
+                CHECK_MSG(blocked_pad_zero(xk, N, D), "%s: blocked padding not zero", name);
+                kk_unblock_rows(xk, N, D, zr);
+                CHECK_MSG(!memcmp(zr, zb, 2 * (size_t)(N * D)), "%s: blocked differs from bf16 rows", name);
+            }
+            kt_to_f32(KILN_BF16, fmt == KK_FMT_BLOCKED ? zr : zb, z1, (size_t)(N * D));
+            CHECK_MSG(rel_l2(z1, z0, (size_t)(N * D)) <= 1e-2, "%s y_fmt %d", name, fmt);
+        }
+    }
+    void *bufs[] = {x, w, b, y0, y1, xb, yb, xk, yk, first, packed, sh, sc, z0, z1, zb, zr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
+}
+
+TEST(bf16_activation_io) {
+    check_activation_io(45, 96, 70); /* rows and M past a multiple of 32 */
+    check_activation_io(33, 45, 17); /* K too */
+    check_activation_io(64, 64, 32); /* no padding */
 }
 
 /* linear + gate_add in one call (the GEMM epilogue in the bf16 AMX kernel,
@@ -219,8 +261,10 @@ TEST(linear_gate_add_matches_reference) {
     float *x = rnd(61, (size_t)(B * N * K), 1), *w = rnd(62, (size_t)(M * K), 0.1f), *b = rnd(63, (size_t)M, 0.1f);
     float *res = rnd(64, (size_t)(B * N * M), 1), *mod = rnd(65, (size_t)(B * E), 0.5f);
     float *gate = rnd(66, (size_t)(B * M), 0), *want = rnd(67, (size_t)(B * N * M), 0), *got = rnd(68, (size_t)(B * N * M), 0);
-    uint16_t *xb = kb_alloc_aligned(2 * (size_t)(B * N * K));
+    uint16_t *xb = kb_alloc_aligned(2 * (size_t)(B * N * K)), *xk = kb_alloc_aligned(2 * kk_blocked_elems(B * N, K));
     kt_from_f32(KILN_BF16, x, xb, (size_t)(B * N * K));
+    kk_block_rows(xb, B * N, K, xk);
+    const void *xs[3] = {x, xb, xk};
     for (int64_t i = 0; i < B; i++) memcpy(gate + i * M, mod + i * E + off, sizeof(float) * (size_t)M);
     kk_weight wr = {M, K, w, NULL, KILN_F32, NULL};
     ref->linear(x, &wr, b, want, B * N, KK_ACT_NONE);
@@ -237,14 +281,14 @@ TEST(linear_gate_add_matches_reference) {
         void *packed = kb_alloc_aligned(bytes);
         CHECK_OK(kk_fast_pack(w, M, K, dts[d], packed));
         kk_weight wf = {M, K, NULL, packed, dts[d], NULL};
-        for (int xin = 0; xin < (fast->linear_io ? 2 : 1); xin++) {
-            fast->linear_gate_add(xin ? (const void *)xb : (const void *)x, xin, &wf, b, res, mod + off, E, got, B, N);
+        for (int xin = 0; xin < (fast->linear_io ? 3 : 1); xin++) {
+            fast->linear_gate_add(xs[xin], xin, &wf, b, res, mod + off, E, got, B, N);
             double err = rel_l2(got, want, (size_t)(B * N * M)), tol = dts[d] == KILN_BF16 ? 1e-2 : 1e-5;
-            CHECK_MSG(err <= tol, "%s linear_gate_add x_bf16 %d: error %.3g", kiln_dtype_name(dts[d]), xin, err);
+            CHECK_MSG(err <= tol, "%s linear_gate_add x_fmt %d: error %.3g", kiln_dtype_name(dts[d]), xin, err);
         }
         kb_free_aligned(packed);
     }
-    void *bufs[] = {x, w, b, res, mod, gate, want, got, xb};
+    void *bufs[] = {x, w, b, res, mod, gate, want, got, xb, xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
 }
 

@@ -130,6 +130,7 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
         out(b, "rt->%s%s(", fn, n->out_bf16 ? "_bf16" : "");
         A(0), C, A(1), C, A(2), C, Y(), C, dim(b, x, i, 0), C, dim(b, x, i, 1), C, dim(b, x, i, 2);
         if (n->op == KG_LN_MODULATE) out(b, ", %af", (double)n->fparam);
+        if (n->out_bf16) out(b, ", %d", n->out_bf16);
         out(b, ");\n");
         break;
     }

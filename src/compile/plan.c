@@ -53,8 +53,7 @@ kiln_status kx_plan_graph(const kg_graph *g, kx_plan *p) {
             p->weights[p->n_weights++] = i;
         } else {
             p->place[i] = (kx_place){KX_ARENA, 0};
-            size_t es = nd->out_bf16 ? 2 : sizeof(float);
-            iv[ni++] = (interval){i, i, last[i], (es * (size_t)kg_numel(nd) + 63) & ~(size_t)63};
+            iv[ni++] = (interval){i, i, last[i], (kg_out_bytes(nd) + 63) & ~(size_t)63};
         }
     }
     for (int o = 0; o < g->n_outputs; o++) p->place[g->outputs[o]] = (kx_place){KX_OUTPUT, o};

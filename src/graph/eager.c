@@ -36,7 +36,8 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     }
     case KG_LN_MODULATE:
         if (n->out_bf16)
-            be->layernorm_modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
+            be->layernorm_modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2], n->fparam,
+                                        n->out_bf16);
         else
             be->layernorm_modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
         break;
@@ -55,7 +56,7 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
         break;
     }
     case KG_MODULATE:
-        if (n->out_bf16) be->modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2]);
+        if (n->out_bf16) be->modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2], n->out_bf16);
         else be->modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]);
         break;
     case KG_GATE_ADD: be->gate_add(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]); break;
@@ -158,8 +159,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             continue;
         }
         /* bf16 buffers are half the size; kg_plan_bf16 never marks outputs */
-        size_t esz = nd->out_bf16 ? 2 : sizeof(float);
-        float *y = out_slot[i] >= 0 ? outputs[out_slot[i]] : kb_alloc_aligned(esz * (size_t)kg_numel(nd));
+        float *y = out_slot[i] >= 0 ? outputs[out_slot[i]] : kb_alloc_aligned(kg_out_bytes(nd));
         if (!y) {
             st = KILN_ERR_NOMEM;
             break;

@@ -422,16 +422,23 @@ void kg_fuse(kg_graph *g) {
 void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     if (g->status || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
     /* ok[i]: every consumer so far is a linear reading i as its input, on weights that take bf16 (kk_weight_bf16_io) */
-    char *ok = malloc((size_t)g->n), *used = calloc((size_t)g->n, 1);
-    if (!ok || !used) {
+    char *ok = malloc((size_t)g->n), *used = calloc((size_t)g->n, 1), *live = malloc((size_t)g->n);
+    int *last = malloc(sizeof(int) * (size_t)g->n);
+    if (!ok || !used || !live || !last) {
         free(ok);
         free(used);
+        free(live);
+        free(last);
         return;
     }
+    /* only live consumers count: the nodes kg_fuse folded away (a GELU
+     * aliased to its linear) still name their old sources */
+    kg_liveness(g, live, last);
     memset(ok, 1, (size_t)g->n);
     for (int o = 0; o < g->n_outputs; o++) ok[g->outputs[o]] = 0;
     for (int i = 0; i < g->n; i++) {
         const kg_node *n = &g->nodes[i];
+        if (!live[i]) continue;
         for (int s = 0; s < KG_MAX_SRC; s++) {
             kg_id src = n->src[s];
             if (src < 0) continue;
@@ -443,14 +450,37 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     for (int i = 0; i < g->n; i++) {
         kg_node *n = &g->nodes[i];
         int producer = n->op == KG_LINEAR || n->op == KG_LN_MODULATE || n->op == KG_MODULATE;
-        if (producer && used[i] && ok[i]) n->out_bf16 = 1;
+        if (producer && used[i] && ok[i]) n->out_bf16 = KK_FMT_BF16;
         /* a linear producing bf16 needs bf16-capable weights itself, and one
          * writing the residual stream (a gate_add folded in) stays f32 */
         if (n->op == KG_LINEAR && n->out_bf16) {
             const kk_weight *kw = g->nodes[n->src[1]].kw;
-            if (!kk_weight_bf16_io(kw) || n->iparam[1]) n->out_bf16 = 0;
+            if (!kk_weight_bf16_io(kw) || n->iparam[1]) n->out_bf16 = KK_FMT_F32;
+        }
+    }
+    /* blocked where every consumer's GEMM reads that layout as it is (and a
+     * linear producer's GEMM writes it), so no GEMM packs its input */
+    if (be->blocked_io) {
+        memset(ok, 1, (size_t)g->n);
+        for (int i = 0; i < g->n; i++) {
+            const kg_node *n = &g->nodes[i];
+            if (live[i] && n->op == KG_LINEAR && n->src[0] >= 0 && !be->blocked_io(g->nodes[n->src[1]].kw))
+                ok[n->src[0]] = 0;
+        }
+        for (int i = 0; i < g->n; i++) {
+            kg_node *n = &g->nodes[i];
+            if (n->out_bf16 && ok[i] && (n->op != KG_LINEAR || be->blocked_io(g->nodes[n->src[1]].kw)))
+                n->out_bf16 = KK_FMT_BLOCKED;
         }
     }
     free(ok);
     free(used);
+    free(live);
+    free(last);
+}
+
+size_t kg_out_bytes(const kg_node *n) {
+    int64_t numel = kg_numel(n), K = n->ndim ? n->shape[n->ndim - 1] : 1;
+    if (n->out_bf16 == KK_FMT_BLOCKED) return sizeof(uint16_t) * kk_blocked_elems(K ? numel / K : 0, K);
+    return (n->out_bf16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)numel;
 }

@@ -68,7 +68,7 @@ typedef struct kg_node {
     const char *name;     /* INPUT/WEIGHT: owned by the graph */
     const float *data;    /* WEIGHT: bound f32 data (not owned; NULL if only packed) */
     const kk_weight *kw;  /* WEIGHT: the weight as linear kernels consume it */
-    int out_bf16;         /* set by kg_plan_bf16: the output is kept in bf16 */
+    int out_bf16;         /* set by kg_plan_bf16: the output's format, KK_FMT_* (f32; bf16 rows or blocked) */
 } kg_node;
 
 /* Resolves a weight name to its shape, f32 data (NULL when the weight only
@@ -152,8 +152,12 @@ kg_id kg_push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg
 void kg_fuse(kg_graph *g);
 /* For a backend with bf16 activation I/O: keep in bf16 the outputs of
  * linear, layernorm_modulate and modulate nodes that only linears with bf16
- * packed weights consume, so those GEMMs need no conversion pass. */
+ * packed weights consume, so those GEMMs need no conversion pass; blocked
+ * (KK_FMT_BLOCKED) where the backend's GEMMs read it as it is (blocked_io),
+ * so they need no packing pass either. */
 void kg_plan_bf16(kg_graph *g, const kk_backend *be);
+/* The bytes of a node's output in its format (out_bf16). */
+size_t kg_out_bytes(const kg_node *n);
 
 /* ---- executors ---------------------------------------------------------- */
 /* Run every node in order with the backend's kernels. inputs[slot] point to

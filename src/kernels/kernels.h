@@ -39,6 +39,26 @@ static inline int kk_weight_bf16_io(const kk_weight *w) {
 
 enum { KK_ACT_NONE = 0, KK_ACT_GELU_TANH = 1 };
 
+/* How an activation [rows, K] is stored (linear_io's x_fmt / y_fmt, the
+ * bf16 producers' y_fmt, a graph node's out_bf16):
+ *   KK_FMT_F32      f32, row-major
+ *   KK_FMT_BF16     bf16, row-major
+ *   KK_FMT_BLOCKED  bf16 in the AMX GEMM's operand layout, so that GEMM
+ *                   reads it with no packing pass: blocks of 32 rows, each
+ *                   [K/32 steps][2 tiles of 16 rows][16 rows][32 inputs];
+ *                   rows and K zero-padded to multiples of 32 */
+enum { KK_FMT_F32 = 0, KK_FMT_BF16 = 1, KK_FMT_BLOCKED = 2 };
+/* elements of a blocked [rows, K] (padding included), and where (r, k) lies */
+static inline size_t kk_blocked_elems(int64_t rows, int64_t K) {
+    return (size_t)((rows + 31) / 32 * 32) * (size_t)((K + 31) / 32 * 32);
+}
+static inline size_t kk_blocked_index(int64_t r, int64_t k, int64_t K) {
+    return (size_t)(((r / 32) * ((K + 31) / 32) + k / 32) * 1024 + (r % 32) / 16 * 512 + (r % 16) * 32 + k % 32);
+}
+/* bf16 x [rows,K] row-major -> out blocked (padding zeroed), and back */
+void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out);
+void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x);
+
 typedef struct kk_backend {
     const char *name;
     /* y [rows,M] = act(x [rows,K] . W^T + b [M]) (b may be NULL) */
@@ -71,18 +91,24 @@ typedef struct kk_backend {
                             const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh);
     /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
      * in the GEMM's epilogue (kg_fuse); gate's rows are gate_ld floats apart;
-     * x is bf16 when x_bf16 (only on backends with linear_io) */
-    void (*linear_gate_add)(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+     * x is bf16 (rows or blocked: x_fmt, KK_FMT_*) only on backends with linear_io */
+    void (*linear_gate_add)(const void *x, int x_fmt, const kk_weight *w, const float *b, const float *res,
                             const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N);
     /* Optional (NULL: not offered): bf16 activations between ops, so a GEMM
-     * whose input another op produced needs no conversion pass. x_bf16 /
-     * y_bf16 say whether x / y hold bf16 (uint16) instead of f32. */
-    void (*linear_io)(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
+     * whose input another op produced needs no conversion pass. x_fmt /
+     * y_fmt are KK_FMT_*: f32, bf16 rows or bf16 blocked; a backend that
+     * offers these takes every format (converting where its GEMM cannot
+     * read or write one), and the bf16 producers write KK_FMT_BF16 or
+     * KK_FMT_BLOCKED. */
+    void (*linear_io)(const void *x, int x_fmt, const kk_weight *w, const float *b, void *y, int y_fmt,
                       int64_t rows, int act);
     void (*layernorm_modulate_bf16)(const float *x, const float *shift, const float *scale, uint16_t *y,
-                                    int64_t B, int64_t N, int64_t D, float eps);
+                                    int64_t B, int64_t N, int64_t D, float eps, int y_fmt);
     void (*modulate_bf16)(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
-                          int64_t N, int64_t D);
+                          int64_t N, int64_t D, int y_fmt);
+    /* Optional: 1 when linear_io and linear_gate_add on w read KK_FMT_BLOCKED
+     * x (and linear_io writes it) with no conversion (kg_plan_bf16 asks) */
+    int (*blocked_io)(const kk_weight *w);
 } kk_backend;
 
 /* Data movement shared by every executor (src/kernels/layout.c). */
@@ -100,10 +126,10 @@ void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t n
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
 /* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
-/* linear_gate_add as be's linear (linear_io for bf16 x) and then its
- * gate_add over y, one batch entry (gate row) at a time: for GEMMs without
- * the epilogue */
-void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_bf16, const kk_weight *w, const float *b,
+/* linear_gate_add as be's linear (linear_io for bf16 x, x_fmt a KK_FMT_*)
+ * and then its gate_add over y, one batch entry (gate row) at a time: for
+ * GEMMs without the epilogue */
+void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, const kk_weight *w, const float *b,
                              const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N);
 /* attention_joint by be->attention on the concatenated q (or qa alone when
  * qb is NULL), k and v, made in work (3 * B*(Na+Nb)*H*Dh floats): for

@@ -83,10 +83,27 @@ void kk_attention_joint_concat(const kk_backend *be, const float *qa, const floa
     be->attention(qb ? work : qa, work + n, work + 2 * n, o, B, qb ? Na + Nb : Na, Na + Nb, H, Dh);
 }
 
-void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_bf16, const kk_weight *w, const float *b,
+void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, const kk_weight *w, const float *b,
                              const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
-    if (x_bf16) be->linear_io(x, 1, w, b, y, 0, B * N, KK_ACT_NONE);
+    if (x_fmt != KK_FMT_F32) be->linear_io(x, x_fmt, w, b, y, KK_FMT_F32, B * N, KK_ACT_NONE);
     else be->linear(x, w, b, y, B * N, KK_ACT_NONE);
     for (int64_t i = 0; i < B; i++)
         be->gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
+}
+
+void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out) {
+    int64_t R = (rows + 31) / 32 * 32, KP = (K + 31) / 32 * 32;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < KP; k += 32) {
+            uint16_t *d = out + kk_blocked_index(r, k, K);
+            int64_t n = r < rows ? (K - k < 32 ? K - k : 32) : 0;
+            if (n) memcpy(d, x + r * K + k, sizeof *d * (size_t)n);
+            memset(d + n, 0, sizeof *d * (size_t)(32 - n));
+        }
+}
+
+void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < K; k += 32)
+            memcpy(x + r * K + k, in + kk_blocked_index(r, k, K), sizeof *x * (size_t)(K - k < 32 ? K - k : 32));
 }

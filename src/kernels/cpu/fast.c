@@ -300,12 +300,18 @@ static int amx_bf16(kiln_dtype dt) {
 /* int8 weights take the AMX GEMM's s8 products where the CPU has AMX */
 static int amx_i8(kiln_dtype dt) { return dt == KILN_I8 && engine() && kk_amx_ready(); }
 
+/* 1 where the AMX GEMM reads and writes KK_FMT_BLOCKED activations itself
+ * for w in every call (linear_io and linear_gate_add): bf16 weights */
+static int fast_blocked_io(const kk_weight *w) {
+    return w && w->packed && w->packed_dtype == KILN_BF16 && amx_bf16(KILN_BF16);
+}
+
 /* y = the epilogue e of x . W^T on kiln's AMX GEMM (packed: amx32 bf16),
  * with this thread's work buffer (slot 11) */
-static void amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t M, int64_t K,
-                       const kk_amx_epilogue *e, void *y, int y_bf16, int64_t rows) {
+static void amx_linear(const void *x, int x_fmt, const uint16_t *packed, int64_t M, int64_t K,
+                       const kk_amx_epilogue *e, void *y, int y_fmt, int64_t rows) {
     int nt = gemm_threads(KILN_BF16);
-    if (!kk_amx_linear(x, x_bf16, packed, M, K, e, y, y_bf16, rows, nt, scratch(11, kk_amx_work_bytes(rows, K, nt))))
+    if (!kk_amx_linear(x, x_fmt, packed, M, K, e, y, y_fmt, rows, nt, scratch(11, kk_amx_work_bytes(rows, K, nt))))
         kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
 }
 
@@ -429,8 +435,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[14];
-    static _Thread_local size_t cap[14];
+    static _Thread_local void *buf[15];
+    static _Thread_local size_t cap[15];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -649,11 +655,11 @@ KK_CLONES static void quant_row_s8(const void *x, int x_bf16, int64_t K, int8_t 
  *   F8_E4M3: weights decoded to bf16 (their packed layout is kept, so no
  *       reorder), x in bf16, bf16 GEMM with f32 accumulation, channel scales,
  *       bias and activation fused */
-static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
+static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_fmt,
                          int64_t rows, int act) {
     int64_t K = w->K, M = w->M;
     prim_entry key = {.m = rows, .k = K, .n = M, .sa = K, .sd = M, .act = act, .bias = b != NULL, .wkind = 0,
-                      .ydt = y_bf16 ? dnnl_bf16 : dnnl_f32};
+                      .ydt = y_fmt ? dnnl_bf16 : dnnl_f32};
     const void *src = x, *wei = w->packed;
     const float *po[3] = {w->scales, NULL, NULL};
     int npo;
@@ -669,7 +675,7 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
             int nt = gemm_threads(KILN_BF16);
             void *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
             kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
-            if (!kk_amx_linear_s8(xq, sx, w->packed, M, K, &e, y, y_bf16, rows, nt, work))
+            if (!kk_amx_linear_s8(xq, sx, w->packed, M, K, &e, y, y_fmt, rows, nt, work))
                 kb_log(KILN_LOG_ERROR, "AMX int8 linear failed: out of memory");
             return;
         }
@@ -692,7 +698,7 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         decode_e4m3_par(w->packed, wb, (int64_t)qb);
         if (amx_bf16(KILN_F8_E4M3)) {
             kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
-            amx_linear(x, x_bf16, wb, M, K, &e, y, y_bf16, rows);
+            amx_linear(x, x_bf16, wb, M, K, &e, y, y_fmt, rows);
             return;
         }
         if (!x_bf16) {
@@ -716,11 +722,29 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
 /* ---- the kernels ------------------------------------------------------------------ */
 
 /* y (f32 or bf16) = act(x W^T + b); x is f32 (converted here for bf16
- * GEMMs) or already bf16 */
-static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_weight *w, const float *b, void *y,
-                           int y_bf16, int64_t rows, int act) {
+ * GEMMs) or already bf16; x_fmt / y_fmt are KK_FMT_*. Blocked activations
+ * go to and from bf16 rows here for every GEMM but the AMX one, which
+ * reads and writes them itself (quant_linear's AMX fp8 path included) */
+static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_weight *w, const float *b, void *y,
+                           int y_fmt, int64_t rows, int act) {
+    int native = dt == KILN_BF16 && w->packed && amx_bf16(w->packed_dtype);
+    if (!native && x_fmt == KK_FMT_BLOCKED) {
+        uint16_t *xr = scratch(13, sizeof(uint16_t) * (size_t)(rows * w->K));
+        if (!xr) return;
+        kk_unblock_rows(x, rows, w->K, xr);
+        x = xr;
+        x_fmt = KK_FMT_BF16;
+    }
+    if (!native && y_fmt == KK_FMT_BLOCKED) {
+        uint16_t *yr = scratch(14, sizeof(uint16_t) * (size_t)(rows * w->M));
+        if (!yr) return;
+        fast_linear_io(dt, x, x_fmt, w, b, yr, KK_FMT_BF16, rows, act);
+        kk_block_rows(yr, rows, w->M, y);
+        return;
+    }
+    int x_bf16 = x_fmt != KK_FMT_F32, y_bf16 = y_fmt != KK_FMT_F32;
     if (w->packed && kk_dtype_is_quant(w->packed_dtype)) {
-        quant_linear(x, x_bf16, w, b, y, y_bf16, rows, act);
+        quant_linear(x, x_fmt, w, b, y, y_fmt, rows, act);
         return;
     }
     if (!w->packed || w->packed_dtype != dt || (x_bf16 && dt != KILN_BF16) || (y_bf16 && dt != KILN_BF16)) {
@@ -730,7 +754,7 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_bf16, const kk_we
     }
     if (amx_bf16(dt)) {
         kk_amx_epilogue e = {.bias = b, .act = act};
-        amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, y_bf16, rows);
+        amx_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, y_fmt, rows);
         return;
     }
     const void *src = x;
@@ -755,31 +779,31 @@ static void fast_linear(kiln_dtype dt, const float *x, const kk_weight *w, const
     fast_linear_io(dt, x, 0, w, b, y, 0, rows, act);
 }
 
-static void linear_io_bf16(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_bf16,
+static void linear_io_bf16(const void *x, int x_fmt, const kk_weight *w, const float *b, void *y, int y_fmt,
                            int64_t rows, int act) {
-    fast_linear_io(KILN_BF16, x, x_bf16, w, b, y, y_bf16, rows, act);
+    fast_linear_io(KILN_BF16, x, x_fmt, w, b, y, y_fmt, rows, act);
 }
 
 /* y = res + gate * (x W^T + b): in the AMX GEMM's epilogue where it runs
  * the bf16 weights, else the linear and then gate_add over its output */
-static void fast_linear_gate_add(kiln_dtype dt, const void *x, int x_bf16, const kk_weight *w, const float *b,
+static void fast_linear_gate_add(kiln_dtype dt, const void *x, int x_fmt, const kk_weight *w, const float *b,
                                  const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
-    if (amx_bf16(dt) && w->packed && w->packed_dtype == KILN_BF16) {
+    if (dt == KILN_BF16 && fast_blocked_io(w)) {
         kk_amx_epilogue e = {.bias = b, .res = res, .gate = gate, .gate_ld = gate_ld, .tokens = N};
-        amx_linear(x, x_bf16, w->packed, w->M, w->K, &e, y, 0, B * N);
+        amx_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, KK_FMT_F32, B * N);
         return;
     }
-    kk_linear_then_gate_add(kk_fast(dt), x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
+    kk_linear_then_gate_add(kk_fast(dt), x, x_fmt, w, b, res, gate, gate_ld, y, B, N);
 }
 
-static void linear_gate_add_f32(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+static void linear_gate_add_f32(const void *x, int x_fmt, const kk_weight *w, const float *b, const float *res,
                                 const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
-    fast_linear_gate_add(KILN_F32, x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
+    fast_linear_gate_add(KILN_F32, x, x_fmt, w, b, res, gate, gate_ld, y, B, N);
 }
 
-static void linear_gate_add_bf16(const void *x, int x_bf16, const kk_weight *w, const float *b, const float *res,
+static void linear_gate_add_bf16(const void *x, int x_fmt, const kk_weight *w, const float *b, const float *res,
                                  const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
-    fast_linear_gate_add(KILN_BF16, x, x_bf16, w, b, res, gate, gate_ld, y, B, N);
+    fast_linear_gate_add(KILN_BF16, x, x_fmt, w, b, res, gate, gate_ld, y, B, N);
 }
 
 static void linear_f32(const float *x, const kk_weight *w, const float *b, float *y, int64_t rows, int act) {
@@ -839,49 +863,77 @@ static void fast_layernorm(const float *x, float *y, int64_t rows, int64_t D, fl
     }
 }
 
-/* one row of layernorm + modulate (f32 or bf16 out), compiled per CPU */
-KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, void *y, int bf16, int64_t D,
+/* y's padding rows [rows, rows rounded up to 32) of a blocked [rows, D]: zeros */
+static void zero_blocked_tail(uint16_t *y, int64_t rows, int64_t D) {
+    for (int64_t r = rows; r % 32; r++)
+        for (int64_t k = 0; k < D; k += 32) memset(y + kk_blocked_index(r, k, D), 0, 64);
+}
+
+/* Store one row's v(i) as y_fmt: f32 or bf16 at y (the row), or bf16 blocked
+ * at y (the row's first element, kk_blocked_index(r, 0, D)): every 32 of
+ * the row 1024 elements apart, the padding past D zero */
+#define STORE_ROW(y, fmt, D, v)                                                          \
+    do {                                                                                 \
+        if ((fmt) == KK_FMT_F32) {                                                       \
+            float *yr_ = (y);                                                            \
+            _Pragma("omp simd") for (int64_t i = 0; i < (D); i++) yr_[i] = (v);          \
+        } else if ((fmt) == KK_FMT_BF16) {                                               \
+            uint16_t *yr_ = (y);                                                         \
+            _Pragma("omp simd") for (int64_t i = 0; i < (D); i++) yr_[i] = bf16_of(v);   \
+        } else {                                                                         \
+            for (int64_t c_ = 0; c_ < (D); c_ += 32) {                                   \
+                uint16_t *yr_ = (uint16_t *)(y) + c_ / 32 * 1024 - c_;                    \
+                int64_t e_ = (D) - c_ < 32 ? (D) : c_ + 32;                              \
+                _Pragma("omp simd") for (int64_t i = c_; i < e_; i++) yr_[i] = bf16_of(v); \
+                for (int64_t i = e_; i < c_ + 32; i++) yr_[i] = 0;                       \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+
+/* one row of layernorm + modulate (y_fmt: KK_FMT_*), compiled per CPU */
+KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, void *y, int fmt, int64_t D,
                                  float eps) {
     float mu, inv;
     row_stats(xr, D, eps, &mu, &inv);
-    if (bf16) {
-        uint16_t *yr = y;
-#pragma omp simd
-        for (int64_t i = 0; i < D; i++) yr[i] = bf16_of((xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
-    } else {
-        float *yr = y;
-#pragma omp simd
-        for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
-    }
+    STORE_ROW(y, fmt, D, (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
+}
+
+/* where row r of a [rows, D] output of format fmt starts */
+static void *row_at(void *y, int fmt, int64_t r, int64_t D) {
+    if (fmt == KK_FMT_F32) return (float *)y + r * D;
+    return (uint16_t *)y + (fmt == KK_FMT_BLOCKED ? kk_blocked_index(r, 0, D) : (size_t)(r * D));
+}
+
+static void ln_modulate_fmt(const float *x, const float *shift, const float *scale, void *y, int fmt, int64_t B,
+                            int64_t N, int64_t D, float eps) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, row_at(y, fmt, b * N + n, D), fmt, D, eps);
+    if (fmt == KK_FMT_BLOCKED) zero_blocked_tail(y, B * N, D);
 }
 
 static void fast_ln_modulate(const float *x, const float *shift, const float *scale, float *y, int64_t B,
                              int64_t N, int64_t D, float eps) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 0, D, eps);
+    ln_modulate_fmt(x, shift, scale, y, KK_FMT_F32, B, N, D, eps);
 }
 
 static void fast_ln_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
-                                  int64_t N, int64_t D, float eps) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 1, D, eps);
+                                  int64_t N, int64_t D, float eps, int y_fmt) {
+    ln_modulate_fmt(x, shift, scale, y, y_fmt, B, N, D, eps);
 }
 
-KK_CLONES static void mod_row_bf16(const float *xr, const float *sh, const float *sc, uint16_t *yr, int64_t D) {
-#pragma omp simd
-    for (int64_t i = 0; i < D; i++) yr[i] = bf16_of(xr[i] * (1.0f + sc[i]) + sh[i]);
+KK_CLONES static void mod_row_bf16(const float *xr, const float *sh, const float *sc, void *y, int fmt, int64_t D) {
+    STORE_ROW(y, fmt, D, xr[i] * (1.0f + sc[i]) + sh[i]);
 }
 
 static void fast_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
-                               int64_t N, int64_t D) {
+                               int64_t N, int64_t D, int y_fmt) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
         for (int64_t n = 0; n < N; n++)
-            mod_row_bf16(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, D);
+            mod_row_bf16(x + (b * N + n) * D, shift + b * D, scale + b * D, row_at(y, y_fmt, b * N + n, D), y_fmt, D);
+    if (y_fmt == KK_FMT_BLOCKED) zero_blocked_tail(y, B * N, D);
 }
 
 static void fast_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H, int64_t Dh,
@@ -1100,7 +1152,8 @@ static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf1
                                        .attention_joint = attention_joint_bf16,
                                        .linear_gate_add = linear_gate_add_bf16,
                                        .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
-                                       .modulate_bf16 = fast_modulate_bf16, FAST_COMMON};
+                                       .modulate_bf16 = fast_modulate_bf16, .blocked_io = fast_blocked_io,
+                                       FAST_COMMON};
 
 const kk_backend *kk_fast(kiln_dtype dt) {
     if (!engine()) return NULL;

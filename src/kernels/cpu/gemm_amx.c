@@ -106,13 +106,16 @@ AMX_FN static inline __m512 gelu16(__m512 v) {
     return _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(kk_exp2_16(t), _mm512_set1_ps(1.0f))));
 }
 
-/* C [32 x 32] of rows [r0, r0+nr) and outputs [n0, n0+nc) -> y */
+/* C [32 x 32] of rows [r0, r0+nr) and outputs [n0, n0+nc) -> y: f32 or
+ * bf16 rows, or bf16 blocked (y_fmt, KK_FMT_*), whose padding past N and
+ * past the last row gets zeros */
 AMX_FN static void epilogue(const float *c, int64_t nr, int64_t nc, int64_t n0, int64_t N, const kk_amx_epilogue *e,
-                            void *y, int y_bf16, int64_t r0) {
+                            void *y, int y_fmt, int64_t r0) {
+    int blocked = y_fmt == KK_FMT_BLOCKED;
     for (int64_t h = 0; h < 32; h += 16) {
         int64_t w = nc - h < 16 ? nc - h : 16;
-        if (w <= 0) break;
-        __mmask16 m = w == 16 ? 0xffff : (__mmask16)((1u << w) - 1);
+        if (w <= 0 && !blocked) break;
+        __mmask16 m = w >= 16 ? 0xffff : w <= 0 ? 0 : (__mmask16)((1u << w) - 1);
         __m512 bias = e->bias ? _mm512_maskz_loadu_ps(m, e->bias + n0 + h) : _mm512_setzero_ps();
         __m512 scale = e->scales ? _mm512_maskz_loadu_ps(m, e->scales + n0 + h) : _mm512_set1_ps(1.0f);
         for (int64_t i = 0; i < nr; i++) {
@@ -123,9 +126,14 @@ AMX_FN static void epilogue(const float *c, int64_t nr, int64_t nc, int64_t n0, 
                 __m512 gate = _mm512_maskz_loadu_ps(m, e->gate + (r0 + i) / e->tokens * e->gate_ld + n0 + h);
                 v = _mm512_fmadd_ps(gate, v, _mm512_maskz_loadu_ps(m, e->res + at));
             }
-            if (y_bf16) _mm256_mask_storeu_epi16((uint16_t *)y + at, m, (__m256i)_mm512_cvtneps_pbh(v));
+            if (blocked)
+                _mm256_store_si256((__m256i *)((uint16_t *)y + kk_blocked_index(r0 + i, n0 + h, N)),
+                                   (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_mov_ps(m, v)));
+            else if (y_fmt == KK_FMT_BF16) _mm256_mask_storeu_epi16((uint16_t *)y + at, m, (__m256i)_mm512_cvtneps_pbh(v));
             else _mm512_mask_storeu_ps((float *)y + at, m, v);
         }
+        for (int64_t i = nr; blocked && i < 32; i++)
+            _mm256_store_si256((__m256i *)((uint16_t *)y + kk_blocked_index(r0 + i, n0 + h, N)), _mm256_setzero_si256());
     }
 }
 
@@ -215,16 +223,17 @@ AMX_FN static void sums_to_f32(void *c, int64_t nr, const float *xs, int64_t r0)
     }
 }
 
-/* x is f32 / bf16 (bf16 products), or s8 with per-row scales xs (s8 x s8) */
+/* x is f32 / bf16 rows / bf16 blocked (x_fmt; bf16 products), or s8 with
+ * per-row scales xs (s8 x s8) */
 typedef struct operand {
     const void *x;
-    int x_bf16;
+    int x_fmt;
     const float *xs; /* non-NULL: x is s8 */
 } operand;
 
 AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, const kk_amx_epilogue *e, void *y,
-                       int y_bf16, int64_t rows, int threads, char *ap) {
-    int s8 = in->xs != NULL;
+                       int y_fmt, int64_t rows, int threads, char *work) {
+    int s8 = in->xs != NULL, blocked = !s8 && in->x_fmt == KK_FMT_BLOCKED;
     int64_t KB = s8 ? up64(K) : up32(K), RB = up32(rows), NP = up32(N), KC = KB < KCHUNK ? KB : KCHUNK;
     /* a work item: a group of panels and a chunk of row blocks, each about
      * 0.75 MiB over a chunk of K so that both stay in the core's 2 MiB L2
@@ -232,14 +241,16 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
      * its thread's part of the work buffer */
     int64_t group = (3 << 18) / (KC * SB);
     if (group < 1) group = 1;
-    char *sums = ap + RB * KB * SB;
+    /* x packed into the work buffer (already so when blocked), then the sums */
+    const char *ap = blocked ? in->x : work;
+    char *sums = blocked ? work : work + RB * KB * SB;
 #pragma omp parallel num_threads(threads)
     {
         int nt = omp_get_num_threads();
 #pragma omp for schedule(static)
-        for (int64_t rb = 0; rb < RB; rb++) {
-            if (s8) pack_rows_s8(in->x, rows, K, rb * 32, ap + rb * KB * SB);
-            else pack_rows(in->x, in->x_bf16, rows, K, rb * 32, (uint16_t *)(ap + rb * KB * SB));
+        for (int64_t rb = 0; rb < RB * !blocked; rb++) {
+            if (s8) pack_rows_s8(in->x, rows, K, rb * 32, work + rb * KB * SB);
+            else pack_rows(in->x, in->x_fmt == KK_FMT_BF16, rows, K, rb * 32, (uint16_t *)(work + rb * KB * SB));
         }
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -266,7 +277,7 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
                         if (!last) continue;
                         if (s8) sums_to_f32(cb, nr, in->xs, rb * 32);
                         int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
-                        epilogue(cb, nr, nc, p * 32, N, e, y, y_bf16, rb * 32);
+                        epilogue(cb, nr, nc, p * 32, N, e, y, y_fmt, rb * 32);
                     }
                 }
             }
@@ -275,22 +286,22 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
     }
 }
 
-int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
-                  void *y, int y_bf16, int64_t rows, int threads, uint16_t *work) {
+int kk_amx_linear(const void *x, int x_fmt, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
+                  void *y, int y_fmt, int64_t rows, int threads, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
     if (!kk_amx_ready() || !work) return 0;
     if (rows < 1) return 1;
-    operand in = {x, x_bf16, NULL};
-    run(&in, (const char *)packed, N, K, e, y, y_bf16 && !e->res, rows, threads < 1 ? 1 : threads, (char *)work);
+    operand in = {x, x_fmt, NULL};
+    run(&in, (const char *)packed, N, K, e, y, e->res ? KK_FMT_F32 : y_fmt, rows, threads < 1 ? 1 : threads, (char *)work);
     return 1;
 }
 
 int kk_amx_linear_s8(const int8_t *xq, const float *xs, const int8_t *packed, int64_t N, int64_t K,
-                     const kk_amx_epilogue *e, void *y, int y_bf16, int64_t rows, int threads, void *work) {
+                     const kk_amx_epilogue *e, void *y, int y_fmt, int64_t rows, int threads, void *work) {
     if (!kk_amx_ready() || !work || !xs) return 0;
     if (rows < 1) return 1;
-    operand in = {xq, 0, xs};
-    run(&in, (const char *)packed, N, K, e, y, y_bf16 && !e->res, rows, threads < 1 ? 1 : threads, work);
+    operand in = {xq, KK_FMT_F32, xs};
+    run(&in, (const char *)packed, N, K, e, y, e->res ? KK_FMT_F32 : y_fmt, rows, threads < 1 ? 1 : threads, work);
     return 1;
 }
 

@@ -35,12 +35,13 @@ typedef struct kk_amx_epilogue {
 } kk_amx_epilogue;
 
 /* y [rows,N] = the epilogue of x [rows,K] . W^T, bf16 products with f32
- * accumulation; x is f32 (rounded to bf16 here) or bf16, y f32 or bf16
- * (f32 with res); on `threads` threads; work holds kk_amx_work_bytes(rows,
- * K, threads). Returns 0 (and does nothing) where it does not apply: no
- * AMX, or no work buffer. */
-int kk_amx_linear(const void *x, int x_bf16, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
-                  void *y, int y_bf16, int64_t rows, int threads, uint16_t *work);
+ * accumulation; x_fmt / y_fmt are KK_FMT_* (kernels.h): x f32 (rounded to
+ * bf16 here), bf16 rows, or bf16 blocked - this GEMM's own operand layout,
+ * read with no packing pass; y likewise (f32 with res); on `threads`
+ * threads; work holds kk_amx_work_bytes(rows, K, threads). Returns 0 (and
+ * does nothing) where it does not apply: no AMX, or no work buffer. */
+int kk_amx_linear(const void *x, int x_fmt, const uint16_t *packed, int64_t N, int64_t K, const kk_amx_epilogue *e,
+                  void *y, int y_fmt, int64_t rows, int threads, uint16_t *work);
 
 /* The s8 products (AMX-INT8): W [N,K] s8 in panels of 32 outputs, per step
  * of 64 inputs two tiles of 16 input quads x 16 outputs x 4, N and K
@@ -51,7 +52,7 @@ void kk_amx_s8_unpack(const int8_t *packed, int64_t N, int64_t K, int8_t *out);
 /* y = the epilogue of (xq [rows,K] . Wq^T) * xs [rows] (s8 x s8, int32 sums;
  * e->scales are W's channel scales); work as for kk_amx_linear. */
 int kk_amx_linear_s8(const int8_t *xq, const float *xs, const int8_t *packed, int64_t N, int64_t K,
-                     const kk_amx_epilogue *e, void *y, int y_bf16, int64_t rows, int threads, void *work);
+                     const kk_amx_epilogue *e, void *y, int y_fmt, int64_t rows, int threads, void *work);
 
 /* ---- shared by the AMX kernels (gemm_amx.c, attn_amx.c) ---- */
 #include <immintrin.h>
