@@ -45,8 +45,8 @@ static void check_linear(kiln_dtype dt, int64_t rows, int64_t K, int64_t M, int 
 TEST(linear_matches_reference) {
     kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
     /* rows x K x outputs; K past 1536 takes the AMX GEMM's chunks of K (two, and three with a tail) */
-    int64_t shapes[][3] = {{1, 7, 5}, {3, 64, 48}, {77, 96, 130}, {129, 33, 64}, {300, 256, 17}, {2, 1536, 64},
-                           {37, 1601, 70}, {70, 3100, 33}};
+    int64_t shapes[][3] = {{1, 7, 5},     {3, 64, 48},    {77, 96, 130}, {129, 33, 64}, {300, 256, 17},
+                           {2, 1536, 64}, {37, 1601, 70}, {70, 3100, 33}, {4, 100, 40}};
     for (int d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int variant = 0; variant < 3; variant++)
@@ -247,6 +247,7 @@ static void check_activation_io(int64_t rows, int64_t K, int64_t M) {
 
 TEST(bf16_activation_io) {
     check_activation_io(45, 96, 70); /* rows and M past a multiple of 32 */
+    check_activation_io(2, 64, 40);  /* a modulation GEMM's few rows */
     check_activation_io(33, 45, 17); /* K too */
     check_activation_io(64, 64, 32); /* no padding */
 }
@@ -255,9 +256,9 @@ TEST(bf16_activation_io) {
  * the composition elsewhere) against the reference's linear then gate_add:
  * batch 2, a gate read from a wider modulation row, odd sizes, f32 and bf16
  * inputs, every backend */
-TEST(linear_gate_add_matches_reference) {
+static void check_linear_gate_add(int64_t N) {
     const kk_backend *ref = kk_reference();
-    int64_t B = 2, N = 37, K = 96, M = 70, E = 3 * M + 5, off = M + 3;
+    int64_t B = 2, K = 96, M = 70, E = 3 * M + 5, off = M + 3;
     float *x = rnd(61, (size_t)(B * N * K), 1), *w = rnd(62, (size_t)(M * K), 0.1f), *b = rnd(63, (size_t)M, 0.1f);
     float *res = rnd(64, (size_t)(B * N * M), 1), *mod = rnd(65, (size_t)(B * E), 0.5f);
     float *gate = rnd(66, (size_t)(B * M), 0), *want = rnd(67, (size_t)(B * N * M), 0), *got = rnd(68, (size_t)(B * N * M), 0);
@@ -290,6 +291,11 @@ TEST(linear_gate_add_matches_reference) {
     }
     void *bufs[] = {x, w, b, res, mod, gate, want, got, xb, xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
+}
+
+TEST(linear_gate_add_matches_reference) {
+    check_linear_gate_add(37);
+    check_linear_gate_add(1); /* 2 rows, a gate row each */
 }
 
 TEST(packed_layouts_are_stable) {

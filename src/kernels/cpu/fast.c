@@ -863,77 +863,96 @@ static void fast_layernorm(const float *x, float *y, int64_t rows, int64_t D, fl
     }
 }
 
-/* y's padding rows [rows, rows rounded up to 32) of a blocked [rows, D]: zeros */
-static void zero_blocked_tail(uint16_t *y, int64_t rows, int64_t D) {
-    for (int64_t r = rows; r % 32; r++)
-        for (int64_t k = 0; k < D; k += 32) memset(y + kk_blocked_index(r, k, D), 0, 64);
-}
-
-/* Store one row's v(i) as y_fmt: f32 or bf16 at y (the row), or bf16 blocked
- * at y (the row's first element, kk_blocked_index(r, 0, D)): every 32 of
- * the row 1024 elements apart, the padding past D zero */
-#define STORE_ROW(y, fmt, D, v)                                                          \
-    do {                                                                                 \
-        if ((fmt) == KK_FMT_F32) {                                                       \
-            float *yr_ = (y);                                                            \
-            _Pragma("omp simd") for (int64_t i = 0; i < (D); i++) yr_[i] = (v);          \
-        } else if ((fmt) == KK_FMT_BF16) {                                               \
-            uint16_t *yr_ = (y);                                                         \
-            _Pragma("omp simd") for (int64_t i = 0; i < (D); i++) yr_[i] = bf16_of(v);   \
-        } else {                                                                         \
-            for (int64_t c_ = 0; c_ < (D); c_ += 32) {                                   \
-                uint16_t *yr_ = (uint16_t *)(y) + c_ / 32 * 1024 - c_;                    \
-                int64_t e_ = (D) - c_ < 32 ? (D) : c_ + 32;                              \
-                _Pragma("omp simd") for (int64_t i = c_; i < e_; i++) yr_[i] = bf16_of(v); \
-                for (int64_t i = e_; i < c_ + 32; i++) yr_[i] = 0;                       \
-            }                                                                            \
-        }                                                                                \
-    } while (0)
-
-/* one row of layernorm + modulate (y_fmt: KK_FMT_*), compiled per CPU */
-KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, void *y, int fmt, int64_t D,
+/* one row of layernorm + modulate (f32 or bf16 out), compiled per CPU */
+KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, void *y, int bf16, int64_t D,
                                  float eps) {
     float mu, inv;
     row_stats(xr, D, eps, &mu, &inv);
-    STORE_ROW(y, fmt, D, (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
+    if (bf16) {
+        uint16_t *yr = y;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) yr[i] = bf16_of((xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
+    } else {
+        float *yr = y;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
+    }
 }
 
-/* where row r of a [rows, D] output of format fmt starts */
-static void *row_at(void *y, int fmt, int64_t r, int64_t D) {
-    if (fmt == KK_FMT_F32) return (float *)y + r * D;
-    return (uint16_t *)y + (fmt == KK_FMT_BLOCKED ? kk_blocked_index(r, 0, D) : (size_t)(r * D));
+/* Row block rb (rows [32 rb, 32 rb + 32) of x [rows, D], N rows per batch
+ * entry) of layernorm + modulate (ln) or modulate alone, into a blocked y:
+ * per step of 32 columns the block's 32 rows are 2 KiB in a row, written in
+ * order (row by row over all of D would write one line every 2 KiB); the
+ * padding (rows past `rows`, columns past D) gets zeros */
+KK_CLONES static void mod_block(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t rows,
+                                int64_t N, int64_t D, int64_t rb, int ln, float eps) {
+    float mu[32], inv[32];
+    for (int64_t i = 0; i < 32 && ln; i++)
+        if (rb * 32 + i < rows) row_stats(x + (rb * 32 + i) * D, D, eps, &mu[i], &inv[i]);
+    for (int64_t c = 0; c < D; c += 32) {
+        uint16_t *d = y + kk_blocked_index(rb * 32, c, D);
+        int64_t n = D - c < 32 ? D - c : 32;
+        for (int64_t i = 0; i < 32; i++, d += 32) {
+            int64_t r = rb * 32 + i;
+            if (r >= rows) {
+                memset(d, 0, 64);
+                continue;
+            }
+            const float *xr = x + r * D + c, *sh = shift + r / N * D + c, *sc = scale + r / N * D + c;
+            if (ln) {
+                float m = mu[i], v = inv[i];
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) d[j] = bf16_of((xr[j] - m) * v * (1.0f + sc[j]) + sh[j]);
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) d[j] = bf16_of(xr[j] * (1.0f + sc[j]) + sh[j]);
+            }
+            for (int64_t j = n; j < 32; j++) d[j] = 0;
+        }
+    }
 }
 
-static void ln_modulate_fmt(const float *x, const float *shift, const float *scale, void *y, int fmt, int64_t B,
-                            int64_t N, int64_t D, float eps) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, row_at(y, fmt, b * N + n, D), fmt, D, eps);
-    if (fmt == KK_FMT_BLOCKED) zero_blocked_tail(y, B * N, D);
+static void mod_blocked(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B, int64_t N,
+                        int64_t D, int ln, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t rb = 0; rb < (B * N + 31) / 32; rb++) mod_block(x, shift, scale, y, B * N, N, D, rb, ln, eps);
 }
 
 static void fast_ln_modulate(const float *x, const float *shift, const float *scale, float *y, int64_t B,
                              int64_t N, int64_t D, float eps) {
-    ln_modulate_fmt(x, shift, scale, y, KK_FMT_F32, B, N, D, eps);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 0, D, eps);
 }
 
 static void fast_ln_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                                   int64_t N, int64_t D, float eps, int y_fmt) {
-    ln_modulate_fmt(x, shift, scale, y, y_fmt, B, N, D, eps);
+    if (y_fmt == KK_FMT_BLOCKED) {
+        mod_blocked(x, shift, scale, y, B, N, D, 1, eps);
+        return;
+    }
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 1, D, eps);
 }
 
-KK_CLONES static void mod_row_bf16(const float *xr, const float *sh, const float *sc, void *y, int fmt, int64_t D) {
-    STORE_ROW(y, fmt, D, xr[i] * (1.0f + sc[i]) + sh[i]);
+KK_CLONES static void mod_row_bf16(const float *xr, const float *sh, const float *sc, uint16_t *yr, int64_t D) {
+#pragma omp simd
+    for (int64_t i = 0; i < D; i++) yr[i] = bf16_of(xr[i] * (1.0f + sc[i]) + sh[i]);
 }
 
 static void fast_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                                int64_t N, int64_t D, int y_fmt) {
+    if (y_fmt == KK_FMT_BLOCKED) {
+        mod_blocked(x, shift, scale, y, B, N, D, 0, 0);
+        return;
+    }
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
         for (int64_t n = 0; n < N; n++)
-            mod_row_bf16(x + (b * N + n) * D, shift + b * D, scale + b * D, row_at(y, y_fmt, b * N + n, D), y_fmt, D);
-    if (y_fmt == KK_FMT_BLOCKED) zero_blocked_tail(y, B * N, D);
+            mod_row_bf16(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, D);
 }
 
 static void fast_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H, int64_t Dh,
