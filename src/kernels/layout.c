@@ -46,30 +46,44 @@ void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim) {
         }
 }
 
+/* Copies and adds of a few MiB are bound by memory bandwidth, which one
+ * core cannot take alone: they go over the threads in pieces of PIECE
+ * floats (no piece when small, where a thread team costs more) */
+#define PIECE ((int64_t)1 << 16)
+
+static void copy_par(float *y, const float *x, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 2 * PIECE)
+    for (int64_t i = 0; i < n; i += PIECE) memcpy(y + i, x + i, sizeof(float) * (size_t)(n - i < PIECE ? n - i : PIECE));
+}
+
 /* centre crop of an M x M table [M*M, D] to h x w, as diffusers' cropped_pos_embed */
 void kk_pos_crop(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D) {
     int64_t top = (M - h) / 2, left = (M - w) / 2;
+#pragma omp parallel for schedule(static) if (h * w * D > 2 * PIECE)
     for (int64_t i = 0; i < h; i++)
         memcpy(y + i * w * D, table + ((top + i) * M + left) * D, sizeof(float) * (size_t)(w * D));
 }
 
 void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t nb) {
     if (nb < 1) return;
-    /* row by row of b: no division per element, and the inner loop vectorizes */
-    for (int64_t off = 0; off < n; off += nb) {
-        int64_t len = n - off < nb ? n - off : nb;
-        for (int64_t j = 0; j < len; j++) y[off + j] = a[off + j] + b[j];
+    /* pieces that stay inside one row of b: no division per element, and the inner loop vectorizes */
+    int64_t per = (nb + PIECE - 1) / PIECE, rows = (n + nb - 1) / nb;
+#pragma omp parallel for schedule(static) if (n > 2 * PIECE)
+    for (int64_t t = 0; t < rows * per; t++) {
+        int64_t off = t / per * nb, j0 = t % per * PIECE, len = n - off < nb ? n - off : nb;
+        int64_t j1 = j0 + PIECE < len ? j0 + PIECE : len;
+        for (int64_t j = j0; j < j1; j++) y[off + j] = a[off + j] + b[j];
     }
 }
 
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len) {
-    for (int64_t r = 0; r < rows; r++) memcpy(y + r * len, x + r * stride + off, sizeof(float) * (size_t)len);
+    for (int64_t r = 0; r < rows; r++) copy_par(y + r * len, x + r * stride + off, len);
 }
 
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows) {
     for (int64_t r = 0; r < rows; r++) {
-        memcpy(y + r * (na + nb), a + r * na, sizeof(float) * (size_t)na);
-        memcpy(y + r * (na + nb) + na, b + r * nb, sizeof(float) * (size_t)nb);
+        copy_par(y + r * (na + nb), a + r * na, na);
+        copy_par(y + r * (na + nb) + na, b + r * nb, nb);
     }
 }
 
