@@ -6,22 +6,32 @@
 #include <math.h>
 #include <string.h>
 
+/* Copies and adds of a few MiB are bound by memory bandwidth, which one
+ * core cannot take alone: these kernels go over the threads, in pieces of
+ * PIECE floats where they copy runs (none when small, where a thread team
+ * costs more than it saves) */
+#define PIECE ((int64_t)1 << 16)
+
 /* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p], feature order (c, py, px) to match a
  * conv weight [D,C,p,p] read as [D, C*p*p]; token order row-major (h, w). */
 void kk_patchify(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p) {
     int64_t h = H / p, w = W / p;
+#pragma omp parallel for collapse(2) schedule(static) if (B * C * H * W > 2 * PIECE)
     for (int64_t b = 0; b < B; b++)
-        for (int64_t ty = 0; ty < h; ty++)
+        for (int64_t ty = 0; ty < h; ty++) {
+            float *yr = y + (b * h + ty) * w * C * p * p;
             for (int64_t tx = 0; tx < w; tx++)
                 for (int64_t c = 0; c < C; c++)
                     for (int64_t py = 0; py < p; py++)
                         for (int64_t px = 0; px < p; px++)
-                            *y++ = x[((b * C + c) * H + ty * p + py) * W + tx * p + px];
+                            *yr++ = x[((b * C + c) * H + ty * p + py) * W + tx * p + px];
+        }
 }
 
 /* x [B,h*w,p*p*C] (feature order py, px, c) -> y [B,C,h*p,w*p] */
 void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C) {
     int64_t H = h * p, W = w * p;
+#pragma omp parallel for collapse(2) schedule(static) if (B * C * H * W > 2 * PIECE)
     for (int64_t b = 0; b < B; b++)
         for (int64_t ty = 0; ty < h; ty++)
             for (int64_t tx = 0; tx < w; tx++) {
@@ -45,11 +55,6 @@ void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim) {
             y[b * dim + half + i] = (float)sin(a);
         }
 }
-
-/* Copies and adds of a few MiB are bound by memory bandwidth, which one
- * core cannot take alone: they go over the threads in pieces of PIECE
- * floats (no piece when small, where a thread team costs more) */
-#define PIECE ((int64_t)1 << 16)
 
 static void copy_par(float *y, const float *x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 2 * PIECE)
