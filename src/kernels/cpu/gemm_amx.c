@@ -31,6 +31,8 @@
 #define KCHUNK 48 /* steps of K (1536 inputs) per pass over a work item */
 #define STEP 1024 /* bf16 elements per 32-input step of a block: 2 tiles x 16 x 32 */
 #define SB 2048   /* bytes per step of a block: 32 inputs in bf16, 64 in s8 */
+#define TAIL 1       /* items per thread at the end of a GEMM that are split */
+#define TAIL_SPLIT 4 /* into this many pieces */
 
 int kk_amx_ready(void) {
     static int ready = -1;
@@ -262,10 +264,21 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
         int64_t ng = (NP + group - 1) / group, rc = group < RB ? group : RB;
         while (rc > 1 && ng * ((RB + rc - 1) / rc) < 4 * nt) rc = (rc + 1) / 2;
         int64_t nch = (RB + rc - 1) / rc;
+        /* the last TAIL items per thread go in TAIL_SPLIT pieces (of their
+         * row blocks), so the thread that ends first waits less for the
+         * other's last item */
+        int64_t items = ng * nch, tail = items > TAIL * nt ? TAIL * nt : 0, whole = items - tail;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < ng * nch; it++) {
-            int64_t g = it / nch * group, ge = g + group < NP ? g + group : NP;
-            int64_t r0 = it % nch * rc, r1 = r0 + rc < RB ? r0 + rc : RB;
+        for (int64_t it = 0; it < whole + tail * TAIL_SPLIT; it++) {
+            int64_t item = it < whole ? it : whole + (it - whole) / TAIL_SPLIT;
+            int64_t g = item / nch * group, ge = g + group < NP ? g + group : NP;
+            int64_t r0 = item % nch * rc, r1 = r0 + rc < RB ? r0 + rc : RB;
+            if (it >= whole) { /* piece (it - whole) % TAIL_SPLIT of the item's row blocks */
+                int64_t n = r1 - r0, part = (it - whole) % TAIL_SPLIT;
+                r1 = r0 + n * (part + 1) / TAIL_SPLIT;
+                r0 = r0 + n * part / TAIL_SPLIT;
+                if (r0 == r1) continue;
+            }
             for (int64_t k0 = 0; k0 < KB; k0 += KC) {
                 int64_t kn = KB - k0 < KC ? KB - k0 : KC, last = k0 + kn == KB;
                 for (int64_t rb = r0; rb < r1; rb++) {
