@@ -26,6 +26,7 @@
 #define KB 64 /* keys per block: four 16-column accumulator tiles */
 #define DH 64
 #define QG 4 /* blocks of queries per pass over the keys */
+#define QCHUNK (4 * QG * QB) /* queries per work item (256) */
 #define LAZY 8.0f /* log2 units a max may pass the softmax's reference point before it moves */
 
 /* S^T [64 keys x 16 queries] = K Q^T for one block of keys k and of queries
@@ -101,21 +102,23 @@ AMX_FN static inline void weigh(const uint16_t *Pt, const uint16_t *v, float *Ot
 #undef PV
 }
 
-/* one (batch, head): qp (Q^T tiles per block of 16 queries, scaled), kp and
- * vp packed by pack_q_block and pack_kv_block.
+/* queries [q0, q1) of one (batch, head) (q0 a multiple of QG * QB): qp
+ * (Q^T tiles per block of 16 queries, scaled), kp and vp packed by
+ * pack_q_block and pack_kv_block.
  * - QG blocks of queries go over the keys together: each block of 64 keys
  *   comes from L2 once for all of them, then serves the others from L1.
  * - The steps (block of keys, block of queries) are pipelined: the scores
  *   of the next step are issued to the tile unit before the softmax of this
  *   one, so the tile products run while the vector units do the softmax. */
 AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
-                        int64_t Nq, int64_t Nk) {
+                        int64_t q0, int64_t q1, int64_t Nk) {
     int64_t nkb = (Nk + KB - 1) / KB;
     float St[2][KB * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 64 keys x 16 queries */
     float Ot[QG][DH * QB] __attribute__((aligned(64))); /* O^T per block of queries: 64 dims x 16 queries */
     uint16_t Pt[KB * QB] __attribute__((aligned(64)));  /* P^T in key pairs: [32][16 queries x 2] */
-    for (int64_t g0 = 0; g0 < Nq; g0 += QG * QB, qp += QG * 2 * 512) {
-        int nq = (int)((Nq - g0 + QB - 1) / QB < QG ? (Nq - g0 + QB - 1) / QB : QG);
+    qp += q0 / QB * 2 * 512;
+    for (int64_t g0 = q0; g0 < q1; g0 += QG * QB, qp += QG * 2 * 512) {
+        int nq = (int)((q1 - g0 + QB - 1) / QB < QG ? (q1 - g0 + QB - 1) / QB : QG);
         __m512 m[QG], l[QG];
         for (int b = 0; b < nq; b++) {
             m[b] = _mm512_set1_ps(-INFINITY);
@@ -136,7 +139,7 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
             float inv[QB] __attribute__((aligned(64)));
             _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l[b]));
             int64_t i0 = g0 + b * QB;
-            int rows = (int)(Nq - i0 < QB ? Nq - i0 : QB);
+            int rows = (int)(q1 - i0 < QB ? q1 - i0 : QB);
             for (int r = 0; r < rows; r++) {
                 float *dst = o + (i0 + r) * ostride;
                 for (int d = 0; d < DH; d++) dst[d] = Ot[b][d * QB + r] * inv[r];
@@ -256,19 +259,24 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, flo
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
-#pragma omp for collapse(2) schedule(static)
+#pragma omp for collapse(2) schedule(dynamic, 4)
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < (Nqp > Nkp ? Nqp : Nkp); i += 32) {
                 uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
                 for (int64_t i0 = i; i0 < i + 32 && i0 < Nqp; i0 += QB) pack_q_block(q, b, i0, Nq, H, Nqp, scale, qp);
                 if (i < Nkp) pack_kv_block(k, v, b, i, Nk, H, Nkp, kp, vp);
             }
-#pragma omp for collapse(2) schedule(dynamic)
+        /* work items: a head's queries in chunks of QCHUNK, so that the
+         * thread done first waits for at most one chunk of the other's */
+        int64_t nch = (Nq + QCHUNK - 1) / QCHUNK;
+#pragma omp for collapse(3) schedule(dynamic)
         for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < H; h++) {
-                const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-                head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, o + b * Nq * D + h * Dh, D, Nq, Nk);
-            }
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t c = 0; c < nch; c++) {
+                    const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
+                    head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, o + b * Nq * D + h * Dh, D, c * QCHUNK,
+                         (c + 1) * QCHUNK < Nq ? (c + 1) * QCHUNK : Nq, Nk);
+                }
         _tile_release();
         _mm_setcsr(csr);
     }
