@@ -863,59 +863,12 @@ static void fast_layernorm(const float *x, float *y, int64_t rows, int64_t D, fl
     }
 }
 
-/* one row of layernorm + modulate (f32 or bf16 out), compiled per CPU */
-KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, void *y, int bf16, int64_t D,
-                                 float eps) {
+/* one row of layernorm + modulate, f32 out, compiled per CPU */
+KK_CLONES static void ln_mod_row(const float *xr, const float *sh, const float *sc, float *yr, int64_t D, float eps) {
     float mu, inv;
     row_stats(xr, D, eps, &mu, &inv);
-    if (bf16) {
-        uint16_t *yr = y;
 #pragma omp simd
-        for (int64_t i = 0; i < D; i++) yr[i] = bf16_of((xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i]);
-    } else {
-        float *yr = y;
-#pragma omp simd
-        for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
-    }
-}
-
-/* Row block rb (rows [32 rb, 32 rb + 32) of x [rows, D], N rows per batch
- * entry) of layernorm + modulate (ln) or modulate alone, into a blocked y:
- * per step of 32 columns the block's 32 rows are 2 KiB in a row, written in
- * order (row by row over all of D would write one line every 2 KiB); the
- * padding (rows past `rows`, columns past D) gets zeros */
-KK_CLONES static void mod_block(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t rows,
-                                int64_t N, int64_t D, int64_t rb, int ln, float eps) {
-    float mu[32], inv[32];
-    for (int64_t i = 0; i < 32 && ln; i++)
-        if (rb * 32 + i < rows) row_stats(x + (rb * 32 + i) * D, D, eps, &mu[i], &inv[i]);
-    for (int64_t c = 0; c < D; c += 32) {
-        uint16_t *d = y + kk_blocked_index(rb * 32, c, D);
-        int64_t n = D - c < 32 ? D - c : 32;
-        for (int64_t i = 0; i < 32; i++, d += 32) {
-            int64_t r = rb * 32 + i;
-            if (r >= rows) {
-                memset(d, 0, 64);
-                continue;
-            }
-            const float *xr = x + r * D + c, *sh = shift + r / N * D + c, *sc = scale + r / N * D + c;
-            if (ln) {
-                float m = mu[i], v = inv[i];
-#pragma omp simd
-                for (int64_t j = 0; j < n; j++) d[j] = bf16_of((xr[j] - m) * v * (1.0f + sc[j]) + sh[j]);
-            } else {
-#pragma omp simd
-                for (int64_t j = 0; j < n; j++) d[j] = bf16_of(xr[j] * (1.0f + sc[j]) + sh[j]);
-            }
-            for (int64_t j = n; j < 32; j++) d[j] = 0;
-        }
-    }
-}
-
-static void mod_blocked(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B, int64_t N,
-                        int64_t D, int ln, float eps) {
-#pragma omp parallel for schedule(static)
-    for (int64_t rb = 0; rb < (B * N + 31) / 32; rb++) mod_block(x, shift, scale, y, B * N, N, D, rb, ln, eps);
+    for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * (1.0f + sc[i]) + sh[i];
 }
 
 static void fast_ln_modulate(const float *x, const float *shift, const float *scale, float *y, int64_t B,
@@ -923,36 +876,78 @@ static void fast_ln_modulate(const float *x, const float *shift, const float *sc
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++)
         for (int64_t n = 0; n < N; n++)
-            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 0, D, eps);
+            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, D, eps);
+}
+
+/* The bf16 producers (layernorm + modulate, modulate) belong to the bf16
+ * backend, which kk_fast offers only with AVX512-BF16: built for it, they
+ * round to bf16 with one VCVTNEPS2BF16 per 16 values, as the GEMM's epilogue
+ * does (the portable bit arithmetic ran in 256-bit halves, ~2 cycles a value) */
+#define BF16_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+/* n (<= 16; none when n <= 0) values of layernorm + modulate (ln: mu, inv
+ * are the row's) or modulate alone to bf16 at d; pad: the other lanes of the
+ * 16 get zeros */
+BF16_FN static inline void mod16(const float *x, const float *sh, const float *sc, int ln, float mu, float inv,
+                                 int64_t n, uint16_t *d, int pad) {
+    __mmask16 m = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    __m512 t = _mm512_maskz_loadu_ps(m, x);
+    if (ln) t = _mm512_mul_ps(_mm512_sub_ps(t, _mm512_set1_ps(mu)), _mm512_set1_ps(inv));
+    __m512 v = _mm512_fmadd_ps(t, _mm512_add_ps(_mm512_maskz_loadu_ps(m, sc), _mm512_set1_ps(1.0f)),
+                               _mm512_maskz_loadu_ps(m, sh));
+    __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
+    if (pad) _mm256_storeu_si256((__m256i *)d, _mm256_maskz_mov_epi16(m, b));
+    else _mm256_mask_storeu_epi16(d, m, b);
+}
+
+/* y [B*N, D] = layernorm (ln) + modulate, or modulate alone, of x as bf16
+ * rows or blocked (fmt). Blocked goes one row block of 32 at a time: its
+ * rows' statistics first, then per step of 32 columns the block's 32 rows,
+ * 2 KiB in a row, written in order (row by row over all of D would write
+ * one line every 2 KiB); the padding (rows past B*N, columns past D) gets
+ * zeros */
+BF16_FN static void mod_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
+                             int64_t N, int64_t D, int ln, float eps, int fmt) {
+    int64_t rows = B * N;
+    if (fmt != KK_FMT_BLOCKED) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * D, *sh = shift + r / N * D, *sc = scale + r / N * D;
+            float mu = 0, inv = 1;
+            if (ln) row_stats(xr, D, eps, &mu, &inv);
+            for (int64_t c = 0; c < D; c += 16) mod16(xr + c, sh + c, sc + c, ln, mu, inv, D - c, y + r * D + c, 0);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t rb = 0; rb < (rows + 31) / 32; rb++) {
+        float mu[32] = {0}, inv[32] = {0};
+        for (int64_t i = 0; i < 32 && ln; i++)
+            if (rb * 32 + i < rows) row_stats(x + (rb * 32 + i) * D, D, eps, &mu[i], &inv[i]);
+        for (int64_t c = 0; c < D; c += 32) {
+            uint16_t *d = y + kk_blocked_index(rb * 32, c, D);
+            for (int64_t i = 0; i < 32; i++, d += 32) {
+                int64_t r = rb * 32 + i;
+                if (r >= rows) {
+                    memset(d, 0, 64);
+                    continue;
+                }
+                const float *xr = x + r * D + c, *sh = shift + r / N * D + c, *sc = scale + r / N * D + c;
+                mod16(xr, sh, sc, ln, mu[i], inv[i], D - c, d, 1);
+                mod16(xr + 16, sh + 16, sc + 16, ln, mu[i], inv[i], D - c - 16, d + 16, 1);
+            }
+        }
+    }
 }
 
 static void fast_ln_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                                   int64_t N, int64_t D, float eps, int y_fmt) {
-    if (y_fmt == KK_FMT_BLOCKED) {
-        mod_blocked(x, shift, scale, y, B, N, D, 1, eps);
-        return;
-    }
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            ln_mod_row(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, 1, D, eps);
-}
-
-KK_CLONES static void mod_row_bf16(const float *xr, const float *sh, const float *sc, uint16_t *yr, int64_t D) {
-#pragma omp simd
-    for (int64_t i = 0; i < D; i++) yr[i] = bf16_of(xr[i] * (1.0f + sc[i]) + sh[i]);
+    mod_bf16(x, shift, scale, y, B, N, D, 1, eps, y_fmt);
 }
 
 static void fast_modulate_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                                int64_t N, int64_t D, int y_fmt) {
-    if (y_fmt == KK_FMT_BLOCKED) {
-        mod_blocked(x, shift, scale, y, B, N, D, 0, 0);
-        return;
-    }
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            mod_row_bf16(x + (b * N + n) * D, shift + b * D, scale + b * D, y + (b * N + n) * D, D);
+    mod_bf16(x, shift, scale, y, B, N, D, 0, 0, y_fmt);
 }
 
 static void fast_rmsnorm_heads(const float *x, const float *w, float *y, int64_t rows, int64_t H, int64_t Dh,
