@@ -379,17 +379,24 @@ static double check_quant_linear(kiln_dtype qt, int64_t rows, int64_t K, int64_t
     CHECK_MSG(werr <= (qt == KILN_I8 ? 1e-2 : 4e-2), "%s: weight quantization error %.3g", kiln_dtype_name(qt), werr);
     ref->linear(x, &(kk_weight){M, K, wd, NULL, KILN_F32, NULL}, b, y0, rows, act);
     kt_from_f32(KILN_BF16, x, xb, (size_t)(rows * K));
-    for (int xin = 0; xin < 2; xin++)
-        for (int yout = 0; yout < 2; yout++) {
+    /* every activation format in and out (KK_FMT_*: f32, bf16 rows, bf16 blocked) */
+    uint16_t *xk = kb_alloc_aligned(2 * kk_blocked_elems(rows, K)), *yk = kb_alloc_aligned(2 * kk_blocked_elems(rows, M));
+    kk_block_rows(xb, rows, K, xk);
+    const void *xs[3] = {x, xb, xk};
+    for (int xin = 0; xin < 3; xin++)
+        for (int yout = 0; yout < 3; yout++) {
             memset(y1, 0, sizeof(float) * (size_t)(rows * M));
-            fast->linear_io(xin ? (const void *)xb : (const void *)x, xin, &wf, b, yout ? (void *)yb : (void *)y1, yout,
-                            rows, act);
+            void *yp = yout == KK_FMT_F32 ? (void *)y1 : yout == KK_FMT_BF16 ? (void *)yb : (void *)yk;
+            fast->linear_io(xs[xin], xin, &wf, b, yp, yout, rows, act);
+            if (yout == KK_FMT_BLOCKED) kk_unblock_rows(yk, rows, M, yb);
             if (yout) kt_to_f32(KILN_BF16, yb, y1, (size_t)(rows * M));
             double err = rel_l2(y1, y0, (size_t)(rows * M));
             if (err > worst) worst = err;
-            CHECK_MSG(err <= tol, "%s linear rows %lld K %lld M %lld bias %d act %d x_bf16 %d y_bf16 %d: error %.3g",
+            CHECK_MSG(err <= tol, "%s linear rows %lld K %lld M %lld bias %d act %d x_fmt %d y_fmt %d: error %.3g",
                       kiln_dtype_name(qt), (long long)rows, (long long)K, (long long)M, bias, act, xin, yout, err);
         }
+    kb_free_aligned(xk);
+    kb_free_aligned(yk);
     /* the f32 backend's plain linear takes quantized weights too */
     if (kk_fast(KILN_F32)) {
         kk_fast(KILN_F32)->linear(x, &wf, b, y1, rows, act);

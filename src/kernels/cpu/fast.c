@@ -649,13 +649,14 @@ KK_CLONES static void quant_row_s8(const void *x, int x_bf16, int64_t K, int8_t 
 }
 
 /* y = act(dequant(x_q . W_q^T) + b) on quantized weights, for any
- * combination of f32 / bf16 activations:
+ * combination of f32 / bf16 activations (x_fmt, y_fmt; blocked only on the
+ * AMX fp8 path, fast_linear_io converts it for the others):
  *   I8: tokens quantized to s8 here (per token), s8 x s8 with int32
  *       accumulation, scales, bias and activation fused as post-ops
  *   F8_E4M3: weights decoded to bf16 (their packed layout is kept, so no
  *       reorder), x in bf16, bf16 GEMM with f32 accumulation, channel scales,
  *       bias and activation fused */
-static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const float *b, void *y, int y_fmt,
+static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const float *b, void *y, int y_fmt,
                          int64_t rows, int act) {
     int64_t K = w->K, M = w->M;
     prim_entry key = {.m = rows, .k = K, .n = M, .sa = K, .sd = M, .act = act, .bias = b != NULL, .wkind = 0,
@@ -668,9 +669,9 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         float *sx = scratch(9, sizeof(float) * (size_t)rows);
         if (!xq || !sx) return;
         const char *xc = x;
-        size_t esz = x_bf16 ? 2 : 4;
+        size_t esz = x_fmt != KK_FMT_F32 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * K > (1 << 15))
-        for (int64_t r = 0; r < rows; r++) quant_row_s8(xc + esz * (size_t)(r * K), x_bf16, K, xq + r * K, sx + r);
+        for (int64_t r = 0; r < rows; r++) quant_row_s8(xc + esz * (size_t)(r * K), x_fmt != KK_FMT_F32, K, xq + r * K, sx + r);
         if (amx_i8(KILN_I8)) {
             int nt = gemm_threads(KILN_BF16);
             void *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
@@ -698,10 +699,10 @@ static void quant_linear(const void *x, int x_bf16, const kk_weight *w, const fl
         decode_e4m3_par(w->packed, wb, (int64_t)qb);
         if (amx_bf16(KILN_F8_E4M3)) {
             kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
-            amx_linear(x, x_bf16, wb, M, K, &e, y, y_fmt, rows);
+            amx_linear(x, x_fmt, wb, M, K, &e, y, y_fmt, rows);
             return;
         }
-        if (!x_bf16) {
+        if (x_fmt == KK_FMT_F32) {
             uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * K));
             if (!xb) return;
             int64_t n = rows * K, chunk = 1 << 16;
