@@ -6,18 +6,19 @@
  * as the B operand wants it: per step of 32 inputs (bf16; 64 for s8), two
  * 16x16 tiles of input pairs (quads). x is packed per call the same way
  * (blocks of 32 rows, two 16-row tiles per step), so every tile load reads
- * 1 KiB contiguous.
+ * 1 KiB contiguous - unless it comes so already (KK_FMT_BLOCKED: the op
+ * that made it wrote that layout).
  *
  * The micro-kernel keeps a 32 x 32 block of C in four accumulator tiles
  * (2 x 2: one tile load per product, the best ratio eight tile registers
  * allow) over K in chunks of 1536, then the epilogue applies scales, bias,
- * GELU or a gated residual and writes f32 or bf16 - one pass over C while
- * it is in L1.
+ * GELU or a gated residual and writes f32, bf16 rows or bf16 blocked - one
+ * pass over C while it is in L1.
  *
  * Threads take work items dynamically: a group of panels and a chunk of
- * row blocks that fit L2 together. On the 2-core Sapphire Rapids VM this
- * runs 1.2-2.7x oneDNN 2.6's brgemm on the SD3 shapes (bench_kernels,
- * docs/PERFORMANCE.md). */
+ * row blocks that fit L2 together (item_shape), each thread's last item
+ * in pieces. On the 2-core Sapphire Rapids VM this runs 1.2-2.3x oneDNN
+ * 2.6's brgemm on the SD3 shapes (bench_kernels, docs/PERFORMANCE.md). */
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
