@@ -13,7 +13,7 @@
  * and (O^T)^T / l is the output. Four blocks of queries share each block of
  * keys while it is in L1, and the next step's S^T is issued to the tile
  * unit before this step's softmax, so the two overlap. The N x N matrix is
- * never formed; parallel over batch x heads. */
+ * never formed; parallel over batch x heads x chunks of 256 queries. */
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
