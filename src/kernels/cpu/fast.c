@@ -435,8 +435,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[15];
-    static _Thread_local size_t cap[15];
+    static _Thread_local void *buf[16];
+    static _Thread_local size_t cap[16];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -728,16 +728,17 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
  * reads and writes them itself (quant_linear's AMX fp8 path included) */
 static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_weight *w, const float *b, void *y,
                            int y_fmt, int64_t rows, int act) {
+    /* scratch slots 14 and 15 (13 holds a joint attention's concatenations) */
     int native = dt == KILN_BF16 && w->packed && amx_bf16(w->packed_dtype);
     if (!native && x_fmt == KK_FMT_BLOCKED) {
-        uint16_t *xr = scratch(13, sizeof(uint16_t) * (size_t)(rows * w->K));
+        uint16_t *xr = scratch(14, sizeof(uint16_t) * (size_t)(rows * w->K));
         if (!xr) return;
         kk_unblock_rows(x, rows, w->K, xr);
         x = xr;
         x_fmt = KK_FMT_BF16;
     }
     if (!native && y_fmt == KK_FMT_BLOCKED) {
-        uint16_t *yr = scratch(14, sizeof(uint16_t) * (size_t)(rows * w->M));
+        uint16_t *yr = scratch(15, sizeof(uint16_t) * (size_t)(rows * w->M));
         if (!yr) return;
         fast_linear_io(dt, x, x_fmt, w, b, yr, KK_FMT_BF16, rows, act);
         kk_block_rows(yr, rows, w->M, y);

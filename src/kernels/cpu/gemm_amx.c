@@ -73,18 +73,14 @@ void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out) {
         for (int64_t k = 0; k < K; k++) out[n * K + k] = kt_bf16_to_f32(packed[packed_byte(n, k, KB, 2) / 2]);
 }
 
-/* x rows [r0, r0+32) (zero past rows) into one block: [KB][2][16][32] */
-AMX_FN static void pack_rows(const void *x, int x_bf16, int64_t rows, int64_t K, int64_t r0, uint16_t *dst) {
+/* x rows [r0, r0+32) (zero past rows) into their block of out: the x of
+ * the GEMM as KK_FMT_BLOCKED (kk_blocked_index), as an op that makes it
+ * blocked writes it */
+AMX_FN static void pack_rows(const void *x, int x_bf16, int64_t rows, int64_t K, int64_t r0, uint16_t *out) {
     int64_t KB = up32(K);
-    for (int64_t i = 0; i < 32; i++) {
-        int64_t r = r0 + i;
-        uint16_t *d = dst + (i / 16) * 512 + (i % 16) * 32;
-        if (r >= rows) {
-            for (int64_t s = 0; s < KB; s++) memset(d + s * STEP, 0, 64);
-            continue;
-        }
+    for (int64_t r = r0; r < r0 + 32; r++)
         for (int64_t s = 0; s < KB; s++) {
-            int64_t k0 = s * 32, n = K - k0 < 32 ? K - k0 : 32;
+            int64_t k0 = s * 32, n = r >= rows ? 0 : K - k0 < 32 ? K - k0 : 32;
             __mmask32 m = n == 32 ? 0xffffffffu : ((1u << n) - 1);
             __m512i v;
             if (x_bf16) {
@@ -94,9 +90,8 @@ AMX_FN static void pack_rows(const void *x, int x_bf16, int64_t rows, int64_t K,
                 __m512 lo = _mm512_maskz_loadu_ps((__mmask16)m, xf), hi = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), xf + 16);
                 v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
             }
-            _mm512_storeu_si512(d + s * STEP, v);
+            _mm512_storeu_si512(out + kk_blocked_index(r, k0, K), v);
         }
-    }
 }
 
 /* gelu_tanh(v) = 0.5 v (1 + tanh(u)) = v / (1 + e^-2u), u = c (v + 0.044715 v^3):
@@ -271,7 +266,7 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
 #pragma omp for schedule(static)
         for (int64_t rb = 0; rb < RB * !blocked; rb++) {
             if (s8) pack_rows_s8(in->x, rows, K, rb * 32, work + rb * KB * SB);
-            else pack_rows(in->x, in->x_fmt == KK_FMT_BF16, rows, K, rb * 32, (uint16_t *)(work + rb * KB * SB));
+            else pack_rows(in->x, in->x_fmt == KK_FMT_BF16, rows, K, rb * 32, (uint16_t *)work);
         }
         kk_tile_config cfg = {.palette = 1};
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -338,18 +333,12 @@ int kk_amx_linear_s8(const int8_t *xq, const float *xs, const int8_t *packed, in
 
 /* An upper bound for both products: s8 steps cover twice the inputs of bf16 ones */
 size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads) {
-    /* the sums of an item: rc x group blocks, at most what item_shape gives
-     * with the most panels (one row block: one panel fewer than twice the
-     * budget) or the most rows (all of them, with the panels left) */
-    int64_t KB = up32(K), KC = KB < KCHUNK ? KB : KCHUNK, g = ITEM_BYTES / (KC * SB), most = 0;
+    /* the sums of an item, rc x group blocks (item_shape): split, at most
+     * g x g; all rows, RB x (L - RB) with L = 2 ITEM_BYTES / (KC SB) <= 2g + 1,
+     * at most L^2 / 4, so g (g + 1) bounds both */
+    int64_t KB = up32(K), KC = KB < KCHUNK ? KB : KCHUNK, g = ITEM_BYTES / (KC * SB);
     if (g < 1) g = 1;
-    for (int64_t rb = 1; rb <= up32(rows); rb++) {
-        int64_t left = (2 * ITEM_BYTES - rb * KC * SB) / (KC * SB);
-        int64_t whole = rb * KC * SB <= 3 * ITEM_BYTES / 2 && left >= 1 ? rb * left : 0, split = (rb < g ? rb : g) * g;
-        if (whole > most) most = whole;
-        if (split > most) most = split;
-    }
-    size_t sums = KB > KCHUNK ? (size_t)((threads < 1 ? 1 : threads) * most) * 4096 : 0;
+    size_t sums = KB > KCHUNK ? (size_t)((threads < 1 ? 1 : threads) * g * (g + 1)) * 4096 : 0;
     return (size_t)(up32(rows) * KB) * SB + sums;
 }
 
