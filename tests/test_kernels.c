@@ -3,6 +3,7 @@
  * of any tile): f32 within 1e-5, bf16 within 1e-2 relative L2. */
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "tensor/dtype.h"
 #include "test.h"
 
 static float *rnd(uint64_t seed, size_t n, float scale) {
@@ -94,7 +95,14 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
                                   int64_t Dh, int q_both) {
     int64_t D = H * Dh, N = Na + Nb, Nq = q_both ? N : Na;
     float *seg[6], *cat[3];
-    for (int s = 0; s < 6; s++) seg[s] = rnd(30 + (uint64_t)s, (size_t)(B * (s < 3 ? Na : Nb) * D + 1), 1);
+    /* inputs bf16 can hold, so that attention_joint_bf16 (q, k, v in bf16 rows) gets the same ones */
+    uint16_t *h[6];
+    for (int s = 0; s < 6; s++) {
+        size_t n = (size_t)(B * (s < 3 ? Na : Nb) * D);
+        seg[s] = rnd(30 + (uint64_t)s, n + 1, 1);
+        h[s] = malloc(2 * n + 2);
+        for (size_t i = 0; i < n; i++) seg[s][i] = kt_bf16_to_f32(h[s][i] = kt_f32_to_bf16(seg[s][i]));
+    }
     for (int s = 0; s < 3; s++) {
         cat[s] = rnd(40, (size_t)(B * N * D), 0);
         kk_concat_rows(seg[s], Na * D, seg[s + 3], Nb * D, cat[s], B);
@@ -110,7 +118,30 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
               "%s attention_joint B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s: error %.3g, %lld written past o",
               be->name, (long long)B, (long long)Na, (long long)Nb, (long long)H, (long long)Dh,
               q_both ? "both segments" : "the first segment", err, (long long)past);
-    for (int s = 0; s < 6; s++) kb_free_aligned(seg[s]);
+    if (be->attention_joint_bf16) {
+        /* from bf16 rows: the same numbers, bit for bit, as from those values in f32 */
+        float *got16 = rnd(43, (size_t)(B * N * D + 1), 0);
+        for (int64_t i = B * Nq * D; i <= B * N * D; i++) got16[i] = 12345.0f;
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], got16, B, Na, Nb, H, Dh);
+        past = 0;
+        for (int64_t i = B * Nq * D; i <= B * N * D; i++) past += got16[i] != 12345.0f;
+        CHECK_MSG(!memcmp(got16, got, sizeof(float) * (size_t)(B * Nq * D)) && !past,
+                  "%s attention_joint_bf16 B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s: differs from f32 "
+                  "inputs, %lld written past o", be->name, (long long)B, (long long)Na, (long long)Nb, (long long)H,
+                  (long long)Dh, q_both ? "both segments" : "the first segment", (long long)past);
+        if (!Nb && Na) { /* plain attention (one segment, no second one named) against be->attention */
+            be->attention(seg[0], seg[1], seg[2], got, B, Na, Na, H, Dh);
+            be->attention_joint_bf16(h[0], h[1], h[2], NULL, NULL, NULL, got16, B, Na, 0, H, Dh);
+            CHECK_MSG(!memcmp(got16, got, sizeof(float) * (size_t)(B * Na * D)),
+                      "%s attention_joint_bf16 as plain attention B %lld N %lld H %lld Dh %lld: differs from attention",
+                      be->name, (long long)B, (long long)Na, (long long)H, (long long)Dh);
+        }
+        kb_free_aligned(got16);
+    }
+    for (int s = 0; s < 6; s++) {
+        kb_free_aligned(seg[s]);
+        free(h[s]);
+    }
     for (int s = 0; s < 3; s++) kb_free_aligned(cat[s]);
     kb_free_aligned(want);
     kb_free_aligned(got);
@@ -170,7 +201,6 @@ TEST(elementwise_matches_reference) {
     kb_free_aligned(y1);
 }
 
-#include "tensor/dtype.h"
 
 /* 1 when every padding element of a blocked [rows, K] is zero */
 static int blocked_pad_zero(const uint16_t *p, int64_t rows, int64_t K) {

@@ -73,7 +73,13 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     }
     case KG_ATTENTION: {
         const kg_node *K = &g->nodes[n->src[1]];
-        if (ip[1]) /* joint: q, k, v of two token segments, read in place */
+        if (K->out_bf16) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
+            be->attention_joint_bf16((const uint16_t *)a, (const uint16_t *)b, (const uint16_t *)c,
+                                     ip[1] && n->src[3] >= 0 ? (const uint16_t *)buf[n->src[3]] : NULL,
+                                     ip[1] ? (const uint16_t *)buf[n->src[4]] : NULL,
+                                     ip[1] ? (const uint16_t *)buf[n->src[5]] : NULL, y, n->shape[0], A->shape[1],
+                                     ip[1] ? g->nodes[n->src[4]].shape[1] : 0, ip[0], n->shape[2] / ip[0]);
+        else if (ip[1]) /* joint: q, k, v of two token segments, read in place */
             be->attention_joint(a, b, c, n->src[3] >= 0 ? buf[n->src[3]] : NULL, buf[n->src[4]], buf[n->src[5]], y,
                                 n->shape[0], A->shape[1], g->nodes[n->src[4]].shape[1], ip[0], n->shape[2] / ip[0]);
         else
@@ -93,19 +99,26 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
 }
 
 void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {
-    /* KILN_PROFILE=1: time every op kind into the ledger (--timings prints it) */
+    /* KILN_PROFILE=1: time every op kind into the ledger (--timings prints
+     * it); 2: linears apart by shape, rows x K -> N */
     static int profile = -1;
     int on = __atomic_load_n(&profile, __ATOMIC_RELAXED);
     if (on < 0) {
         const char *pe = getenv("KILN_PROFILE");
-        on = pe && *pe && strcmp(pe, "0");
+        on = pe && *pe && strcmp(pe, "0") ? (strcmp(pe, "2") ? 1 : 2) : 0;
         __atomic_store_n(&profile, on, __ATOMIC_RELAXED);
     }
     double t0 = on ? kb_now() : 0;
     exec_node(g, be, n, buf, y);
     if (on) {
         char cat[48];
-        snprintf(cat, sizeof cat, "op %s", kg_op_name(n->op));
+        if (on == 2 && n->op == KG_LINEAR) {
+            const kg_node *w = &g->nodes[n->src[1]];
+            int64_t N = n->shape[n->ndim - 1], rows = 1;
+            for (int d = 0; d < n->ndim - 1; d++) rows *= n->shape[d];
+            snprintf(cat, sizeof cat, "op linear %lldx%lld->%lld", (long long)rows, (long long)w->shape[1], (long long)N);
+        } else
+            snprintf(cat, sizeof cat, "op %s", kg_op_name(n->op));
         kb_ledger_add(cat, kb_now() - t0, NULL);
     }
 }

@@ -420,7 +420,8 @@ void kg_fuse(kg_graph *g) {
 }
 
 void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
-    if (g->status || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
+    if (g->status || g->n < 1 || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
+    size_t nn = (size_t)g->n;
     /* ok[i]: every consumer so far is a linear reading i as its input, on weights that take bf16 (kk_weight_bf16_io) */
     char *ok = malloc((size_t)g->n), *used = calloc((size_t)g->n, 1), *live = malloc((size_t)g->n);
     int *last = malloc(sizeof(int) * (size_t)g->n);
@@ -434,7 +435,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     /* only live consumers count: the nodes kg_fuse folded away (a GELU
      * aliased to its linear) still name their old sources */
     kg_liveness(g, live, last);
-    memset(ok, 1, (size_t)g->n);
+    memset(ok, 1, nn);
     for (int o = 0; o < g->n_outputs; o++) ok[g->outputs[o]] = 0;
     for (int i = 0; i < g->n; i++) {
         const kg_node *n = &g->nodes[i];
@@ -461,7 +462,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     /* blocked where every consumer's GEMM reads that layout as it is (and a
      * linear producer's GEMM writes it), so no GEMM packs its input */
     if (be->blocked_io) {
-        memset(ok, 1, (size_t)g->n);
+        memset(ok, 1, nn);
         for (int i = 0; i < g->n; i++) {
             const kg_node *n = &g->nodes[i];
             if (live[i] && n->op == KG_LINEAR && n->src[0] >= 0 && !be->blocked_io(g->nodes[n->src[1]].kw))
@@ -471,6 +472,28 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
             kg_node *n = &g->nodes[i];
             if (n->out_bf16 && ok[i] && (n->op != KG_LINEAR || be->blocked_io(g->nodes[n->src[1]].kw)))
                 n->out_bf16 = KK_FMT_BLOCKED;
+        }
+    }
+    /* q, k and v as bf16 rows where an attention is the only reader of all of
+     * them and linears make them all: the attention packs them as they are */
+    if (be->attention_joint_bf16) {
+        memset(used, 0, nn); /* readers: 0, 1, or 2 for more */
+        for (int i = 0; i < g->n; i++)
+            for (int s = 0; live[i] && s < KG_MAX_SRC; s++)
+                if (g->nodes[i].src[s] >= 0 && used[g->nodes[i].src[s]] < 2) used[g->nodes[i].src[s]]++;
+        for (int o = 0; o < g->n_outputs; o++) used[g->outputs[o]] = 2;
+        for (int i = 0; i < g->n; i++) {
+            const kg_node *n = &g->nodes[i];
+            if (!live[i] || n->op != KG_ATTENTION) continue;
+            int all = 1, ns = n->iparam[1] ? 6 : 3;
+            for (int s = 0; s < ns && all; s++) {
+                kg_id src = n->src[s];
+                if (src < 0) continue; /* a joint attention's absent second query segment */
+                const kg_node *p = &g->nodes[src];
+                all = p->op == KG_LINEAR && used[src] == 1 && !p->iparam[1] && kk_weight_bf16_io(g->nodes[p->src[1]].kw);
+            }
+            for (int s = 0; s < ns && all; s++)
+                if (n->src[s] >= 0) g->nodes[n->src[s]].out_bf16 = KK_FMT_BF16;
         }
     }
     free(ok);

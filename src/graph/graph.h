@@ -154,7 +154,9 @@ void kg_fuse(kg_graph *g);
  * linear, layernorm_modulate and modulate nodes that only linears with bf16
  * packed weights consume, so those GEMMs need no conversion pass; blocked
  * (KK_FMT_BLOCKED) where the backend's GEMMs read it as it is (blocked_io),
- * so they need no packing pass either. */
+ * so they need no packing pass either. The q, k and v an attention alone
+ * reads go in bf16 rows where the backend's attention takes them so
+ * (attention_joint_bf16). */
 void kg_plan_bf16(kg_graph *g, const kk_backend *be);
 /* The bytes of a node's output in its format (out_bf16). */
 size_t kg_out_bytes(const kg_node *n);

@@ -1,14 +1,15 @@
 /* attn_amx.c - fused flash attention on AMX tiles, for bf16 compute with a
  * head size of 64 (every SD3 / SD3.5 model).
  *
- * Per (batch, head): q (scaled by log2 e / sqrt(Dh)), k and v are converted
- * to bf16 once, straight into the tile layouts the products want (blocks of
- * tokens, transposed in registers). Everything runs transposed (keys and
+ * Per (batch, head): q, k and v (f32, or bf16 rows as the GEMMs before wrote
+ * them) are packed in bf16 once, straight into the tile layouts the
+ * products want (blocks of tokens, transposed in registers). Everything runs transposed (keys and
  * dims down, the 16 queries of a block across one vector), so the softmax's
  * max and sum go down columns with no horizontal reductions. Per block of
  * 16 queries, for each block of 64 keys:
  *   S^T [64 x 16] = K Q^T         4 accumulator tiles, 2 steps over Dh
- *   online softmax (AVX-512):     running max m and sum l per query, P^T = 2^(S^T - m) in bf16
+ *   online softmax (AVX-512):     running max m and sum l per query, P^T = 2^(c S^T - m) in bf16,
+ *                                 c = log2 e / sqrt(Dh)
  *   O^T [64 x 16] = O^T 2^(m_old - m) + V^T P^T   4 accumulator tiles, 2 steps over the keys
  * and (O^T)^T / l is the output. Four blocks of queries share each block of
  * keys while it is in L1, and the next step's S^T is issued to the tile
@@ -48,13 +49,15 @@ AMX_FN static inline void scores(const uint16_t *q, const uint16_t *k, float *St
 /* The online softmax of one S^T block (valid keys of it) down the columns,
  * one lane per query, so no horizontal reductions: updates the running max
  * m and sum l, rescales O^T when a max moved, and writes P^T in key pairs
- * (bf16) for the product with V. The scores are in log2 units (log2 e is
- * folded into q's scale). */
-AMX_FN static inline void softmax(const float *St, int valid, __m512 *m, __m512 *l, float *Ot, uint16_t *Pt) {
+ * (bf16) for the product with V. m is in log2 units: the scores times c (log2
+ * e / sqrt(Dh)), applied here in f32 (one FMA with the subtraction), so q
+ * goes into the products as the GEMM rounded it, with no second rounding. */
+AMX_FN static inline void softmax(const float *St, int valid, __m512 c, __m512 *m, __m512 *l, float *Ot,
+                                  uint16_t *Pt) {
     /* bf16 pairs (even key, odd key) per query: [e0 o0 e1 o1 ...] from [e0..e15 o0..o15] */
     const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    __m512 mx0 = *m, mx1 = *m, mx2 = *m, mx3 = *m; /* four chains: a max waits 4 cycles on the one before */
+    __m512 mx0 = _mm512_set1_ps(-INFINITY), mx1 = mx0, mx2 = mx0, mx3 = mx0; /* four chains: a max waits 4 cycles on the one before */
     int r = 0;
     for (; r + 4 <= valid; r += 4) {
         mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
@@ -63,7 +66,7 @@ AMX_FN static inline void softmax(const float *St, int valid, __m512 *m, __m512 
         mx3 = _mm512_max_ps(mx3, _mm512_load_ps(St + (r + 3) * QB));
     }
     for (; r < valid; r++) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
-    __m512 mx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
+    __m512 mx = _mm512_max_ps(*m, _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)), c));
     /* The reference point m of a query moves only when its max passes it by
      * more than LAZY: below that, P = 2^(S - m) stays under 2^LAZY (exact in
      * bf16's exponent range, l and O in f32) and the final O / l is the same,
@@ -76,8 +79,8 @@ AMX_FN static inline void softmax(const float *St, int valid, __m512 *m, __m512 
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     for (r = 0; r < KB; r += 2) {
         __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
-        if (r < valid) p0 = kk_exp2_16(_mm512_sub_ps(_mm512_load_ps(St + r * QB), mx));
-        if (r + 1 < valid) p1 = kk_exp2_16(_mm512_sub_ps(_mm512_load_ps(St + (r + 1) * QB), mx));
+        if (r < valid) p0 = kk_exp2_16(_mm512_fmsub_ps(_mm512_load_ps(St + r * QB), c, mx));
+        if (r + 1 < valid) p1 = kk_exp2_16(_mm512_fmsub_ps(_mm512_load_ps(St + (r + 1) * QB), c, mx));
         s0 = _mm512_add_ps(s0, p0);
         s1 = _mm512_add_ps(s1, p1);
         _mm512_store_si512(Pt + r * QB, _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
@@ -103,7 +106,7 @@ AMX_FN static inline void weigh(const uint16_t *Pt, const uint16_t *v, float *Ot
 }
 
 /* queries [q0, q1) of one (batch, head) (q0 a multiple of QG * QB): qp
- * (Q^T tiles per block of 16 queries, scaled), kp and vp packed by
+ * (Q^T tiles per block of 16 queries), kp and vp packed by
  * pack_q_block and pack_kv_block.
  * - QG blocks of queries go over the keys together: each block of 64 keys
  *   comes from L2 once for all of them, then serves the others from L1.
@@ -111,7 +114,8 @@ AMX_FN static inline void weigh(const uint16_t *Pt, const uint16_t *v, float *Ot
  *   of the next step are issued to the tile unit before the softmax of this
  *   one, so the tile products run while the vector units do the softmax. */
 AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
-                        int64_t q0, int64_t q1, int64_t Nk) {
+                        int64_t q0, int64_t q1, int64_t Nk, float scale) {
+    __m512 c = _mm512_set1_ps(scale);
     int64_t nkb = (Nk + KB - 1) / KB;
     float St[2][KB * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 64 keys x 16 queries */
     float Ot[QG][DH * QB] __attribute__((aligned(64))); /* O^T per block of queries: 64 dims x 16 queries */
@@ -131,7 +135,7 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
             int64_t kb = t / nq;
             int b = (int)(t % nq);
             if (t + 1 < steps) scores(qp + (t + 1) % nq * 2 * 512, kp + (t + 1) / nq * KB * DH, St[(t + 1) & 1]);
-            softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), &m[b], &l[b], Ot[b], Pt);
+            softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), c, &m[b], &l[b], Ot[b], Pt);
             weigh(Pt, vp + kb * KB * DH, Ot[b]);
         }
         /* o = (O^T)^T / l */
@@ -149,7 +153,7 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
 }
 
 /* Layouts, per (batch, head):
- * Q^T: [query/16][Dh half][Dh pair][query%16][2] (scaled, zero past Nq);
+ * Q^T: [query/16][Dh half][Dh pair][query%16][2] (zero past Nq);
  * K:   [key][Dh] (zero past Nk, to a whole block of 64);
  * V^T: [key/64][Dh/16][key half][Dh%16][key%32] (zero past Nk).
  * Blocks of tokens of every head at a time: the rows of q, k and v are read
@@ -159,14 +163,24 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
 
 /* Where the token rows of q, k or v lie: token i of batch b is row
  * b * na + i of a for i < na, else row b * nb + i - na of b (attention over
- * two token segments, the image and context streams, read in place) */
+ * two token segments, the image and context streams, read in place); the
+ * elements are f32, or bf16 (esz 2) */
 typedef struct rows_of {
-    const float *a, *b;
+    const void *a, *b;
     int64_t na, nb;
+    int esz;
 } rows_of;
 
-static inline const float *row_of(const rows_of *r, int64_t batch, int64_t i, int64_t D) {
-    return i < r->na ? r->a + (batch * r->na + i) * D : r->b + (batch * r->nb + i - r->na) * D;
+static inline const char *row_of(const rows_of *r, int64_t batch, int64_t i, int64_t D) {
+    return i < r->na ? (const char *)r->a + (batch * r->na + i) * D * r->esz
+                     : (const char *)r->b + (batch * r->nb + i - r->na) * D * r->esz;
+}
+
+/* elements [j, j+16) of a row as f32 (bf16 widened: exact) */
+AMX_FN static inline __m512 load16(const rows_of *r, const char *row, int64_t j) {
+    if (r->esz == 2)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * j))), 16));
+    return _mm512_loadu_ps((const float *)row + j);
 }
 
 /* r[j] lane i <- r[i] lane j, for 32-bit lanes */
@@ -196,16 +210,14 @@ AMX_FN static inline void transpose16(__m512i r[16]) {
 /* queries [i0, i0+16) of one batch into Q^T: each query's Dh pairs (32
  * bits, even dim low) become a lane of 16 vectors */
 AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int64_t Nq, int64_t H, int64_t Nqp,
-                                float scale, uint16_t *qp) {
-    __m512 sc = _mm512_set1_ps(scale);
+                                uint16_t *qp) {
     for (int64_t h = 0; h < H; h++) {
         __m512i half[2][16];
         for (int r = 0; r < QB; r++) {
-            const float *row = i0 + r < Nq ? row_of(q, batch, i0 + r, H * DH) + h * DH : NULL;
+            const char *row = i0 + r < Nq ? row_of(q, batch, i0 + r, H * DH) : NULL;
             for (int c = 0; c < 2; c++)
-                half[c][r] = row ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + 32 * c + 16), sc),
-                                                                      _mm512_mul_ps(_mm512_loadu_ps(row + 32 * c), sc))
-                                         : _mm512_setzero_si512();
+                half[c][r] = row ? (__m512i)_mm512_cvtne2ps_pbh(load16(q, row, h * DH + 32 * c + 16), load16(q, row, h * DH + 32 * c))
+                                 : _mm512_setzero_si512();
         }
         uint16_t *blk = qp + h * Nqp * DH + i0 / QB * 2 * 512;
         for (int c = 0; c < 2; c++) {
@@ -218,23 +230,24 @@ AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int
 /* keys [k0, k0+32) of one batch into K and V^T */
 AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t batch, int64_t k0, int64_t Nk, int64_t H,
                                  int64_t Nkp, uint16_t *kp, uint16_t *vp) {
-    const float *vrow[32];
+    const char *vrow[32];
     for (int r = 0; r < 32; r++) vrow[r] = k0 + r < Nk ? row_of(v, batch, k0 + r, H * DH) : NULL;
     for (int64_t h = 0; h < H; h++) {
         for (int r = 0; r < 32; r++) {
             uint16_t *kdst = kp + h * Nkp * DH + (k0 + r) * DH;
-            const float *row = k0 + r < Nk ? row_of(k, batch, k0 + r, H * DH) + h * DH : NULL;
+            const char *row = k0 + r < Nk ? row_of(k, batch, k0 + r, H * DH) : NULL;
             for (int c = 0; c < DH; c += 32)
-                _mm512_storeu_si512(kdst + c, row ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16),
-                                                                                         _mm512_loadu_ps(row + c))
-                                                          : _mm512_setzero_si512());
+                _mm512_storeu_si512(kdst + c, !row              ? _mm512_setzero_si512()
+                                              : k->esz == 2     ? _mm512_loadu_si512(row + 2 * (h * DH + c))
+                                                                : (__m512i)_mm512_cvtne2ps_pbh(load16(k, row, h * DH + c + 16),
+                                                                                               load16(k, row, h * DH + c)));
         }
         uint16_t *blk = vp + h * Nkp * DH + k0 / KB * KB * DH + (k0 % KB) / 32 * 512;
         for (int d0 = 0; d0 < DH; d0 += 16) {
             __m512i lo[16], hi[16]; /* keys k0.. and k0+16.. x 16 dims, then 16 dims x those keys */
             for (int r = 0; r < 16; r++) {
-                lo[r] = vrow[r] ? _mm512_loadu_si512(vrow[r] + h * DH + d0) : _mm512_setzero_si512();
-                hi[r] = vrow[16 + r] ? _mm512_loadu_si512(vrow[16 + r] + h * DH + d0) : _mm512_setzero_si512();
+                lo[r] = vrow[r] ? _mm512_castps_si512(load16(v, vrow[r], h * DH + d0)) : _mm512_setzero_si512();
+                hi[r] = vrow[16 + r] ? _mm512_castps_si512(load16(v, vrow[16 + r], h * DH + d0)) : _mm512_setzero_si512();
             }
             transpose16(lo);
             transpose16(hi);
@@ -263,7 +276,7 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, flo
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < (Nqp > Nkp ? Nqp : Nkp); i += 32) {
                 uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-                for (int64_t i0 = i; i0 < i + 32 && i0 < Nqp; i0 += QB) pack_q_block(q, b, i0, Nq, H, Nqp, scale, qp);
+                for (int64_t i0 = i; i0 < i + 32 && i0 < Nqp; i0 += QB) pack_q_block(q, b, i0, Nq, H, Nqp, qp);
                 if (i < Nkp) pack_kv_block(k, v, b, i, Nk, H, Nkp, kp, vp);
             }
         /* work items: a head's queries in chunks of QCHUNK, so that the
@@ -275,7 +288,7 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, flo
                 for (int64_t c = 0; c < nch; c++) {
                     const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
                     head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, o + b * Nq * D + h * Dh, D, c * QCHUNK,
-                         (c + 1) * QCHUNK < Nq ? (c + 1) * QCHUNK : Nq, Nk);
+                         (c + 1) * QCHUNK < Nq ? (c + 1) * QCHUNK : Nq, Nk, scale);
                 }
         _tile_release();
         _mm_setcsr(csr);
@@ -291,16 +304,17 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
                      int64_t H, int64_t Dh, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
     if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
-    rows_of rq = {q, NULL, Nq, 0}, rk = {k, NULL, Nk, 0}, rv = {v, NULL, Nk, 0};
+    rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
     run(&rq, &rk, &rv, o, B, H, Dh, work);
     return 1;
 }
 
-int kk_attention_amx_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                           const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+int kk_attention_amx_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb,
+                           const void *vb, int bf16, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
                            uint16_t *work) {
     if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_amx_ready()) return 0;
-    rows_of rq = {qa, qb, Na, qb ? Nb : 0}, rk = {ka, kb, Na, Nb}, rv = {va, vb, Na, Nb};
+    int esz = bf16 ? 2 : 4;
+    rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
     run(&rq, &rk, &rv, o, B, H, Dh, work);
     return 1;
 }

@@ -435,8 +435,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[16];
-    static _Thread_local size_t cap[16];
+    static _Thread_local void *buf[17];
+    static _Thread_local size_t cap[17];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -494,6 +494,11 @@ static inline uint16_t bf16_of(float f) {
 KK_CLONES static void to_bf16_scaled(const float *x, uint16_t *y, int64_t n, float scale) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] = bf16_of(x[i] * scale);
+}
+
+KK_CLONES static void widen_bf16(const uint16_t *x, float *y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = bits_f((uint32_t)x[i] << 16);
 }
 
 KK_CLONES static void copy_scaled(const float *x, float *y, int64_t n, float scale) {
@@ -1150,10 +1155,39 @@ static void attention_joint_bf16(const float *qa, const float *ka, const float *
                                  const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
     /* the fused AMX kernel reads both segments in place */
     if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh,
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 0, o, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
     attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+}
+
+/* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows: the
+ * AMX kernel packs them as they are; elsewhere they are widened to f32
+ * (exact; slot 16) for attention_joint_bf16 */
+static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
+                                    const uint16_t *kb, const uint16_t *vb, float *o, int64_t B, int64_t Na, int64_t Nb,
+                                    int64_t H, int64_t Dh) {
+    if (!attention_strips() && Dh == 64 &&
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, B, Na, Nb, H, Dh,
+                               scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
+        return;
+    int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D;
+    float *f = scratch(16, sizeof(float) * (size_t)(3 * (na + nb)));
+    if (!f) {
+        kb_log(KILN_LOG_ERROR, "out of memory for attention; its output is zeros");
+        memset(o, 0, sizeof(float) * (size_t)(B * (Na + (qb ? Nb : 0)) * D));
+        return;
+    }
+    const uint16_t *src[6] = {qa, ka, va, qb, kb, vb};
+    float *dst[6];
+    for (int s = 0; s < 6; s++) {
+        dst[s] = f + (s % 3) * (na + nb) + (s < 3 ? 0 : na);
+        if (src[s]) widen_bf16(src[s], dst[s], s < 3 ? na : nb);
+    }
+    if (!kb) /* one segment: plain attention */
+        attention_bf16(dst[0], dst[1], dst[2], o, B, Na, Na, H, Dh);
+    else
+        attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], o, B, Na, Nb, H, Dh);
 }
 
 #define FAST_COMMON                                                                         \
@@ -1166,6 +1200,7 @@ static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, 
                                       .linear_gate_add = linear_gate_add_f32, FAST_COMMON};
 static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16,
                                        .attention_joint = attention_joint_bf16,
+                                       .attention_joint_bf16 = attention_joint_bf16_in,
                                        .linear_gate_add = linear_gate_add_bf16,
                                        .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
                                        .modulate_bf16 = fast_modulate_bf16, .blocked_io = fast_blocked_io,
