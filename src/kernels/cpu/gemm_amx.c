@@ -154,12 +154,39 @@ AMX_FN static inline void epilogue_row(const out *o, const pend *p, int64_t i) {
     }
 }
 
+/* Lines a work item will read next, brought into L2 a few per step of the
+ * blocks before (so that no block waits on memory for a whole operand at
+ * once): n lines in runs of lp (a panel's chunk, or one row block's), skip
+ * bytes between the runs. */
+typedef struct stream {
+    const char *at; /* the next line */
+    int64_t left;   /* lines left in this run */
+    int64_t lp, skip, n;
+} stream;
+
+static inline stream stream_of(const char *at, int64_t runs, int64_t lp, int64_t skip) {
+    return (stream){at, lp, lp, skip, runs * lp};
+}
+
+AMX_FN static inline void stream_take(stream *st, int64_t k) {
+    for (; k > 0 && st->n > 0; k--, st->n--) {
+        _mm_prefetch(st->at, _MM_HINT_T1);
+        st->at += 64;
+        if (--st->left == 0) {
+            st->at += st->skip;
+            st->left = st->lp;
+        }
+    }
+}
+
 /* One 32 x 32 block over KB steps (two A tiles when the block has more than
  * 16 rows): bf16 products into f32 sums, or s8 x s8 into int32 ones. c holds
  * the sums (acc: go on from the earlier steps' sums kept there). pfa / pfb:
  * prefetch A / B into L1 AHEAD steps ahead - only for an operand the work
  * item touches for the first time (it comes from L3); from L2 the prefetches
- * only take load slots from the tile loads (3% slower, paired runs). The
+ * only take load slots from the tile loads (3% slower, paired runs).
+ * sa / sb: streams to take qa / qb lines of over the block's steps (the
+ * next row block's A; the next chunk's or work item's B). The
  * block before it waits in pe: its epilogue goes a row per step, between
  * this block's products, so the vector units work while the tile unit does
  * (run alone after the block it cost 1.05-1.23x of the GEMM's time). */
@@ -170,6 +197,8 @@ AMX_FN static inline void epilogue_row(const out *o, const pend *p, int64_t i) {
                 for (int l = 0; l < 32; l++) _mm_prefetch(bp + AHEAD * SB + 64 * l, _MM_HINT_T0); \
             if (pfa)                                                                \
                 for (int l = 0; l < 32; l++) _mm_prefetch(a + AHEAD * SB + 64 * l, _MM_HINT_T0); \
+            if (s < na) stream_take(sa, qa / na + (s < qa % na));                   \
+            if (s < nb) stream_take(sb, qb / nb + (s < qb % nb));                   \
             _tile_loadd(4, a, 64);                                                  \
             _tile_loadd(6, bp, 64);                                                 \
             DP(0, 4, 6);                                                            \
@@ -182,6 +211,8 @@ AMX_FN static inline void epilogue_row(const out *o, const pend *p, int64_t i) {
         }                                                                           \
     } else {                                                                        \
         for (int64_t s = 0; s < KB; s++, a += SB, bp += SB) {                       \
+            if (s < na) stream_take(sa, qa / na + (s < qa % na));                   \
+            if (s < nb) stream_take(sb, qb / nb + (s < qb % nb));                   \
             _tile_loadd(4, a, 64);                                                  \
             _tile_loadd(6, bp, 64);                                                 \
             DP(0, 4, 6);                                                            \
@@ -192,7 +223,8 @@ AMX_FN static inline void epilogue_row(const out *o, const pend *p, int64_t i) {
     }
 
 AMX_FN static void block(const char *a, const char *bp, int64_t KB, int two, void *c, int acc, int s8, int pfa, int pfb,
-                         const out *o, const pend *pe) {
+                         stream *sa, int64_t qa, stream *sb, int64_t qb, const out *o, const pend *pe) {
+    int64_t na = qa < KB ? qa : KB, nb = qb < KB ? qb : KB; /* steps the quotas spread over */
     char *cc = c;
     if (acc) {
         _tile_loadd(0, cc, 128);
@@ -268,6 +300,22 @@ static void item_shape(int64_t RB, int64_t NP, int64_t KC, int nt, int64_t *rc, 
     *group = g;
 }
 
+/* Work item `it`: panels [g, ge) and row blocks [r0, r1); past `whole`, the
+ * pieces of the last items (see run) */
+static void item_of(int64_t it, int64_t whole, int64_t nch, int64_t rc, int64_t group, int64_t NP, int64_t RB,
+                    int64_t *g, int64_t *ge, int64_t *r0, int64_t *r1) {
+    int64_t item = it < whole ? it : whole + (it - whole) / TAIL_SPLIT;
+    *g = item / nch * group;
+    *ge = *g + group < NP ? *g + group : NP;
+    *r0 = item % nch * rc;
+    *r1 = *r0 + rc < RB ? *r0 + rc : RB;
+    if (it >= whole) { /* piece (it - whole) % TAIL_SPLIT of the item's row blocks */
+        int64_t n = *r1 - *r0, part = (it - whole) % TAIL_SPLIT;
+        *r1 = *r0 + n * (part + 1) / TAIL_SPLIT;
+        *r0 = *r0 + n * part / TAIL_SPLIT;
+    }
+}
+
 AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, const kk_amx_epilogue *e, void *y,
                        int y_fmt, int64_t rows, int threads, char *work) {
     int s8 = in->xs != NULL, blocked = !s8 && in->x_fmt == KK_FMT_BLOCKED;
@@ -275,6 +323,7 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
     /* x packed into the work buffer (already so when blocked), then the sums */
     const char *ap = blocked ? in->x : work;
     char *sums = blocked ? work : work + RB * KB * SB;
+    int64_t claimed = 0; /* work items taken */
 #pragma omp parallel num_threads(threads)
     {
         int nt = omp_get_num_threads();
@@ -292,7 +341,9 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
         int cur = 0;
         out o = {e, y, y_fmt, N};
         /* taken dynamically (the cores of a shared VM do not run at the same
-         * speed, so a static split waits on the slower one) */
+         * speed, so a static split waits on the slower one), each thread
+         * claiming its next item when it starts one, so that it can bring
+         * that item's weights into L2 meanwhile */
         int64_t rc, group;
         item_shape(RB, NP, KC, nt, &rc, &group);
         int64_t ng = (NP + group - 1) / group, nch = (RB + rc - 1) / rc;
@@ -300,27 +351,35 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
          * row blocks), so the thread that ends first waits less for the
          * other's last item */
         int64_t items = ng * nch, tail = items > TAIL * nt ? TAIL * nt : 0, whole = items - tail;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < whole + tail * TAIL_SPLIT; it++) {
-            int64_t item = it < whole ? it : whole + (it - whole) / TAIL_SPLIT;
-            int64_t g = item / nch * group, ge = g + group < NP ? g + group : NP;
-            int64_t r0 = item % nch * rc, r1 = r0 + rc < RB ? r0 + rc : RB;
-            if (it >= whole) { /* piece (it - whole) % TAIL_SPLIT of the item's row blocks */
-                int64_t n = r1 - r0, part = (it - whole) % TAIL_SPLIT;
-                r1 = r0 + n * (part + 1) / TAIL_SPLIT;
-                r0 = r0 + n * part / TAIL_SPLIT;
-                if (r0 == r1) continue;
-            }
+        int64_t total = whole + tail * TAIL_SPLIT, it = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        int warm = 0; /* this item's first B chunk is in L2 (the item before brought it) */
+        while (it < total) {
+            int64_t nx = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED), g, ge, r0, r1, g2 = 0, ge2 = 0, r2, r3;
+            item_of(it, whole, nch, rc, group, NP, RB, &g, &ge, &r0, &r1);
+            if (nx < total) item_of(nx, whole, nch, rc, group, NP, RB, &g2, &ge2, &r2, &r3);
             pend pe = {0};
             for (int64_t k0 = 0; k0 < KB; k0 += KC) {
                 int64_t kn = KB - k0 < KC ? KB - k0 : KC, last = k0 + kn == KB;
+                /* the B to come: this item's next chunk, or the next item's first
+                 * (none when it is this one's: one chunk, the same panels) */
+                int64_t bk = last ? 0 : k0 + KC, bn = KB - bk < KC ? KB - bk : KC, bg = last ? g2 : g, bge = last ? ge2 : ge;
+                if (last && KB == KC && bg == g) bge = bg;
+                stream sb = stream_of(wp + (bg * KB + bk) * SB, bge - bg, bn * SB / 64, (KB - bn) * SB);
+                int64_t nbl = (r1 - r0 - 1) * (ge - g), bi = 0; /* blocks after the first row's */
                 for (int64_t rb = r0; rb < r1; rb++) {
                     int64_t nr = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
+                    /* the next row block's A, a share per block of this row's */
+                    stream sa = stream_of(ap + ((rb + 1) * KB + k0) * SB, rb + 1 < r1, kn * SB / 64, 0);
                     for (int64_t p = g; p < ge; p++) {
                         float *cb = KB == KC ? c[cur]
                                              : (float *)(sums + ((omp_get_thread_num() * rc + (rb - r0)) * group + (p - g)) * 4096);
-                        block(ap + (rb * KB + k0) * SB, wp + (p * KB + k0) * SB, kn, nr > 16, cb, k0 > 0, s8, p == g, rb == r0,
-                              &o, &pe);
+                        int64_t qa = sa.n / (ge - p) + (sa.n % (ge - p) != 0), qb = 0;
+                        if (rb > r0) {
+                            qb = sb.n / (nbl - bi) + (sb.n % (nbl - bi) != 0);
+                            bi++;
+                        }
+                        block(ap + (rb * KB + k0) * SB, wp + (p * KB + k0) * SB, kn, nr > 16, cb, k0 > 0, s8,
+                              p == g && rb == r0, rb == r0 && !warm, &sa, qa, &sb, qb, &o, &pe);
                         pe.rows = 0;
                         if (!last) continue;
                         int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
@@ -328,8 +387,11 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
                         cur ^= 1;
                     }
                 }
+                /* one row block: nothing was brought ahead */
+                warm = r1 - r0 > 1 || (last && KB == KC && bg == g);
             }
             for (int64_t i = 0; i < pe.rows; i++) epilogue_row(&o, &pe, i);
+            it = nx;
         }
         _tile_release();
     }
