@@ -369,7 +369,7 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
                 for (int64_t rb = r0; rb < r1; rb++) {
                     int64_t nr = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
                     /* the next row block's A, a share per block of this row's */
-                    stream sa = stream_of(ap + ((rb + 1) * KB + k0) * SB, rb + 1 < r1, kn * SB / 64, 0);
+                    stream sa = stream_of(rb + 1 < r1 ? ap + ((rb + 1) * KB + k0) * SB : ap, rb + 1 < r1, kn * SB / 64, 0);
                     for (int64_t p = g; p < ge; p++) {
                         float *cb = KB == KC ? c[cur]
                                              : (float *)(sums + ((omp_get_thread_num() * rc + (rb - r0)) * group + (p - g)) * 4096);
