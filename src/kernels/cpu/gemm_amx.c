@@ -12,12 +12,16 @@
  * The micro-kernel keeps a 32 x 32 block of C in four accumulator tiles
  * (2 x 2: one tile load per product, the best ratio eight tile registers
  * allow) over K in chunks of 1536, then the epilogue applies scales, bias,
- * GELU or a gated residual and writes f32, bf16 rows or bf16 blocked - one
- * pass over C while it is in L1.
+ * GELU or a gated residual and writes f32, bf16 rows or bf16 blocked - a
+ * row per step of the next block's products, so the vector units work
+ * while the tile unit does.
  *
  * Threads take work items dynamically: a group of panels and a chunk of
  * row blocks that fit L2 together (item_shape), each thread's last item
- * in pieces. On the 2-core Sapphire Rapids VM this runs 1.2-2.3x oneDNN
+ * in pieces. Each thread claims its next item when it starts one; the
+ * operands to come (the next row block's A, the next chunk's or item's B
+ * panels) are brought into L2 a few lines per step of the blocks before,
+ * so no block waits on memory for a whole operand. On the 2-core Sapphire Rapids VM this runs 1.2-2.3x oneDNN
  * 2.6's brgemm on the SD3 shapes (bench_kernels, docs/PERFORMANCE.md). */
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
