@@ -54,6 +54,23 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
     co.force = md->o.quant != KILN_QUANT_NONE; /* the quality gate has tests of its own (test_compile) */
     kiln_compile_result r;
     CHECK_OK(kiln_compile(m, &co, &r));
+    if (md->o.dtype == KILN_BF16 && md->o.quant == KILN_QUANT_NONE) {
+        /* kg_plan_bf16: the attention takes q, k, v as the linears wrote them,
+         * bf16 rows, where linears alone make them (SD3); SD3.5's q and k come
+         * from the RMS qk-norm and stay f32 */
+        char path[1200];
+        snprintf(path, sizeof path, "%s/model.c", r.path);
+        FILE *f = fopen(path, "r");
+        CHECK_MSG(f != NULL, "no generated source at %s", path);
+        if (!f) return;
+        static char src[1 << 20];
+        size_t n = fread(src, 1, sizeof src - 1, f);
+        fclose(f);
+        src[n] = 0;
+        int qk_norm = kiln_model_config(m)->qk_norm_rms, bf16_in = strstr(src, "rt->attention_joint_bf16(") != NULL;
+        CHECK_MSG(bf16_in == !qk_norm, "package %s: attention with bf16 q, k, v %s, with%s qk-norm", r.path,
+                  bf16_in ? "planned" : "not planned", qk_norm ? "" : "out");
+    }
 }
 
 static void check_exec(const kiln_model *m, const mode *md) {
