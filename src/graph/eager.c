@@ -113,10 +113,11 @@ void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, flo
     if (on) {
         char cat[48];
         if (on == 2 && n->op == KG_LINEAR) {
-            const kg_node *w = &g->nodes[n->src[1]];
+            const kg_node *x = &g->nodes[n->src[0]]; /* K from the input: a conv weight has more dimensions */
             int64_t N = n->shape[n->ndim - 1], rows = 1;
             for (int d = 0; d < n->ndim - 1; d++) rows *= n->shape[d];
-            snprintf(cat, sizeof cat, "op linear %lldx%lld->%lld", (long long)rows, (long long)w->shape[1], (long long)N);
+            snprintf(cat, sizeof cat, "op linear %lldx%lld->%lld", (long long)rows, (long long)x->shape[x->ndim - 1],
+                     (long long)N);
         } else
             snprintf(cat, sizeof cat, "op %s", kg_op_name(n->op));
         kb_ledger_add(cat, kb_now() - t0, NULL);
