@@ -219,6 +219,27 @@ TEST(outside_the_range_falls_back) {
     kiln_model_free(m);
 }
 
+/* the planned executor keeps the cropped position table between forwards of
+ * one shape and remakes it when the shape changes (and back) */
+TEST(planned_keeps_its_constants_per_shape) {
+    kiln_model *m = open_model(NULL);
+    if (!m) return;
+    int shapes[][2] = {{16, 24}, {16, 24}, {20, 16}, {16, 24}};
+    for (int k = 0; k < 4; k++) {
+        inputs in;
+        make_inputs(m, 1, shapes[k][0], shapes[k][1], 77, 10 + (uint64_t)k, &in);
+        kiln_status st;
+        float *got = run(m, "planned", &in, &st);
+        CHECK_OK(st);
+        char what[64];
+        snprintf(what, sizeof what, "planned, forward %d (%dx%d)", k, shapes[k][0], shapes[k][1]);
+        same_as_eager(m, &in, got, what);
+        free(got);
+        free_inputs(&in);
+    }
+    kiln_model_free(m);
+}
+
 TEST(no_compiler) {
     char dir[1100];
     subdir(dir, sizeof dir, "nocc");
@@ -541,6 +562,7 @@ int main(void) {
     RUN(forked_workers); /* first: the parent must not have started kernel threads before it forks */
     RUN(export_errors);
     RUN(outside_the_range_falls_back);
+    RUN(planned_keeps_its_constants_per_shape);
     RUN(no_compiler);
     RUN(tampered_packages_are_refused);
     RUN(binding_checks_every_weight);

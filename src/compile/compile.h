@@ -95,9 +95,11 @@ typedef struct kx_plan {
 kiln_status kx_plan_graph(const kg_graph *g, kx_plan *p);
 void kx_plan_free(kx_plan *p);
 /* The in-process planned executor: the graph's nodes in order, with
- * buffers from the plan inside arena (at least p->arena_bytes). */
+ * buffers from the plan inside arena (at least p->arena_bytes). fixed
+ * (NULL, or one pointer a node): nodes given there hold their values
+ * already (constants the caller keeps between forwards) and are not run. */
 kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend *be, void *arena,
-                           const float *const *inputs, float *const *outputs);
+                           float *const *fixed, const float *const *inputs, float *const *outputs);
 
 /* ---- runtime ABI of generated code ------------------------------------- */
 

@@ -102,7 +102,7 @@ kiln_status kx_plan_graph(const kg_graph *g, kx_plan *p) {
 }
 
 kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend *be, void *arena,
-                           const float *const *inputs, float *const *outputs) {
+                           float *const *fixed, const float *const *inputs, float *const *outputs) {
     if (g->status) return kb_fail(g->status, "graph has an error: %s", kiln_last_error());
     float **buf = calloc((size_t)g->n + 1, sizeof *buf);
     if (!buf) return kb_fail(KILN_ERR_NOMEM, "out of memory running the plan");
@@ -115,9 +115,11 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
         case KX_OUTPUT: buf[i] = outputs[pl->at]; break;
         case KX_WEIGHT: buf[i] = (float *)g->nodes[i].data; break;
         }
+        if (fixed && fixed[i] && pl->kind == KX_ARENA) buf[i] = fixed[i];
     }
     for (int i = 0; i < g->n; i++)
-        if (p->place[i].kind == KX_ARENA || p->place[i].kind == KX_OUTPUT) kg_exec_node(g, be, &g->nodes[i], buf, buf[i]);
+        if ((p->place[i].kind == KX_ARENA && !(fixed && fixed[i])) || p->place[i].kind == KX_OUTPUT)
+            kg_exec_node(g, be, &g->nodes[i], buf, buf[i]);
     free(buf);
     return KILN_OK;
 }

@@ -51,6 +51,7 @@ void km_exec_free(kiln_model *m) {
     for (int i = 0; i < x->n_pkgs; i++) kx_package_close(x->pkgs[i]);
     free(x->pkgs);
     kb_free_aligned(x->arena);
+    kb_free_aligned(x->pos);
     free(x->package_dir);
     free(x->cache_root);
     pthread_mutex_destroy(&x->lock);
@@ -459,8 +460,27 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
             st = kb_fail(KILN_ERR_NOMEM, "planned executor: cannot allocate a %zu-byte arena", plan.arena_bytes);
         else m->exec.arena_bytes = plan.arena_bytes;
     }
+    /* nodes made from weights alone (the cropped position table) are kept
+     * from the forward before when the shape is the same */
+    float **fixed = st ? NULL : calloc((size_t)g.n, sizeof *fixed);
+    if (!st && !fixed) st = kb_fail(KILN_ERR_NOMEM, "planned executor: out of memory");
+    for (int i = 0; !st && i < g.n; i++) {
+        const kg_node *n = &g.nodes[i], *t = n->src[0] >= 0 ? &g.nodes[n->src[0]] : NULL;
+        if (n->op != KG_POS_CROP || !t || t->op != KG_WEIGHT || !t->data || plan.place[i].kind != KX_ARENA) continue;
+        km_exec *x = &m->exec;
+        int64_t key[5] = {(int64_t)(intptr_t)t->data, n->iparam[0], n->iparam[1], n->iparam[2], n->shape[2]};
+        if (!x->pos || memcmp(key, x->pos_key, sizeof key)) {
+            kb_free_aligned(x->pos);
+            memset(x->pos_key, 0, sizeof x->pos_key);
+            if (!(x->pos = kb_alloc_aligned(sizeof(float) * (size_t)kg_numel(n)))) break; /* computed in the arena, then */
+            kk_pos_crop(t->data, x->pos, key[1], key[2], key[3], key[4]);
+            memcpy(x->pos_key, key, sizeof key);
+        }
+        fixed[i] = x->pos;
+    }
     float *outs[1] = {out};
-    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, in, outs);
+    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, fixed, in, outs);
+    free(fixed);
     kx_plan_free(&plan);
     kg_free(&g);
     return st;

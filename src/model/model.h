@@ -59,6 +59,11 @@ typedef struct km_exec {
     int n_pkgs;
     void *arena;               /* planned executor */
     size_t arena_bytes;
+    /* the planned executor's constant: the position table cropped to the
+     * last shape (it depends on the weights alone), made once per shape and
+     * not every forward; pos_key: the table, M, h, w, D it was made from */
+    float *pos;
+    int64_t pos_key[5];
     const char *last;          /* the step that ran the last forward */
     kg_dist dist;              /* on a mesh: what the collectives of every executor use */
     char family[256];          /* the package family folder (exec.c), made on first use */
