@@ -70,6 +70,14 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
         int qk_norm = kiln_model_config(m)->qk_norm_rms, bf16_in = strstr(src, "rt->attention_joint_bf16(") != NULL;
         CHECK_MSG(bf16_in == !qk_norm, "package %s: attention with bf16 q, k, v %s, with%s qk-norm", r.path,
                   bf16_in ? "planned" : "not planned", qk_norm ? "" : "out");
+        /* and its output goes on in bf16 rows: the token slices after it move pairs */
+        int pairs = 0;
+        for (const char *at = src; (at = strstr(at, "rt->slice_rows(")); at++) {
+            const char *end = strstr(at, ");");
+            pairs += end && end - at > 2 && !strncmp(end - 2, "/2", 2);
+        }
+        CHECK_MSG(!pairs == !!qk_norm, "package %s: %d token slices of bf16 rows, with%s qk-norm", r.path, pairs,
+                  qk_norm ? "" : "out");
     }
 }
 

@@ -122,7 +122,7 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
         /* from bf16 rows: the same numbers, bit for bit, as from those values in f32 */
         float *got16 = rnd(43, (size_t)(B * N * D + 1), 0);
         for (int64_t i = B * Nq * D; i <= B * N * D; i++) got16[i] = 12345.0f;
-        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], got16, B, Na, Nb, H, Dh);
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], got16, KK_FMT_F32, B, Na, Nb, H, Dh);
         past = 0;
         for (int64_t i = B * Nq * D; i <= B * N * D; i++) past += got16[i] != 12345.0f;
         CHECK_MSG(!memcmp(got16, got, sizeof(float) * (size_t)(B * Nq * D)) && !past,
@@ -131,11 +131,25 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
                   (long long)Dh, q_both ? "both segments" : "the first segment", (long long)past);
         if (!Nb && Na) { /* plain attention (one segment, no second one named) against be->attention */
             be->attention(seg[0], seg[1], seg[2], got, B, Na, Na, H, Dh);
-            be->attention_joint_bf16(h[0], h[1], h[2], NULL, NULL, NULL, got16, B, Na, 0, H, Dh);
+            be->attention_joint_bf16(h[0], h[1], h[2], NULL, NULL, NULL, got16, KK_FMT_F32, B, Na, 0, H, Dh);
             CHECK_MSG(!memcmp(got16, got, sizeof(float) * (size_t)(B * Na * D)),
                       "%s attention_joint_bf16 as plain attention B %lld N %lld H %lld Dh %lld: differs from attention",
                       be->name, (long long)B, (long long)Na, (long long)H, (long long)Dh);
         }
+        /* bf16 rows out: the f32 output rounded to nearest even, bit for bit,
+         * and nothing written past them */
+        size_t no = (size_t)(B * Nq * D);
+        uint16_t *o16 = malloc(2 * no + 64);
+        for (size_t i = 0; i < no + 32; i++) o16[i] = 0x7777;
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], o16, KK_FMT_BF16, B, Na, Nb, H, Dh);
+        size_t bad = 0;
+        for (size_t i = 0; i < no; i++) bad += o16[i] != kt_f32_to_bf16(got[i]);
+        for (size_t i = no; i < no + 32; i++) bad += o16[i] != 0x7777;
+        CHECK_MSG(!bad, "%s attention_joint_bf16 B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s, bf16 out: %zu of %zu "
+                  "values differ from the f32 output rounded, or were written past it", be->name, (long long)B,
+                  (long long)Na, (long long)Nb, (long long)H, (long long)Dh, q_both ? "both segments" : "the first segment",
+                  bad, no);
+        free(o16);
         kb_free_aligned(got16);
     }
     for (int s = 0; s < 6; s++) {

@@ -24,7 +24,7 @@
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
 #define KX_FORMAT_VERSION 1
-#define KX_ABI 6
+#define KX_ABI 7
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {
@@ -125,7 +125,7 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
     X(gate_add, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t))       \
     X(attention, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
     X(attention_joint, void, (const float *, const float *, const float *, const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
-    X(attention_joint_bf16, void, (const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))
+    X(attention_joint_bf16, void, (const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, void *, int, int64_t, int64_t, int64_t, int64_t, int64_t))
 #define KX_RT_LAYOUT(X)                                                                                        \
     X(patchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                   \
     X(unpatchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                 \

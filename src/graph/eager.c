@@ -66,8 +66,8 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
         kk_concat_rows(a, A->shape[1] * D, b, g->nodes[n->src[1]].shape[1] * D, y, n->shape[0]);
         break;
     }
-    case KG_SLICE_TOKENS: {
-        int64_t D = n->shape[2];
+    case KG_SLICE_TOKENS: { /* bf16 rows (kg_plan_bf16: D even) move as pairs, in f32-sized units */
+        int64_t D = n->out_bf16 ? n->shape[2] / 2 : n->shape[2];
         kk_slice_rows(a, y, n->shape[0], A->shape[1] * D, ip[0] * D, ip[1] * D);
         break;
     }
@@ -77,8 +77,8 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
             be->attention_joint_bf16((const uint16_t *)a, (const uint16_t *)b, (const uint16_t *)c,
                                      ip[1] && n->src[3] >= 0 ? (const uint16_t *)buf[n->src[3]] : NULL,
                                      ip[1] ? (const uint16_t *)buf[n->src[4]] : NULL,
-                                     ip[1] ? (const uint16_t *)buf[n->src[5]] : NULL, y, n->shape[0], A->shape[1],
-                                     ip[1] ? g->nodes[n->src[4]].shape[1] : 0, ip[0], n->shape[2] / ip[0]);
+                                     ip[1] ? (const uint16_t *)buf[n->src[5]] : NULL, y, n->out_bf16, n->shape[0],
+                                     A->shape[1], ip[1] ? g->nodes[n->src[4]].shape[1] : 0, ip[0], n->shape[2] / ip[0]);
         else if (ip[1]) /* joint: q, k, v of two token segments, read in place */
             be->attention_joint(a, b, c, n->src[3] >= 0 ? buf[n->src[3]] : NULL, buf[n->src[4]], buf[n->src[5]], y,
                                 n->shape[0], A->shape[1], g->nodes[n->src[4]].shape[1], ip[0], n->shape[2] / ip[0]);

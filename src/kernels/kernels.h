@@ -90,11 +90,12 @@ typedef struct kk_backend {
     void (*attention_joint)(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                             const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh);
     /* Optional: attention_joint on q, k, v in bf16 rows (KK_FMT_BF16), as
-     * the GEMMs making them wrote them (kg_plan_bf16); for plain attention,
-     * qb, kb and vb NULL and Nb 0 */
+     * the GEMMs making them wrote them, and o f32 or bf16 rows (o_fmt,
+     * KK_FMT_F32 or KK_FMT_BF16) for the GEMMs after (kg_plan_bf16); for
+     * plain attention, qb, kb and vb NULL and Nb 0 */
     void (*attention_joint_bf16)(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
-                                 const uint16_t *kb, const uint16_t *vb, float *o, int64_t B, int64_t Na, int64_t Nb,
-                                 int64_t H, int64_t Dh);
+                                 const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
+                                 int64_t Nb, int64_t H, int64_t Dh);
     /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
      * in the GEMM's epilogue (kg_fuse); gate's rows are gate_ld floats apart;
      * x is bf16 (rows or blocked: x_fmt, KK_FMT_*) only on backends with linear_io */

@@ -113,8 +113,8 @@ AMX_FN static inline void weigh(const uint16_t *Pt, const uint16_t *v, float *Ot
  * - The steps (block of keys, block of queries) are pipelined: the scores
  *   of the next step are issued to the tile unit before the softmax of this
  *   one, so the tile products run while the vector units do the softmax. */
-AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, float *o, int64_t ostride,
-                        int64_t q0, int64_t q1, int64_t Nk, float scale) {
+AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, void *o, int o_bf16,
+                        int64_t ostride, int64_t q0, int64_t q1, int64_t Nk, float scale) {
     __m512 c = _mm512_set1_ps(scale);
     int64_t nkb = (Nk + KB - 1) / KB;
     float St[2][KB * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 64 keys x 16 queries */
@@ -138,15 +138,22 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
             softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), c, &m[b], &l[b], Ot[b], Pt);
             weigh(Pt, vp + kb * KB * DH, Ot[b]);
         }
-        /* o = (O^T)^T / l */
+        /* o = (O^T)^T / l, f32 or bf16 rows (rounded to nearest even, as the GEMMs do) */
         for (int b = 0; b < nq; b++) {
             float inv[QB] __attribute__((aligned(64)));
             _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l[b]));
             int64_t i0 = g0 + b * QB;
             int rows = (int)(q1 - i0 < QB ? q1 - i0 : QB);
             for (int r = 0; r < rows; r++) {
-                float *dst = o + (i0 + r) * ostride;
-                for (int d = 0; d < DH; d++) dst[d] = Ot[b][d * QB + r] * inv[r];
+                float row[DH] __attribute__((aligned(64)));
+                for (int d = 0; d < DH; d++) row[d] = Ot[b][d * QB + r] * inv[r];
+                if (!o_bf16) {
+                    memcpy((float *)o + (i0 + r) * ostride, row, sizeof row);
+                    continue;
+                }
+                uint16_t *dst = (uint16_t *)o + (i0 + r) * ostride;
+                for (int d = 0; d < DH; d += 32)
+                    _mm512_storeu_si512(dst + d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(row + d + 16), _mm512_load_ps(row + d)));
             }
         }
     }
@@ -258,8 +265,8 @@ AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t bat
     }
 }
 
-AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, float *o, int64_t B, int64_t H,
-                       int64_t Dh, uint16_t *all) {
+AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, void *o, int o_bf16, int64_t B,
+                       int64_t H, int64_t Dh, uint16_t *all) {
     int64_t D = H * Dh, Nq = q->na + q->nb, Nk = k->na + k->nb, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
     float scale = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
     size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
@@ -287,7 +294,8 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, flo
             for (int64_t h = 0; h < H; h++)
                 for (int64_t c = 0; c < nch; c++) {
                     const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-                    head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, o + b * Nq * D + h * Dh, D, c * QCHUNK,
+                    head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH,
+                         (char *)o + (b * Nq * D + h * Dh) * (o_bf16 ? 2 : 4), o_bf16, D, c * QCHUNK,
                          (c + 1) * QCHUNK < Nq ? (c + 1) * QCHUNK : Nq, Nk, scale);
                 }
         _tile_release();
@@ -305,16 +313,16 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
     /* the check comes first, outside any function built for AMX */
     if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
     rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
-    run(&rq, &rk, &rv, o, B, H, Dh, work);
+    run(&rq, &rk, &rv, o, 0, B, H, Dh, work);
     return 1;
 }
 
 int kk_attention_amx_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb,
-                           const void *vb, int bf16, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
-                           uint16_t *work) {
+                           const void *vb, int bf16, void *o, int o_bf16, int64_t B, int64_t Na, int64_t Nb, int64_t H,
+                           int64_t Dh, uint16_t *work) {
     if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_amx_ready()) return 0;
     int esz = bf16 ? 2 : 4;
     rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
-    run(&rq, &rk, &rv, o, B, H, Dh, work);
+    run(&rq, &rk, &rv, o, o_bf16, B, H, Dh, work);
     return 1;
 }

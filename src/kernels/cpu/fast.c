@@ -1155,29 +1155,33 @@ static void attention_joint_bf16(const float *qa, const float *ka, const float *
                                  const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
     /* the fused AMX kernel reads both segments in place */
     if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 0, o, B, Na, Nb, H, Dh,
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 0, o, 0, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
     attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
 }
 
-/* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows: the
- * AMX kernel packs them as they are; elsewhere they are widened to f32
- * (exact; slot 16) for attention_joint_bf16 */
+/* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows, its
+ * output f32 or bf16 rows (o_fmt) for the GEMMs after: the AMX kernel packs
+ * and writes them so; elsewhere the inputs are widened to f32 (exact; slot
+ * 16) for attention_joint_bf16, and a bf16 output is rounded from f32 rows
+ * there too */
 static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
-                                    const uint16_t *kb, const uint16_t *vb, float *o, int64_t B, int64_t Na, int64_t Nb,
-                                    int64_t H, int64_t Dh) {
+                                    const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
+                                    int64_t Nb, int64_t H, int64_t Dh) {
     if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, B, Na, Nb, H, Dh,
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt == KK_FMT_BF16, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
-    int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D;
-    float *f = scratch(16, sizeof(float) * (size_t)(3 * (na + nb)));
+    int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
+    int o16 = o_fmt == KK_FMT_BF16;
+    float *f = scratch(16, sizeof(float) * (size_t)(3 * (na + nb) + (o16 ? no : 0)));
     if (!f) {
         kb_log(KILN_LOG_ERROR, "out of memory for attention; its output is zeros");
-        memset(o, 0, sizeof(float) * (size_t)(B * (Na + (qb ? Nb : 0)) * D));
+        memset(o, 0, (o16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)no);
         return;
     }
+    float *of = o16 ? f + 3 * (na + nb) : o;
     const uint16_t *src[6] = {qa, ka, va, qb, kb, vb};
     float *dst[6];
     for (int s = 0; s < 6; s++) {
@@ -1185,9 +1189,14 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
         if (src[s]) widen_bf16(src[s], dst[s], s < 3 ? na : nb);
     }
     if (!kb) /* one segment: plain attention */
-        attention_bf16(dst[0], dst[1], dst[2], o, B, Na, Na, H, Dh);
+        attention_bf16(dst[0], dst[1], dst[2], of, B, Na, Na, H, Dh);
     else
-        attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], o, B, Na, Nb, H, Dh);
+        attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], of, B, Na, Nb, H, Dh);
+    if (o16) {
+        int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (no > chunk)
+        for (int64_t c = 0; c < no; c += chunk) to_bf16_scaled(of + c, (uint16_t *)o + c, no - c < chunk ? no - c : chunk, 1.0f);
+    }
 }
 
 #define FAST_COMMON                                                                         \
