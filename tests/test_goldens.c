@@ -3,6 +3,7 @@
  * L2 error of diffusers' float64 results (f32; looser for bf16 and the
  * quantized schemes, see k_modes). */
 #include "golden_util.h"
+#include "kernels/kernels.h"
 
 /* every path: the reference kernels and the fast backend in f32 within 1e-5,
  * the fast backend in bf16 within 1e-2; and every step of the execution
@@ -67,17 +68,20 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
         size_t n = fread(src, 1, sizeof src - 1, f);
         fclose(f);
         src[n] = 0;
-        int qk_norm = kiln_model_config(m)->qk_norm_rms, bf16_in = strstr(src, "rt->attention_joint_bf16(") != NULL;
-        CHECK_MSG(bf16_in == !qk_norm, "package %s: attention with bf16 q, k, v %s, with%s qk-norm", r.path,
-                  bf16_in ? "planned" : "not planned", qk_norm ? "" : "out");
+        /* (a machine with no bf16 backend computes in f32: nothing is planned in bf16) */
+        const kk_backend *be16 = kk_fast(KILN_BF16);
+        int qk_norm = kiln_model_config(m)->qk_norm_rms, want = be16 && be16->attention_joint_bf16 && !qk_norm;
+        int bf16_in = strstr(src, "rt->attention_joint_bf16(") != NULL;
+        CHECK_MSG(bf16_in == want, "package %s: attention with bf16 q, k, v %s, with%s qk-norm, %s bf16 backend", r.path,
+                  bf16_in ? "planned" : "not planned", qk_norm ? "" : "out", be16 ? "a" : "no");
         /* and its output goes on in bf16 rows: the token slices after it move pairs */
         int pairs = 0;
         for (const char *at = src; (at = strstr(at, "rt->slice_rows(")); at++) {
             const char *end = strstr(at, ");");
             pairs += end && end - at > 2 && !strncmp(end - 2, "/2", 2);
         }
-        CHECK_MSG(!pairs == !!qk_norm, "package %s: %d token slices of bf16 rows, with%s qk-norm", r.path, pairs,
-                  qk_norm ? "" : "out");
+        CHECK_MSG(!pairs == !want, "package %s: %d token slices of bf16 rows, with%s qk-norm, %s bf16 backend", r.path,
+                  pairs, qk_norm ? "" : "out", be16 ? "a" : "no");
     }
 }
 
