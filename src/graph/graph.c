@@ -419,9 +419,11 @@ void kg_fuse(kg_graph *g) {
     free(uses);
 }
 
-/* every live reader of node i is a linear on bf16-capable weights taking
- * it as its input (and i is no output) */
-static int out_only_bf16_linears(const kg_graph *g, const char *live, int i) {
+/* node i has live readers, and every one is a linear on bf16-capable
+ * weights taking it as its input or (slices set) a token slice of an even
+ * width (moved as pairs of bf16 values) whose readers are all such linears;
+ * and i is no output */
+static int read_by_bf16_gemms(const kg_graph *g, const char *live, int i, int slices) {
     int found = 0;
     for (int o = 0; o < g->n_outputs; o++)
         if (g->outputs[o] == i) return 0;
@@ -429,8 +431,10 @@ static int out_only_bf16_linears(const kg_graph *g, const char *live, int i) {
         const kg_node *c = &g->nodes[j];
         for (int s = 0; live[j] && s < KG_MAX_SRC; s++) {
             if (c->src[s] != i) continue;
-            if (!(c->op == KG_LINEAR && s == 0 && kk_weight_bf16_io(g->nodes[c->src[1]].kw))) return 0;
             found = 1;
+            if (c->op == KG_LINEAR && s == 0 && kk_weight_bf16_io(g->nodes[c->src[1]].kw)) continue;
+            if (!(slices && c->op == KG_SLICE_TOKENS && s == 0 && c->shape[2] % 2 == 0 && read_by_bf16_gemms(g, live, j, 0)))
+                return 0;
         }
     }
     return found;
@@ -440,8 +444,8 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     if (g->status || g->n < 1 || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
     size_t nn = (size_t)g->n;
     /* ok[i]: every consumer so far is a linear reading i as its input, on weights that take bf16 (kk_weight_bf16_io) */
-    char *ok = malloc((size_t)g->n), *used = calloc((size_t)g->n, 1), *live = malloc((size_t)g->n);
-    int *last = malloc(sizeof(int) * (size_t)g->n);
+    char *ok = malloc(nn), *used = calloc(nn, 1), *live = malloc(nn);
+    int *last = malloc(sizeof(int) * nn);
     if (!ok || !used || !live || !last) {
         free(ok);
         free(used);
@@ -513,24 +517,13 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
                 if (n->src[s] >= 0) g->nodes[n->src[s]].out_bf16 = KK_FMT_BF16;
         }
         /* and such an attention's output in bf16 rows too where only bf16
-         * GEMMs read it, directly or through token slices (moved as pairs:
-         * an even width), which then pass bf16 rows on */
+         * GEMMs read it, directly or through token slices, which then pass
+         * bf16 rows on */
         for (int i = 0; i < g->n; i++) {
             kg_node *n = &g->nodes[i];
-            if (!live[i] || n->op != KG_ATTENTION || g->nodes[n->src[1]].out_bf16 != KK_FMT_BF16)
+            if (!live[i] || n->op != KG_ATTENTION || g->nodes[n->src[1]].out_bf16 != KK_FMT_BF16 ||
+                !read_by_bf16_gemms(g, live, i, 1))
                 continue;
-            int ok_all = 1, found = 0;
-            for (int j = i + 1; j < g->n && ok_all; j++) {
-                const kg_node *c = &g->nodes[j];
-                for (int s = 0; live[j] && s < KG_MAX_SRC && ok_all; s++) {
-                    if (c->src[s] != i) continue;
-                    found++;
-                    if (c->op == KG_LINEAR && s == 0 && kk_weight_bf16_io(g->nodes[c->src[1]].kw)) continue;
-                    ok_all = c->op == KG_SLICE_TOKENS && s == 0 && c->shape[2] % 2 == 0 && out_only_bf16_linears(g, live, j);
-                }
-            }
-            for (int o = 0; o < g->n_outputs; o++) ok_all &= g->outputs[o] != i;
-            if (!ok_all || !found) continue;
             n->out_bf16 = KK_FMT_BF16;
             for (int j = i + 1; j < g->n; j++)
                 if (live[j] && g->nodes[j].op == KG_SLICE_TOKENS && g->nodes[j].src[0] == i) g->nodes[j].out_bf16 = KK_FMT_BF16;

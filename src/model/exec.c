@@ -473,7 +473,9 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
             kb_free_aligned(x->pos);
             memset(x->pos_key, 0, sizeof x->pos_key);
             if (!(x->pos = kb_alloc_aligned(sizeof(float) * (size_t)kg_numel(n)))) break; /* computed in the arena, then */
-            kk_pos_crop(t->data, x->pos, key[1], key[2], key[3], key[4]);
+            fixed[n->src[0]] = (float *)t->data; /* its one source, where kg_exec_node reads it */
+            kg_exec_node(&g, m->backend, n, fixed, x->pos);
+            fixed[n->src[0]] = NULL;
             memcpy(x->pos_key, key, sizeof key);
         }
         fixed[i] = x->pos;

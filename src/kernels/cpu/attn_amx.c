@@ -3,10 +3,10 @@
  *
  * Per (batch, head): q, k and v (f32, or bf16 rows as the GEMMs before wrote
  * them) are packed in bf16 once, straight into the tile layouts the
- * products want (blocks of tokens, transposed in registers). Everything runs transposed (keys and
- * dims down, the 16 queries of a block across one vector), so the softmax's
- * max and sum go down columns with no horizontal reductions. Per block of
- * 16 queries, for each block of 64 keys:
+ * products want (blocks of tokens, transposed in registers). Everything
+ * runs transposed (keys and dims down, the 16 queries of a block across one
+ * vector), so the softmax's max and sum go down columns with no horizontal
+ * reductions. Per block of 16 queries, for each block of 64 keys:
  *   S^T [64 x 16] = K Q^T         4 accumulator tiles, 2 steps over Dh
  *   online softmax (AVX-512):     running max m and sum l per query, P^T = 2^(c S^T - m) in bf16,
  *                                 c = log2 e / sqrt(Dh)
@@ -190,6 +190,12 @@ AMX_FN static inline __m512 load16(const rows_of *r, const char *row, int64_t j)
     return _mm512_loadu_ps((const float *)row + j);
 }
 
+/* elements [j, j+32) of a row as bf16 (f32 rounded to nearest even; bf16 as it is) */
+AMX_FN static inline __m512i load32_bf16(const rows_of *r, const char *row, int64_t j) {
+    if (r->esz == 2) return _mm512_loadu_si512(row + 2 * j);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps((const float *)row + j + 16), _mm512_loadu_ps((const float *)row + j));
+}
+
 /* r[j] lane i <- r[i] lane j, for 32-bit lanes */
 AMX_FN static inline void transpose16(__m512i r[16]) {
     __m512i t[16], u[16];
@@ -222,9 +228,7 @@ AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int
         __m512i half[2][16];
         for (int r = 0; r < QB; r++) {
             const char *row = i0 + r < Nq ? row_of(q, batch, i0 + r, H * DH) : NULL;
-            for (int c = 0; c < 2; c++)
-                half[c][r] = row ? (__m512i)_mm512_cvtne2ps_pbh(load16(q, row, h * DH + 32 * c + 16), load16(q, row, h * DH + 32 * c))
-                                 : _mm512_setzero_si512();
+            for (int c = 0; c < 2; c++) half[c][r] = row ? load32_bf16(q, row, h * DH + 32 * c) : _mm512_setzero_si512();
         }
         uint16_t *blk = qp + h * Nqp * DH + i0 / QB * 2 * 512;
         for (int c = 0; c < 2; c++) {
@@ -244,10 +248,7 @@ AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t bat
             uint16_t *kdst = kp + h * Nkp * DH + (k0 + r) * DH;
             const char *row = k0 + r < Nk ? row_of(k, batch, k0 + r, H * DH) : NULL;
             for (int c = 0; c < DH; c += 32)
-                _mm512_storeu_si512(kdst + c, !row              ? _mm512_setzero_si512()
-                                              : k->esz == 2     ? _mm512_loadu_si512(row + 2 * (h * DH + c))
-                                                                : (__m512i)_mm512_cvtne2ps_pbh(load16(k, row, h * DH + c + 16),
-                                                                                               load16(k, row, h * DH + c)));
+                _mm512_storeu_si512(kdst + c, row ? load32_bf16(k, row, h * DH + c) : _mm512_setzero_si512());
         }
         uint16_t *blk = vp + h * Nkp * DH + k0 / KB * KB * DH + (k0 % KB) / 32 * 512;
         for (int d0 = 0; d0 < DH; d0 += 16) {

@@ -496,11 +496,6 @@ KK_CLONES static void to_bf16_scaled(const float *x, uint16_t *y, int64_t n, flo
     for (int64_t i = 0; i < n; i++) y[i] = bf16_of(x[i] * scale);
 }
 
-KK_CLONES static void widen_bf16(const uint16_t *x, float *y, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] = bits_f((uint32_t)x[i] << 16);
-}
-
 KK_CLONES static void copy_scaled(const float *x, float *y, int64_t n, float scale) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
@@ -543,6 +538,13 @@ static inline uint16_t e4m3_bf16(uint8_t b) {
 KK_CLONES static void decode_e4m3(const uint8_t *p, uint16_t *o, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) o[i] = e4m3_bf16(p[i]);
+}
+
+/* f32 -> bf16 (nearest even), in parallel chunks */
+static void to_bf16_par(const float *x, uint16_t *y, int64_t n) {
+    int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (n > chunk)
+    for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled(x + c, y + c, n - c < chunk ? n - c : chunk, 1.0f);
 }
 
 /* e4m3 blob (n elements in the bf16 packed order) -> bf16, in parallel chunks */
@@ -710,9 +712,7 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
         if (x_fmt == KK_FMT_F32) {
             uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * K));
             if (!xb) return;
-            int64_t n = rows * K, chunk = 1 << 16;
-#pragma omp parallel for schedule(static) if (n > chunk)
-            for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled((const float *)x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
+            to_bf16_par(x, xb, rows * K);
             src = xb;
         }
         wei = wb;
@@ -768,9 +768,7 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
     if (dt == KILN_BF16 && !x_bf16) {
         uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * w->K));
         if (!xb) return;
-        int64_t n = rows * w->K, chunk = 1 << 16;
-#pragma omp parallel for schedule(static) if (n > chunk)
-        for (int64_t c = 0; c < n; c += chunk) to_bf16_scaled((const float *)x + c, xb + c, n - c < chunk ? n - c : chunk, 1.0f);
+        to_bf16_par(x, xb, rows * w->K);
         src = xb;
     }
     prim_entry key = {.m = rows, .k = w->K, .n = w->M, .sa = w->K, .sd = w->M, .dt = dnnl_dt(dt), .act = act,
@@ -1186,17 +1184,13 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
     float *dst[6];
     for (int s = 0; s < 6; s++) {
         dst[s] = f + (s % 3) * (na + nb) + (s < 3 ? 0 : na);
-        if (src[s]) widen_bf16(src[s], dst[s], s < 3 ? na : nb);
+        if (src[s]) kt_to_f32(KILN_BF16, src[s], dst[s], (size_t)(s < 3 ? na : nb));
     }
     if (!kb) /* one segment: plain attention */
         attention_bf16(dst[0], dst[1], dst[2], of, B, Na, Na, H, Dh);
     else
         attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], of, B, Na, Nb, H, Dh);
-    if (o16) {
-        int64_t chunk = 1 << 16;
-#pragma omp parallel for schedule(static) if (no > chunk)
-        for (int64_t c = 0; c < no; c += chunk) to_bf16_scaled(of + c, (uint16_t *)o + c, no - c < chunk ? no - c : chunk, 1.0f);
-    }
+    if (o16) to_bf16_par(of, o, no);
 }
 
 #define FAST_COMMON                                                                         \

@@ -21,8 +21,9 @@
  * in pieces. Each thread claims its next item when it starts one; the
  * operands to come (the next row block's A, the next chunk's or item's B
  * panels) are brought into L2 a few lines per step of the blocks before,
- * so no block waits on memory for a whole operand. On the 2-core Sapphire Rapids VM this runs 1.2-2.3x oneDNN
- * 2.6's brgemm on the SD3 shapes (bench_kernels, docs/PERFORMANCE.md). */
+ * so no block waits on memory for a whole operand. On the 2-core Sapphire
+ * Rapids VM this runs 1.2-1.9x oneDNN 2.6's brgemm on the SD3 shapes
+ * (bench_kernels, docs/PERFORMANCE.md). */
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
