@@ -386,6 +386,29 @@ TEST(unsupported_options_are_refused) {
     CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_INVALID_ARG, "not both");
 }
 
+/* kb_alloc_aligned: 64-byte alignment, 2 MiB (huge pages asked for) from
+ * 2 MiB up unless KILN_NO_HUGE is set; every byte writable */
+TEST(aligned_allocations) {
+    size_t sizes[] = {1, 100, ((size_t)2 << 20) - 64, (size_t)2 << 20, ((size_t)5 << 20) + 3};
+    for (int no_huge = 0; no_huge < 2; no_huge++) {
+        if (no_huge) setenv("KILN_NO_HUGE", "1", 1);
+        CHECK(kb_huge_pages() == !no_huge);
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            unsigned char *p = kb_alloc_aligned(sizes[i]);
+            CHECK(p != NULL);
+            if (!p) continue;
+            size_t align = !no_huge && sizes[i] >= ((size_t)2 << 20) ? (size_t)2 << 20 : 64;
+            CHECK_MSG((uintptr_t)p % align == 0, "%zu bytes at %p, want %zu-byte alignment", sizes[i], (void *)p, align);
+            memset(p, 0xa5, sizes[i]);
+            CHECK(p[0] == 0xa5 && p[sizes[i] - 1] == 0xa5);
+            kb_free_aligned(p);
+        }
+    }
+    setenv("KILN_NO_HUGE", "0", 1); /* "0": huge pages stay on */
+    CHECK(kb_huge_pages());
+    unsetenv("KILN_NO_HUGE");
+}
+
 int main(void) {
     RUN(key_names);
     RUN(flow_without_cache_root);
@@ -396,5 +419,6 @@ int main(void) {
     RUN(callback_source);
     RUN(list_and_gc);
     RUN(unsupported_options_are_refused);
+    RUN(aligned_allocations);
     return TEST_SUMMARY();
 }

@@ -37,8 +37,11 @@ void *kb_malloc(size_t n);              /* sets a NOMEM message on failure */
 void *kb_calloc(size_t n, size_t size); /* checks n*size overflow */
 char *kb_strdup(const char *s);
 char *kb_strfmt(const char *fmt, ...) KB_PRINTF(1, 2); /* malloc'd */
-/* 64-byte aligned allocation for tensors; free with kb_free_aligned. */
+/* 64-byte aligned allocation for tensors; free with kb_free_aligned. From
+ * 2 MiB up: 2 MiB aligned, with transparent huge pages asked for (mem.c). */
 void *kb_alloc_aligned(size_t n);
+/* 0 when KILN_NO_HUGE is set (not "0"): small pages everywhere */
+int kb_huge_pages(void);
 void kb_free_aligned(void *p);
 /* a*b and a+b with overflow check: return 0 on overflow */
 int kb_mul_ok(size_t a, size_t b, size_t *out);

@@ -162,6 +162,9 @@ kiln_status kb_map_file(const char *path, kb_map *m) {
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return kb_fail(KILN_ERR_IO, "cannot map %s: %s", path, strerror(errno));
+    /* huge pages for the weights where the kernel maps files so (2 MiB
+     * page-cache folios; Linux 6.x on ext4, xfs, tmpfs): advice only */
+    if (kb_huge_pages()) madvise(p, (size_t)st.st_size, MADV_HUGEPAGE);
     m->data = p;
     m->size = (size_t)st.st_size;
     return KILN_OK;

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int kb_mul_ok(size_t a, size_t b, size_t *out) {
     if (a && b > SIZE_MAX / a) return 0;
@@ -48,13 +49,30 @@ char *kb_strfmt(const char *fmt, ...) {
     return p;
 }
 
+/* Buffers of 2 MiB and more (the arena, the GEMMs' work buffers, packed
+ * weights) start on a 2 MiB boundary and ask for transparent huge pages.
+ * A GEMM's epilogue writes its output rows 3-24 KiB apart, each on its own
+ * 4 KiB page, so with small pages nearly every row it writes misses the
+ * TLB: huge pages made the 1024x1536x6144 GEMM 1.05-1.07x faster (paired,
+ * docs/PERFORMANCE.md). Advice only: where THP is off it does nothing.
+ * KILN_NO_HUGE=1 keeps small pages. */
+#define KB_HUGE ((size_t)2 << 20)
+
+int kb_huge_pages(void) {
+    const char *v = getenv("KILN_NO_HUGE");
+    return !(v && *v && strcmp(v, "0") != 0);
+}
+
 void *kb_alloc_aligned(size_t n) {
     void *p = NULL;
     size_t rounded = (n + 63) & ~(size_t)63;
-    if (rounded < n || posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+    int huge = rounded >= KB_HUGE && kb_huge_pages();
+    if (huge) rounded = (n + 4095) & ~(size_t)4095; /* whole pages, for madvise */
+    if (rounded < n || posix_memalign(&p, huge ? KB_HUGE : 64, rounded ? rounded : 64) != 0) {
         kb_fail(KILN_ERR_NOMEM, "out of memory allocating %zu bytes", n);
         return NULL;
     }
+    if (huge) madvise(p, rounded, MADV_HUGEPAGE);
     return p;
 }
 
