@@ -88,6 +88,44 @@ TEST(attention_matches_reference) {
             check_attention(dts[d], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
 }
 
+/* Scores that jump by ~69 (log2 units) from one block of 64 keys to the
+ * next, for half the queries (the other half fall by as much): the fused
+ * kernel makes each block's weights against the first block's max and
+ * must move that reference when they would pass 2^64, within one block of
+ * queries for some lanes and not others. Inputs bf16 can hold, keys alike
+ * within a block, so both sides compute the same softmax: the mean of the
+ * last block's values, or of the first's. */
+TEST(attention_rising_scores) {
+    const kk_backend *fast = kk_fast(KILN_BF16), *ref = kk_reference();
+    if (!fast) return;
+    int64_t Nq = 40, Nk = 300, H = 2, Dh = 64, D = H * Dh;
+    float *q = rnd(50, (size_t)(Nq * D), 0), *k = rnd(51, (size_t)(Nk * D), 0), *v = rnd(52, (size_t)(Nk * D), 1);
+    float *o0 = rnd(53, (size_t)(Nq * D), 0), *o1 = rnd(54, (size_t)(Nq * D), 0);
+    for (int64_t i = 0; i < Nq * D; i++) q[i] = (i % D % 3 ? 1.0f : -1.0f) * (i / D % 2 ? -1.0f : 1.0f);
+    for (int64_t j = 0; j < Nk * D; j++) k[j] = (j % D % 3 ? 1.0f : -1.0f) * (float)(1 + 6 * (j / D / 64));
+    for (int64_t j = 0; j < Nk * D; j++) v[j] = kt_bf16_to_f32(kt_f32_to_bf16(v[j]));
+    ref->attention(q, k, v, o0, 1, Nq, Nk, H, Dh);
+    fast->attention(q, k, v, o1, 1, Nq, Nk, H, Dh);
+    double err = rel_l2(o1, o0, (size_t)(Nq * D));
+    CHECK_MSG(err <= 1e-3, "attention with scores rising block by block: error %.3g", err);
+    /* the softmax is that mean: check the reference's own answer too */
+    double bad = 0;
+    for (int64_t i = 0; i < Nq; i++)
+        for (int64_t d = 0; d < D; d++) {
+            int64_t j0 = i % 2 ? 0 : 256, j1 = i % 2 ? 64 : Nk;
+            double mean = 0;
+            for (int64_t j = j0; j < j1; j++) mean += v[j * D + d];
+            mean /= (double)(j1 - j0);
+            bad = fmax(bad, fabs(o0[i * D + d] - mean));
+        }
+    CHECK_MSG(bad < 1e-4, "the reference attention is not the mean of one block's values: off by %.3g", bad);
+    kb_free_aligned(q);
+    kb_free_aligned(k);
+    kb_free_aligned(v);
+    kb_free_aligned(o0);
+    kb_free_aligned(o1);
+}
+
 /* attention over two token segments against the reference attention of their concatenation */
 /* q_both 0: only the first segment's tokens are queries (qb NULL), o [B,Na,D]
  * and nothing written past it */
@@ -501,6 +539,7 @@ int main(void) {
     RUN(linear_matches_reference);
     RUN(attention_matches_reference);
     RUN(attention_joint_matches_reference);
+    RUN(attention_rising_scores);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);

@@ -8,8 +8,9 @@
  * vector), so the softmax's max and sum go down columns with no horizontal
  * reductions. Per block of 16 queries, for each block of 64 keys:
  *   S^T [64 x 16] = K Q^T         4 accumulator tiles, 2 steps over Dh
- *   online softmax (AVX-512):     running max m and sum l per query, P^T = 2^(c S^T - m) in bf16,
- *                                 c = log2 e / sqrt(Dh)
+ *   online softmax (AVX-512):     reference point m and sum l per query, P^T = 2^(c S^T - m) in bf16,
+ *                                 c = log2 e / sqrt(Dh); m is the first block's max and moves only
+ *                                 when a block's weights would pass 2^64 (softmax)
  *   O^T [64 x 16] = O^T 2^(m_old - m) + V^T P^T   4 accumulator tiles, 2 steps over the keys
  * and (O^T)^T / l is the output. Four blocks of queries share each block of
  * keys while it is in L1, and the next step's S^T is issued to the tile
@@ -28,7 +29,6 @@
 #define DH 64
 #define QG 4 /* blocks of queries per pass over the keys */
 #define QCHUNK (4 * QG * QB) /* queries per work item (256) */
-#define LAZY 8.0f /* log2 units a max may pass the softmax's reference point before it moves */
 
 /* S^T [64 keys x 16 queries] = K Q^T for one block of keys k and of queries
  * q: tiles 0-3 = keys 16j.., 4-5 hold Q^T's two halves of Dh, 6-7 stream K */
@@ -46,17 +46,49 @@ AMX_FN static inline void scores(const uint16_t *q, const uint16_t *k, float *St
 #undef QK
 }
 
-/* The online softmax of one S^T block (valid keys of it) down the columns,
- * one lane per query, so no horizontal reductions: updates the running max
- * m and sum l, rescales O^T when a max moved, and writes P^T in key pairs
- * (bf16) for the product with V. m is in log2 units: the scores times c (log2
- * e / sqrt(Dh)), applied here in f32 (one FMA with the subtraction), so q
- * goes into the products as the GEMM rounded it, with no second rounding. */
-AMX_FN static inline void softmax(const float *St, int valid, __m512 c, __m512 *m, __m512 *l, float *Ot,
-                                  uint16_t *Pt) {
+/* P^T of one S^T block (its valid keys; zeros past them) against the
+ * reference point m: 2^(c S^T - m) in key pairs (bf16), and its sums per
+ * query. The attention runs with denormals flushed (run), so 2^x needs no
+ * floor here (kk_exp2_16_ftz). */
+AMX_FN static inline __m512 weights(const float *St, int valid, __m512 c, __m512 m, uint16_t *Pt) {
     /* bf16 pairs (even key, odd key) per query: [e0 o0 e1 o1 ...] from [e0..e15 o0..o15] */
     const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (int r = 0; r < KB; r += 2) {
+        __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
+        if (r < valid) p0 = kk_exp2_16_ftz(_mm512_fmsub_ps(_mm512_load_ps(St + r * QB), c, m));
+        if (r + 1 < valid) p1 = kk_exp2_16_ftz(_mm512_fmsub_ps(_mm512_load_ps(St + (r + 1) * QB), c, m));
+        s0 = _mm512_add_ps(s0, p0);
+        s1 = _mm512_add_ps(s1, p1);
+        _mm512_store_si512(Pt + r * QB, _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+    return _mm512_add_ps(s0, s1);
+}
+
+/* The online softmax of one S^T block down the columns, one lane per
+ * query, so no horizontal reductions: updates the running reference point
+ * m and sum l, rescales O^T when m moved, and writes P^T for the product
+ * with V. m is in log2 units: the scores times c (log2 e / sqrt(Dh)),
+ * applied here in f32 (one FMA with the subtraction), so q goes into the
+ * products as the GEMM rounded it, with no second rounding.
+ * m need not be the running max: P = 2^(c S - m) is a float, as precise at
+ * 2^40 as at 1, and O / l comes out the same whatever m is, as long as
+ * nothing overflows. So after a query block's first block of keys, whose
+ * max sets m, the weights are made against m as it is, with no pass for
+ * the max; m moves only when a block's sum reaches 2^BOUND (some score
+ * passed m by ~58 or more; then that block is made again against its max),
+ * which keeps P, l and O^T far inside f32's range (2^BOUND x |v| x keys). */
+#define BOUND 64.0f
+AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 c, __m512 *m, __m512 *l, float *Ot,
+                                  uint16_t *Pt) {
+    if (!first) {
+        __m512 s = weights(St, valid, c, *m, Pt);
+        if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(exp2f(BOUND)), _CMP_LT_OQ) == 0xffff) { /* NaN: not below */
+            *l = _mm512_add_ps(*l, s);
+            return;
+        }
+    }
     __m512 mx0 = _mm512_set1_ps(-INFINITY), mx1 = mx0, mx2 = mx0, mx3 = mx0; /* four chains: a max waits 4 cycles on the one before */
     int r = 0;
     for (; r + 4 <= valid; r += 4) {
@@ -66,27 +98,14 @@ AMX_FN static inline void softmax(const float *St, int valid, __m512 c, __m512 *
         mx3 = _mm512_max_ps(mx3, _mm512_load_ps(St + (r + 3) * QB));
     }
     for (; r < valid; r++) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
-    __m512 mx = _mm512_max_ps(*m, _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)), c));
-    /* The reference point m of a query moves only when its max passes it by
-     * more than LAZY: below that, P = 2^(S - m) stays under 2^LAZY (exact in
-     * bf16's exponent range, l and O in f32) and the final O / l is the same,
-     * so most steps skip rescaling O (m = -inf at first: O, l are 0) */
-    __mmask16 up = _mm512_cmp_ps_mask(mx, _mm512_add_ps(*m, _mm512_set1_ps(LAZY)), _CMP_GT_OQ);
-    int moved = up != 0;
-    __m512 mnew = _mm512_mask_mov_ps(*m, up, mx);
-    __m512 alpha = moved ? kk_exp2_16(_mm512_sub_ps(*m, mnew)) : _mm512_set1_ps(1.0f);
-    *m = mx = mnew;
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    for (r = 0; r < KB; r += 2) {
-        __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
-        if (r < valid) p0 = kk_exp2_16(_mm512_fmsub_ps(_mm512_load_ps(St + r * QB), c, mx));
-        if (r + 1 < valid) p1 = kk_exp2_16(_mm512_fmsub_ps(_mm512_load_ps(St + (r + 1) * QB), c, mx));
-        s0 = _mm512_add_ps(s0, p0);
-        s1 = _mm512_add_ps(s1, p1);
-        _mm512_store_si512(Pt + r * QB, _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
-    }
-    *l = _mm512_fmadd_ps(*l, alpha, _mm512_add_ps(s0, s1));
-    if (moved)
+    __m512 mx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
+    /* lanes whose block max passed m (all of them at first: m = -inf, O and l 0) */
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_mul_ps(mx, c), *m, _CMP_GT_OQ);
+    __m512 mnew = _mm512_mask_mul_ps(*m, up, mx, c);
+    __m512 alpha = kk_exp2_16(_mm512_sub_ps(*m, mnew)); /* -inf at first: 0 (kk_exp2_16 floors it) */
+    *m = mnew;
+    *l = _mm512_fmadd_ps(*l, alpha, weights(St, valid, c, mnew, Pt));
+    if (up)
         for (int d = 0; d < DH; d++) _mm512_store_ps(Ot + d * QB, _mm512_mul_ps(_mm512_load_ps(Ot + d * QB), alpha));
 }
 
@@ -135,7 +154,7 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
             int64_t kb = t / nq;
             int b = (int)(t % nq);
             if (t + 1 < steps) scores(qp + (t + 1) % nq * 2 * 512, kp + (t + 1) / nq * KB * DH, St[(t + 1) & 1]);
-            softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), c, &m[b], &l[b], Ot[b], Pt);
+            softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), kb == 0, c, &m[b], &l[b], Ot[b], Pt);
             weigh(Pt, vp + kb * KB * DH, Ot[b]);
         }
         /* o = (O^T)^T / l, f32 or bf16 rows (rounded to nearest even, as the GEMMs do) */
