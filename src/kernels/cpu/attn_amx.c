@@ -29,7 +29,7 @@
 #define QB 16 /* queries per block: one tile's rows */
 #define KB 64 /* keys per block: four 16-column accumulator tiles */
 #define DH 64
-#define QG 8 /* blocks of queries per pass over the keys (4: 0.85x, 16: 1.0x) */
+#define QG 8 /* blocks of queries per pass over the keys (4: 0.95-0.98x the speed, 16: the same) */
 #define QCHUNK (4 * QG * QB) /* queries per work item (512) */
 
 /* The tile products around one step's softmax: the scores of the step
@@ -39,8 +39,8 @@
  * V^T). The softmax issues them in 16 pieces between its rows (piece(w, i),
  * the scores in 0-7, the products in 8-15). Issued as one block before or
  * after it, the tile loads waiting on the products fill the scheduler and
- * hold up the vector work: spread out, the attention ran 1.15-1.19x
- * faster (paired, one process). */
+ * hold up the vector work: spread out (with QG 8), the attention ran
+ * 1.15-1.22x faster (paired, one process). */
 typedef struct around {
     const uint16_t *q, *k; /* the next step's Q^T and K: no scores when q is NULL */
     float *St;
