@@ -192,13 +192,24 @@ AMX_FN static inline void stream_take(stream *st, int64_t k) {
  * only take load slots from the tile loads (3% slower, paired runs).
  * sa / sb: streams to take qa / qb lines of over the block's steps (the
  * next row block's A; the next chunk's or work item's B). res: the first
- * of rn rows of the residual this block's epilogue will read (a line of
- * each, two when res2 is 64), brought into L1 a row per step (the residual stream comes from L3, 6 KiB a row apart,
- * which no prefetcher follows: waiting on it, the gated-residual GEMMs ran
- * 1.06-1.08x slower, paired with a residual in L3). The
- * block before it waits in pe: its epilogue goes a row per step, between
- * this block's products, so the vector units work while the tile unit does
- * (run alone after the block it cost 1.05-1.23x of the GEMM's time). */
+ * of rn rows of the residual this block's epilogue will read (one line of
+ * each, two when res2 is 64), brought into L1 a row per step: the residual
+ * stream comes from L3, its rows 6 KiB apart, which no prefetcher follows
+ * (waiting on it, the gated-residual GEMMs ran 1.025-1.08x slower, paired
+ * with a residual in L3). The block before it waits in pe: its epilogue
+ * goes a row per step, between this block's products, so the vector units
+ * work while the tile unit does (run alone after the block it cost
+ * 1.05-1.23x of the GEMM's time). BEFORE and AFTER: what each step does
+ * beside its products, in both loops. */
+#define BEFORE                                                                      \
+    if (s < na) stream_take(sa, qa / na + (s < qa % na));                           \
+    if (s < nb) stream_take(sb, qb / nb + (s < qb % nb));
+#define AFTER                                                                       \
+    if (s < pe->rows) epilogue_row(o, pe, s);                                       \
+    if (s < rn) {                                                                   \
+        _mm_prefetch((const char *)(res + s * o->N), _MM_HINT_T0);                  \
+        _mm_prefetch((const char *)(res + s * o->N) + res2, _MM_HINT_T0);           \
+    }
 #define BLOCK_LOOP(DP)                                                              \
     if (two) {                                                                      \
         for (int64_t s = 0; s < KB; s++, a += SB, bp += SB) {                       \
@@ -206,8 +217,7 @@ AMX_FN static inline void stream_take(stream *st, int64_t k) {
                 for (int l = 0; l < 32; l++) _mm_prefetch(bp + AHEAD * SB + 64 * l, _MM_HINT_T0); \
             if (pfa)                                                                \
                 for (int l = 0; l < 32; l++) _mm_prefetch(a + AHEAD * SB + 64 * l, _MM_HINT_T0); \
-            if (s < na) stream_take(sa, qa / na + (s < qa % na));                   \
-            if (s < nb) stream_take(sb, qb / nb + (s < qb % nb));                   \
+            BEFORE                                                                  \
             _tile_loadd(4, a, 64);                                                  \
             _tile_loadd(6, bp, 64);                                                 \
             DP(0, 4, 6);                                                            \
@@ -216,26 +226,17 @@ AMX_FN static inline void stream_take(stream *st, int64_t k) {
             _tile_loadd(5, a + 1024, 64);                                           \
             DP(2, 5, 6);                                                            \
             DP(3, 5, 7);                                                            \
-            if (s < pe->rows) epilogue_row(o, pe, s);                               \
-            if (s < rn) {                                                           \
-                _mm_prefetch((const char *)(res + s * o->N), _MM_HINT_T0);          \
-                _mm_prefetch((const char *)(res + s * o->N) + res2, _MM_HINT_T0);   \
-            }                                                                       \
+            AFTER                                                                   \
         }                                                                           \
     } else {                                                                        \
         for (int64_t s = 0; s < KB; s++, a += SB, bp += SB) {                       \
-            if (s < na) stream_take(sa, qa / na + (s < qa % na));                   \
-            if (s < nb) stream_take(sb, qb / nb + (s < qb % nb));                   \
+            BEFORE                                                                  \
             _tile_loadd(4, a, 64);                                                  \
             _tile_loadd(6, bp, 64);                                                 \
             DP(0, 4, 6);                                                            \
             _tile_loadd(7, bp + 1024, 64);                                          \
             DP(1, 4, 7);                                                            \
-            if (s < pe->rows) epilogue_row(o, pe, s);                               \
-            if (s < rn) {                                                           \
-                _mm_prefetch((const char *)(res + s * o->N), _MM_HINT_T0);          \
-                _mm_prefetch((const char *)(res + s * o->N) + res2, _MM_HINT_T0);   \
-            }                                                                       \
+            AFTER                                                                   \
         }                                                                           \
     }
 
@@ -271,6 +272,8 @@ AMX_FN static void block(const char *a, const char *bp, int64_t KB, int two, voi
     }
 }
 #undef BLOCK_LOOP
+#undef BEFORE
+#undef AFTER
 
 /* rows [r0, r0+32) of s8 x [rows,K] (zero past rows and K) into one block: [KB][2][16][64] */
 AMX_FN static void pack_rows_s8(const int8_t *x, int64_t rows, int64_t K, int64_t r0, char *dst) {
