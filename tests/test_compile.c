@@ -2,8 +2,9 @@
  * guards and their messages, export errors, shapes outside the range, no C
  * compiler, tampered or mismatched packages (refused with a reason, the
  * next step computes the same numbers), racing publishers, the package CLI,
- * and the forked-worker pattern: a parent opens the cache and the package,
- * four children each run a different width. (Every golden also runs
+ * the forked-worker pattern (a parent opens the cache and the package, four
+ * children each run a different width), and allocations failing anywhere in
+ * a forward (this file defines base.h's seam kb_alloc_fault). (Every golden also runs
  * through each step of the chain in test_goldens.) */
 #include "base/base.h"
 #include "compile/compile.h"
@@ -238,6 +239,86 @@ TEST(planned_keeps_its_constants_per_shape) {
         free_inputs(&in);
     }
     kiln_model_free(m);
+}
+
+/* ---- out of memory, through mem.c's seam (kb_alloc_fault) ---- */
+
+/* armed (g_alloc_ok >= 0): the first g_alloc_ok aligned allocations succeed,
+ * every one after them fails; g_alloc_seen counts them */
+static long g_alloc_ok = -1, g_alloc_seen;
+
+int kb_alloc_fault(size_t n) {
+    (void)n;
+    long ok = __atomic_load_n(&g_alloc_ok, __ATOMIC_RELAXED);
+    return ok >= 0 && __atomic_fetch_add(&g_alloc_seen, 1, __ATOMIC_RELAXED) >= ok;
+}
+
+/* one forward by `chain` with every aligned allocation from the k+1-th on
+ * failing: it must fail with an out-of-memory message, or (falling back)
+ * give what an unarmed forward gives, within tol. Returns 1 when the
+ * forward made no more than k allocations (so nothing failed). */
+static int armed_forward(kiln_model *m, const char *chain, const inputs *in, long k, double tol) {
+    kiln_status st, st2;
+    __atomic_store_n(&g_alloc_seen, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_alloc_ok, k, __ATOMIC_RELAXED);
+    float *got = run(m, chain, in, &st);
+    __atomic_store_n(&g_alloc_ok, -1, __ATOMIC_RELAXED);
+    long seen = __atomic_load_n(&g_alloc_seen, __ATOMIC_RELAXED);
+    const char *msg = kiln_last_error();
+    if (!got)
+        CHECK_MSG(st == KILN_ERR_NOMEM && (strstr(msg, "memory") || strstr(msg, "allocate")),
+                  "%s, allocation %ld on failing: %s: %s", chain, k + 1, kiln_status_name(st), msg);
+    float *want = run(m, chain, in, &st2);
+    CHECK_OK(st2);
+    if (got && want) {
+        double e = rel_l2(got, want, in->n_out);
+        CHECK_MSG(e <= tol, "%s, allocation %ld on failing: succeeded with relative L2 %.3g against an unarmed run",
+                  chain, k + 1, e);
+    }
+    free(got);
+    free(want);
+    return seen <= k;
+}
+
+/* An allocation failing anywhere in a forward (an executor's arena or node
+ * buffers, the kept position table, a kernel's work buffer, f32 and bf16
+ * kernels) fails the forward with KILN_ERR_NOMEM or is worked around with
+ * the same numbers; the forward never returns numbers nobody computed.
+ * Each allocation in turn, until a forward needs no more. */
+TEST(out_of_memory_fails_or_falls_back) {
+    kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
+    double tols[2] = {1e-6, 2e-2}; /* bf16: a kernel may fall back to another (the AMX attention to strips) */
+    int H = 16;
+    for (int d = 0; d < 2; d++) {
+        kiln_open_opts o = {.dtype = dts[d]};
+        /* planned: a fresh model each time (the arena and the kept position
+         * table are the model's) and a larger shape each time (the kernels'
+         * work buffers are their threads' and only grow) */
+        int done = 0;
+        for (long k = 0; !done && k < 40; k++) {
+            kiln_model *m = NULL;
+            CHECK_OK(kiln_model_open(MODEL_DIR, &o, &m));
+            if (!m) return;
+            H += 2;
+            inputs in;
+            make_inputs(m, 1, H, 24, 77, 60 + (uint64_t)k, &in);
+            done = armed_forward(m, "planned", &in, k, tols[d]);
+            free_inputs(&in);
+            kiln_model_free(m);
+        }
+        CHECK_MSG(done, "planned (%s): still allocating after 40 failures", kiln_dtype_name(dts[d]));
+        /* eager: its node buffers are allocated anew by every forward */
+        kiln_model *m = NULL;
+        CHECK_OK(kiln_model_open(MODEL_DIR, &o, &m));
+        if (!m) return;
+        inputs in;
+        make_inputs(m, 1, 16, 24, 77, 90, &in);
+        done = 0;
+        for (long k = 0; !done && k < 1000; k++) done = armed_forward(m, "eager", &in, k, tols[d]);
+        CHECK_MSG(done, "eager (%s): still allocating after 1000 failures", kiln_dtype_name(dts[d]));
+        free_inputs(&in);
+        kiln_model_free(m);
+    }
 }
 
 TEST(no_compiler) {
@@ -563,6 +644,7 @@ int main(void) {
     RUN(export_errors);
     RUN(outside_the_range_falls_back);
     RUN(planned_keeps_its_constants_per_shape);
+    RUN(out_of_memory_fails_or_falls_back);
     RUN(no_compiler);
     RUN(tampered_packages_are_refused);
     RUN(binding_checks_every_weight);

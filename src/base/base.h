@@ -20,6 +20,22 @@ kiln_status kb_fail(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
 /* Prefix the current message with context ("loading x: <old message>"). */
 kiln_status kb_wrap(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
 void kb_clear_error(void);
+/* A failure where no code can be returned: the kernels return nothing and
+ * run on OpenMP's worker threads, whose messages (per thread) nobody reads.
+ * A kernel that cannot do its work (no memory for its buffers, a oneDNN
+ * primitive that failed) defers the failure here, process-wide, and
+ * kiln_forward, which notes kb_deferred_mark() before running an executor,
+ * fails that executor with kb_deferred_since() after it: the forward then
+ * falls back or returns the error, never the numbers the kernel did not
+ * write. The message kept is the first since the last mark (the cause, when
+ * one failure brings down others). Counted, not cleared, so that forwards
+ * running at once (other models, other threads) all see a failure rather
+ * than one taking it from the others. */
+void kb_defer_failure(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
+unsigned long kb_deferred_mark(void);
+/* KILN_OK when nothing was deferred since mark; else the code of the last
+ * deferred failure, with its message set as this thread's (kb_fail) */
+kiln_status kb_deferred_since(unsigned long mark);
 
 /* ---- logging (stderr) --------------------------------------------------- */
 void kb_log(kiln_log_level level, const char *fmt, ...) KB_PRINTF(2, 3);
@@ -42,6 +58,10 @@ char *kb_strfmt(const char *fmt, ...) KB_PRINTF(1, 2); /* malloc'd */
 void *kb_alloc_aligned(size_t n);
 /* 0 when KILN_NO_HUGE is set (not "0"): small pages everywhere */
 int kb_huge_pages(void);
+/* The tests' seam for out-of-memory paths: kb_alloc_aligned fails a request
+ * of n bytes, as if memory ran out, when this returns nonzero. The library's
+ * own definition (weak, mem.c) never does; a test program defines its own. */
+int kb_alloc_fault(size_t n);
 void kb_free_aligned(void *p);
 /* a*b and a+b with overflow check: return 0 on overflow */
 int kb_mul_ok(size_t a, size_t b, size_t *out);

@@ -1,6 +1,7 @@
 /* error.c - per-thread error messages and status names. */
 #include "base.h"
 
+#include <pthread.h>
 #include <string.h>
 
 static _Thread_local char g_msg[2048];
@@ -15,6 +16,45 @@ kiln_status kb_fail(kiln_status code, const char *fmt, ...) {
     vsnprintf(g_msg, sizeof g_msg, fmt, ap);
     va_end(ap);
     return code;
+}
+
+/* the deferred failures: g_def_count of them so far; the message and code
+ * are the first one's since the last mark (g_def_open: the count then),
+ * which is the cause where one failure brings down others after it */
+static pthread_mutex_t g_def_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_def_msg[1024];
+static kiln_status g_def_code;
+static unsigned long g_def_count, g_def_open;
+
+void kb_defer_failure(kiln_status code, const char *fmt, ...) {
+    char msg[sizeof g_def_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&g_def_lock);
+    if (g_def_count == g_def_open) {
+        memcpy(g_def_msg, msg, sizeof msg);
+        g_def_code = code;
+    }
+    g_def_count++;
+    pthread_mutex_unlock(&g_def_lock);
+    kb_log(KILN_LOG_DEBUG, "deferred failure: %s", msg);
+}
+
+unsigned long kb_deferred_mark(void) {
+    pthread_mutex_lock(&g_def_lock);
+    unsigned long mark = g_def_open = g_def_count;
+    pthread_mutex_unlock(&g_def_lock);
+    return mark;
+}
+
+kiln_status kb_deferred_since(unsigned long mark) {
+    kiln_status st = KILN_OK;
+    pthread_mutex_lock(&g_def_lock);
+    if (g_def_count != mark) st = kb_fail(g_def_code, "%s", g_def_msg);
+    pthread_mutex_unlock(&g_def_lock);
+    return st;
 }
 
 kiln_status kb_wrap(kiln_status code, const char *fmt, ...) {

@@ -63,12 +63,17 @@ int kb_huge_pages(void) {
     return !(v && *v && strcmp(v, "0") != 0);
 }
 
+__attribute__((weak)) int kb_alloc_fault(size_t n) {
+    (void)n;
+    return 0;
+}
+
 void *kb_alloc_aligned(size_t n) {
     void *p = NULL;
     size_t rounded = (n + 63) & ~(size_t)63;
     int huge = rounded >= KB_HUGE && kb_huge_pages();
     if (huge) rounded = (n + 4095) & ~(size_t)4095; /* whole pages, for madvise */
-    if (rounded < n || posix_memalign(&p, huge ? KB_HUGE : 64, rounded ? rounded : 64) != 0) {
+    if (rounded < n || kb_alloc_fault(n) || posix_memalign(&p, huge ? KB_HUGE : 64, rounded ? rounded : 64) != 0) {
         kb_fail(KILN_ERR_NOMEM, "out of memory allocating %zu bytes", n);
         return NULL;
     }

@@ -519,6 +519,7 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
         int step = m->exec.chain[k], warn = 0;
         int64_t s[KX_MAX_SYMS];
         kx_package *p = NULL;
+        unsigned long mark = kb_deferred_mark(); /* a kernel that could not do its work fails this step */
         if (step <= 1 && !shape_ok) {
             snprintf(reason, sizeof reason, "the shape is invalid");
             continue;
@@ -549,6 +550,7 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
         } else {
             st = run_eager(m, a, in, out);
         }
+        if (!st) st = kb_deferred_since(mark);
         if (!st) {
             m->exec.last = k_steps[step];
             break;

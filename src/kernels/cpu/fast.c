@@ -196,6 +196,7 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
 }
 
 static void *scratch(int slot, size_t bytes);
+static void *scratch_must(int slot, size_t bytes);
 
 /* run a matmul; data pointers may be strided views; po[i] is the source of
  * binary post-op i (quantized matmuls) */
@@ -210,26 +211,25 @@ static int run_matmul_po(const prim_entry *key, const void *src, const void *wei
     bmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     cmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
     biasmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
-    dnnl_memory_t ma, mb, mc, mbias = NULL;
+    /* the scratchpad first: nothing is made yet when there is no memory for it */
+    const dnnl_memory_desc_t *spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t spbytes = spmd ? dnnl_memory_desc_get_size(spmd) : 0;
+    void *sp = spbytes ? scratch_must(4, spbytes) : NULL;
+    if (spbytes && !sp) return 0;
+    dnnl_memory_t ma, mb, mc, mbias = NULL, msp = NULL;
     if (dnnl_memory_create(&ma, amd, g_eng, (void *)src)) return 0;
     dnnl_memory_create(&mb, bmd, g_eng, (void *)wei);
     dnnl_memory_create(&mc, cmd, g_eng, dst);
-    const dnnl_memory_desc_t *spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    size_t spbytes = spmd ? dnnl_memory_desc_get_size(spmd) : 0;
-    dnnl_memory_t msp = NULL;
-    if (spbytes) {
-        void *sp = scratch(4, spbytes);
-        if (!sp) return 0;
-        dnnl_memory_create(&msp, spmd, g_eng, sp);
-    }
+    if (sp) dnnl_memory_create(&msp, spmd, g_eng, sp);
     dnnl_exec_arg_t args[8] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, NULL},
                                {DNNL_ARG_SCRATCHPAD, NULL}};
     int nargs = 3;
     dnnl_memory_t mpo[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < npo && i < 3; i++) {
+    dnnl_status_t st = dnnl_success;
+    for (int i = 0; i < npo && i < 3 && st == dnnl_success; i++) {
         int arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1;
         const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
-        if (!pmd || dnnl_memory_create(&mpo[i], pmd, g_eng, (void *)po[i])) return 0;
+        st = pmd ? dnnl_memory_create(&mpo[i], pmd, g_eng, (void *)po[i]) : dnnl_invalid_arguments;
         args[nargs].arg = arg;
         args[nargs++].memory = mpo[i];
     }
@@ -241,8 +241,8 @@ static int run_matmul_po(const prim_entry *key, const void *src, const void *wei
         args[nargs].arg = DNNL_ARG_SCRATCHPAD;
         args[nargs++].memory = msp;
     }
-    dnnl_stream_t strm = stream();
-    dnnl_status_t st = strm ? dnnl_primitive_execute(p, strm, nargs, args) : dnnl_runtime_error;
+    dnnl_stream_t strm = st == dnnl_success ? stream() : NULL;
+    if (st == dnnl_success) st = strm ? dnnl_primitive_execute(p, strm, nargs, args) : dnnl_runtime_error;
     if (strm) dnnl_stream_wait(strm);
     dnnl_memory_destroy(ma);
     dnnl_memory_destroy(mb);
@@ -311,8 +311,8 @@ static int fast_blocked_io(const kk_weight *w) {
 static void amx_linear(const void *x, int x_fmt, const uint16_t *packed, int64_t M, int64_t K,
                        const kk_amx_epilogue *e, void *y, int y_fmt, int64_t rows) {
     int nt = gemm_threads(KILN_BF16);
-    if (!kk_amx_linear(x, x_fmt, packed, M, K, e, y, y_fmt, rows, nt, scratch(11, kk_amx_work_bytes(rows, K, nt))))
-        kb_log(KILN_LOG_ERROR, "AMX linear failed: out of memory");
+    /* (kk_amx_linear only declines without a work buffer: this runs where AMX is ready) */
+    kk_amx_linear(x, x_fmt, packed, M, K, e, y, y_fmt, rows, nt, scratch_must(11, kk_amx_work_bytes(rows, K, nt)));
 }
 
 /* The element count of a BF16 / F8_E4M3 packed layout (padding included) */
@@ -443,6 +443,15 @@ static void *scratch(int slot, size_t bytes) {
         cap[slot] = buf[slot] ? bytes : 0;
     }
     return buf[slot];
+}
+
+/* scratch for a kernel with no other way to do its work: NULL defers an
+ * out-of-memory failure to the forward (kb_defer_failure), which then
+ * fails instead of returning the output the kernel did not write */
+static void *scratch_must(int slot, size_t bytes) {
+    void *p = scratch(slot, bytes);
+    if (!p) kb_defer_failure(KILN_ERR_NOMEM, "out of memory for a %zu-byte kernel work buffer", bytes);
+    return p;
 }
 
 
@@ -672,8 +681,8 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
     const float *po[3] = {w->scales, NULL, NULL};
     int npo;
     if (w->packed_dtype == KILN_I8) {
-        int8_t *xq = scratch(8, (size_t)(rows * K));
-        float *sx = scratch(9, sizeof(float) * (size_t)rows);
+        int8_t *xq = scratch_must(8, (size_t)(rows * K));
+        float *sx = scratch_must(9, sizeof(float) * (size_t)rows);
         if (!xq || !sx) return;
         const char *xc = x;
         size_t esz = x_fmt != KK_FMT_F32 ? 2 : 4;
@@ -681,10 +690,9 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
         for (int64_t r = 0; r < rows; r++) quant_row_s8(xc + esz * (size_t)(r * K), x_fmt != KK_FMT_F32, K, xq + r * K, sx + r);
         if (amx_i8(KILN_I8)) {
             int nt = gemm_threads(KILN_BF16);
-            void *work = scratch(11, kk_amx_work_bytes(rows, K, nt));
+            void *work = scratch_must(11, kk_amx_work_bytes(rows, K, nt));
             kk_amx_epilogue e = {.scales = w->scales, .bias = b, .act = act};
-            if (!kk_amx_linear_s8(xq, sx, w->packed, M, K, &e, y, y_fmt, rows, nt, work))
-                kb_log(KILN_LOG_ERROR, "AMX int8 linear failed: out of memory");
+            kk_amx_linear_s8(xq, sx, w->packed, M, K, &e, y, y_fmt, rows, nt, work);
             return;
         }
         key.dt = dnnl_s8;
@@ -698,10 +706,11 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
         key.q = Q_F8;
         size_t qb;
         if (!packed_elems(M, K, KILN_F8_E4M3, &qb)) {
-            kb_log(KILN_LOG_ERROR, "oneDNN has no bf16 matmul for an fp8 weight here");
+            kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN has no bf16 matmul for an fp8 weight [%lld x %lld] here",
+                             (long long)M, (long long)K);
             return;
         }
-        uint16_t *wb = scratch(10, 2 * qb);
+        uint16_t *wb = scratch_must(10, 2 * qb);
         if (!wb) return;
         decode_e4m3_par(w->packed, wb, (int64_t)qb);
         if (amx_bf16(KILN_F8_E4M3)) {
@@ -710,7 +719,7 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
             return;
         }
         if (x_fmt == KK_FMT_F32) {
-            uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * K));
+            uint16_t *xb = scratch_must(0, sizeof(uint16_t) * (size_t)(rows * K));
             if (!xb) return;
             to_bf16_par(x, xb, rows * K);
             src = xb;
@@ -721,7 +730,9 @@ static void quant_linear(const void *x, int x_fmt, const kk_weight *w, const flo
     }
     int saved = omp_get_max_threads(), nt = gemm_threads(KILN_BF16);
     omp_set_num_threads(nt);
-    if (!run_matmul_po(&key, src, wei, NULL, y, po, npo)) kb_log(KILN_LOG_ERROR, "oneDNN quantized matmul failed");
+    if (!run_matmul_po(&key, src, wei, NULL, y, po, npo))
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's quantized matmul [%lld x %lld] x [%lld x %lld]^T failed",
+                         (long long)rows, (long long)K, (long long)M, (long long)K);
     omp_set_num_threads(saved);
 }
 
@@ -736,14 +747,14 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
     /* scratch slots 14 and 15 (13 holds a joint attention's concatenations) */
     int native = dt == KILN_BF16 && w->packed && amx_bf16(w->packed_dtype);
     if (!native && x_fmt == KK_FMT_BLOCKED) {
-        uint16_t *xr = scratch(14, sizeof(uint16_t) * (size_t)(rows * w->K));
+        uint16_t *xr = scratch_must(14, sizeof(uint16_t) * (size_t)(rows * w->K));
         if (!xr) return;
         kk_unblock_rows(x, rows, w->K, xr);
         x = xr;
         x_fmt = KK_FMT_BF16;
     }
     if (!native && y_fmt == KK_FMT_BLOCKED) {
-        uint16_t *yr = scratch(15, sizeof(uint16_t) * (size_t)(rows * w->M));
+        uint16_t *yr = scratch_must(15, sizeof(uint16_t) * (size_t)(rows * w->M));
         if (!yr) return;
         fast_linear_io(dt, x, x_fmt, w, b, yr, KK_FMT_BF16, rows, act);
         kk_block_rows(yr, rows, w->M, y);
@@ -766,7 +777,7 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
     }
     const void *src = x;
     if (dt == KILN_BF16 && !x_bf16) {
-        uint16_t *xb = scratch(0, sizeof(uint16_t) * (size_t)(rows * w->K));
+        uint16_t *xb = scratch_must(0, sizeof(uint16_t) * (size_t)(rows * w->K));
         if (!xb) return;
         to_bf16_par(x, xb, rows * w->K);
         src = xb;
@@ -775,7 +786,9 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
                       .bias = b != NULL, .wkind = 0, .ydt = y_bf16 ? dnnl_bf16 : dnnl_f32};
     int saved = omp_get_max_threads(), nt = gemm_threads(dt);
     omp_set_num_threads(nt);
-    if (!run_matmul(&key, src, w->packed, b, y)) kb_log(KILN_LOG_ERROR, "oneDNN matmul failed");
+    if (!run_matmul(&key, src, w->packed, b, y))
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's matmul [%lld x %lld] x [%lld x %lld]^T failed", (long long)rows,
+                         (long long)w->K, (long long)w->M, (long long)w->K);
     omp_set_num_threads(saved);
 }
 
@@ -1067,12 +1080,12 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nt)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
-            uint8_t *qh = scratch(0, esz * (size_t)(Nq * Dh));
-            uint8_t *kh = scratch(1, esz * (size_t)(Nk * Dh));
-            uint8_t *vh = scratch(2, esz * (size_t)(Nk * Dh));
-            float *s = scratch(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
-            void *kp = scratch(5, kp_bytes), *vp = scratch(6, vp_bytes);
-            uint8_t *p = scratch(7, esz * (size_t)(QT * Nk));
+            uint8_t *qh = scratch_must(0, esz * (size_t)(Nq * Dh));
+            uint8_t *kh = scratch_must(1, esz * (size_t)(Nk * Dh));
+            uint8_t *vh = scratch_must(2, esz * (size_t)(Nk * Dh));
+            float *s = scratch_must(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
+            void *kp = scratch_must(5, kp_bytes), *vp = scratch_must(6, vp_bytes);
+            uint8_t *p = scratch_must(7, esz * (size_t)(QT * Nk));
             if (!qh || !kh || !vh || !s || !kp || !vp || !p) continue;
             float *ot = s + QT * Nk;
             /* this head's q (scaled), k, v, dense, in dt */
@@ -1092,15 +1105,24 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
                     memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
                 }
             }
-            if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) continue;
+            if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
+                kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
+                continue;
+            }
             for (int64_t i0 = 0; i0 < Nq; i0 += QT) {
                 int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
                 prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
-                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, s)) continue;
+                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, s)) {
+                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
+                    continue;
+                }
                 for (int64_t r = 0; r < m; r++) /* exact row softmax into P (dt, dense) */
                     softmax_row(s + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
                 prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
-                if (!run_matmul(&k2, p, vp, NULL, ot)) continue;
+                if (!run_matmul(&k2, p, vp, NULL, ot)) {
+                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
+                    continue;
+                }
                 for (int64_t r = 0; r < m; r++)
                     memcpy(o + (b * Nq + i0 + r) * D + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
             }
@@ -1173,12 +1195,8 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
         return;
     int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
     int o16 = o_fmt == KK_FMT_BF16;
-    float *f = scratch(16, sizeof(float) * (size_t)(3 * (na + nb) + (o16 ? no : 0)));
-    if (!f) {
-        kb_log(KILN_LOG_ERROR, "out of memory for attention; its output is zeros");
-        memset(o, 0, (o16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)no);
-        return;
-    }
+    float *f = scratch_must(16, sizeof(float) * (size_t)(3 * (na + nb) + (o16 ? no : 0)));
+    if (!f) return;
     float *of = o16 ? f + 3 * (na + nb) : o;
     const uint16_t *src[6] = {qa, ka, va, qb, kb, vb};
     float *dst[6];

@@ -108,11 +108,12 @@ static void ref_attention(const float *q, const float *k, const float *v, float 
     {
         double *p = malloc(sizeof(double) * (size_t)(Nk > 0 ? Nk : 1));
         double *acc = malloc(sizeof(double) * (size_t)Dh);
+        if (!p || !acc) kb_defer_failure(KILN_ERR_NOMEM, "reference attention: out of memory");
 #pragma omp for collapse(3) schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H; h++)
                 for (int64_t i = 0; i < Nq; i++) {
-                    if (!p || !acc) continue; /* allocation failed: leave zeros */
+                    if (!p || !acc) continue; /* allocation failed: deferred above */
                     const float *qi = q + (b * Nq + i) * D + h * Dh;
                     double mx = -INFINITY, sum = 0;
                     for (int64_t j = 0; j < Nk; j++) {
@@ -148,8 +149,8 @@ static void ref_linear_gate_add(const void *x, int x_bf16, const kk_weight *w, c
 static void ref_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                                 const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
     float *work = malloc(sizeof(float) * 3 * (size_t)(B * (Na + Nb) * H * Dh) + 1);
-    if (!work) { /* leave o as it is, like the reference attention's own allocation failure */
-        kb_log(KILN_LOG_ERROR, "reference attention: out of memory");
+    if (!work) {
+        kb_defer_failure(KILN_ERR_NOMEM, "reference attention: out of memory");
         return;
     }
     kk_attention_joint_concat(kk_reference(), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work);
