@@ -85,6 +85,27 @@ static inline void test_rmrf(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+/* Out of memory on demand: base.h's seam kb_alloc_fault, defined here for
+ * every test program (each is one file; the library's own never fails).
+ * t_alloc_arm(k): the first k aligned allocations (kb_alloc_aligned) from
+ * now succeed and every one after fails, until t_alloc_disarm(), which
+ * returns how many were asked for meanwhile. */
+static long t_alloc_ok = -1, t_alloc_seen;
+int kb_alloc_fault(size_t n);
+int kb_alloc_fault(size_t n) {
+    (void)n;
+    long ok = __atomic_load_n(&t_alloc_ok, __ATOMIC_RELAXED);
+    return ok >= 0 && __atomic_fetch_add(&t_alloc_seen, 1, __ATOMIC_RELAXED) >= ok;
+}
+static inline void t_alloc_arm(long k) {
+    __atomic_store_n(&t_alloc_seen, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&t_alloc_ok, k, __ATOMIC_RELAXED);
+}
+static inline long t_alloc_disarm(void) {
+    __atomic_store_n(&t_alloc_ok, -1, __ATOMIC_RELAXED);
+    return __atomic_load_n(&t_alloc_seen, __ATOMIC_RELAXED);
+}
+
 /* ||a - b|| / ||b|| in double */
 static inline double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;

@@ -1,6 +1,7 @@
 /* test_cache.c - the weight cache: key names, every branch of the load
  * flow, corruption and truncation, superseded and stale folders, the
- * callback source, and that a hit computes bitwise what conversion does. */
+ * callback source, that a hit computes bitwise what conversion does, and
+ * memory running out while a miss converts and publishes. */
 #include "base/base.h"
 #include "cache/cache.h"
 #include "golden_util.h"
@@ -159,6 +160,60 @@ TEST(flow_with_cache_root) {
     m = NULL;
     unsetenv("KILN_CACHE_DIR");
 out:
+    test_rmrf(root);
+}
+
+/* An allocation failing anywhere while a miss converts and publishes
+ * (reading the checkpoint's tensors, packing each linear): the load fails
+ * with KILN_ERR_NOMEM and publishes nothing, and the next load converts and
+ * publishes as if nothing had happened; or it succeeds with the numbers of
+ * an unarmed load. Each allocation in turn (the first few, then every
+ * fifth: all go through the same lines) until a load needs no more. */
+TEST(out_of_memory_while_loading) {
+    char root[256], src[300];
+    test_tmpdir(root, sizeof root, "cache-oom");
+    snprintf(src, sizeof src, "%s/src", root);
+    copy_model("sd35-tiny", src);
+    kiln_model *ref = NULL;
+    size_t nref = 0;
+    CHECK_OK(kiln_model_open(src, NULL, &ref));
+    float *want = ref ? golden_forward(ref, "sd35-tiny", &nref) : NULL;
+    kiln_model_free(ref);
+    int done = !want;
+    long fails = 0;
+    for (long k = 0; !done && k < 5000; k += k < 4 ? 1 : 5) {
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/%ld", root, k);
+        kiln_load_opts o = opts(dir, src);
+        kiln_model *m = NULL;
+        t_alloc_arm(k);
+        kiln_status st = kiln_load_model(&o, &m);
+        done = t_alloc_disarm() <= k;
+        if (st) {
+            fails++;
+            CHECK_MSG(st == KILN_ERR_NOMEM && strstr(kiln_last_error(), "memory"), "allocation %ld failing: %s: %s",
+                      k + 1, kiln_status_name(st), kiln_last_error());
+            kcache_item *v;
+            size_t n, complete = 0;
+            CHECK_OK(kcache_list(dir, &v, &n));
+            for (size_t i = 0; i < n; i++) complete += (size_t)v[i].complete;
+            CHECK_MSG(complete == 0, "allocation %ld failing: %zu cache folders published", k + 1, complete);
+            if (n) free(v);
+            CHECK_OK(kiln_load_model(&o, &m));
+            CHECK(m && !strcmp(kiln_model_origin(m), "miss"));
+        }
+        if (m) {
+            size_t n = 0;
+            float *got = golden_forward(m, "sd35-tiny", &n);
+            CHECK_MSG(got && n == nref && !memcmp(got, want, n * sizeof(float)),
+                      "allocation %ld failing: the model loaded computes other numbers", k + 1);
+            free(got);
+            kiln_model_free(m);
+        }
+        test_rmrf(dir);
+    }
+    CHECK(done && fails > 10);
+    free(want);
     test_rmrf(root);
 }
 
@@ -413,6 +468,7 @@ int main(void) {
     RUN(key_names);
     RUN(flow_without_cache_root);
     RUN(flow_with_cache_root);
+    RUN(out_of_memory_while_loading);
     RUN(no_create_cache);
     RUN(corruption_is_caught);
     RUN(superseded_and_stale_folders);

@@ -4,7 +4,7 @@
  * next step computes the same numbers), racing publishers, the package CLI,
  * the forked-worker pattern (a parent opens the cache and the package, four
  * children each run a different width), and allocations failing anywhere in
- * a forward (this file defines base.h's seam kb_alloc_fault). (Every golden also runs
+ * a forward (test.h's t_alloc_arm). (Every golden also runs
  * through each step of the chain in test_goldens.) */
 #include "base/base.h"
 #include "compile/compile.h"
@@ -241,17 +241,7 @@ TEST(planned_keeps_its_constants_per_shape) {
     kiln_model_free(m);
 }
 
-/* ---- out of memory, through mem.c's seam (kb_alloc_fault) ---- */
-
-/* armed (g_alloc_ok >= 0): the first g_alloc_ok aligned allocations succeed,
- * every one after them fails; g_alloc_seen counts them */
-static long g_alloc_ok = -1, g_alloc_seen;
-
-int kb_alloc_fault(size_t n) {
-    (void)n;
-    long ok = __atomic_load_n(&g_alloc_ok, __ATOMIC_RELAXED);
-    return ok >= 0 && __atomic_fetch_add(&g_alloc_seen, 1, __ATOMIC_RELAXED) >= ok;
-}
+/* ---- out of memory (test.h's t_alloc_arm) ---- */
 
 /* one forward by `chain` with every aligned allocation from the k+1-th on
  * failing: it must fail with an out-of-memory message, or (falling back)
@@ -260,11 +250,9 @@ int kb_alloc_fault(size_t n) {
  * nothing failed). */
 static int armed_forward(kiln_model *m, const char *chain, const inputs *in, long k, double tol, const float *ref) {
     kiln_status st, st2;
-    __atomic_store_n(&g_alloc_seen, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_alloc_ok, k, __ATOMIC_RELAXED);
+    t_alloc_arm(k);
     float *got = run(m, chain, in, &st);
-    __atomic_store_n(&g_alloc_ok, -1, __ATOMIC_RELAXED);
-    long seen = __atomic_load_n(&g_alloc_seen, __ATOMIC_RELAXED);
+    long seen = t_alloc_disarm();
     const char *msg = kiln_last_error();
     if (!got)
         CHECK_MSG(st == KILN_ERR_NOMEM && (strstr(msg, "memory") || strstr(msg, "allocate")),
