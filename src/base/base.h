@@ -33,8 +33,8 @@ void kb_clear_error(void);
  * than one taking it from the others. */
 void kb_defer_failure(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
 unsigned long kb_deferred_mark(void);
-/* KILN_OK when nothing was deferred since mark; else the code of the last
- * deferred failure, with its message set as this thread's (kb_fail) */
+/* KILN_OK when nothing was deferred since mark; else the code of the
+ * failure kept, with its message set as this thread's (kb_fail) */
 kiln_status kb_deferred_since(unsigned long mark);
 
 /* ---- logging (stderr) --------------------------------------------------- */
