@@ -317,6 +317,32 @@ TEST(out_of_memory_fails_or_falls_back) {
     }
 }
 
+/* The same through a compiled package (its arena, the runtime's kernels):
+ * a fresh model each time, so the package is bound again, and a wider
+ * latent each time, inside the package's range, from wider than the tests
+ * before ran (the kernels' buffers only grow). A package whose arena could
+ * not be had is tried again on the next forward, not refused for good. */
+TEST(out_of_memory_in_a_package) {
+    char dir[1100];
+    subdir(dir, sizeof dir, "oom-package");
+    kiln_model *m = open_model(dir);
+    if (!m) return;
+    kiln_compile_result r;
+    CHECK_OK(compile(m, "w_tok=8:96", 16, 16, &r));
+    kiln_model_free(m);
+    int done = 0, W = 96;
+    for (long k = 0; !done && k < 40 && W <= 192; k++, W += 2) {
+        if (!(m = open_model(dir))) return;
+        inputs in;
+        make_inputs(m, 2, 16, W, 77, 70 + (uint64_t)k, &in);
+        done = armed_forward(m, "dynamic", &in, k, 1e-6, NULL);
+        CHECK(!strcmp(kiln_model_last_exec(m), "dynamic"));
+        free_inputs(&in);
+        kiln_model_free(m);
+    }
+    CHECK_MSG(done, "dynamic package: still allocating after 40 failures");
+}
+
 TEST(no_compiler) {
     char dir[1100];
     subdir(dir, sizeof dir, "nocc");
@@ -641,6 +667,7 @@ int main(void) {
     RUN(outside_the_range_falls_back);
     RUN(planned_keeps_its_constants_per_shape);
     RUN(out_of_memory_fails_or_falls_back);
+    RUN(out_of_memory_in_a_package);
     RUN(no_compiler);
     RUN(tampered_packages_are_refused);
     RUN(binding_checks_every_weight);

@@ -338,7 +338,7 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
     if (p->loaded) return p->load_st ? kb_fail(p->load_st, "%s", p->load_err ? p->load_err : "package failed to load") : KILN_OK;
     kiln_status st = check_library(p);
     char *so = st ? NULL : kb_strfmt("%s/" PKG_LIB, p->dir);
-    if (!st && !so) st = KILN_ERR_NOMEM;
+    if (!st && !so) st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
     if (!st && !(p->dl = dlopen(so, RTLD_NOW | RTLD_LOCAL)))
         st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: cannot load %s: %s", p->dir, PKG_LIB, dlerror());
     int (*abi)(void) = NULL;
@@ -357,7 +357,8 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
             st = kb_fail(KILN_ERR_CORRUPT, "package %s: the manifest's plan does not match the one %s was built for "
                                            "(edited after the build); refused", p->dir, PKG_LIB);
     }
-    if (!st && !(p->P = calloc((size_t)p->n_nodes + 1, sizeof *p->P))) st = KILN_ERR_NOMEM;
+    if (!st && !(p->P = calloc((size_t)p->n_nodes + 1, sizeof *p->P)))
+        st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
     if (!st) st = bind_weights(p, weight, user);
     if (!st && p->arena_bytes && !(p->arena = kb_alloc_aligned(p->arena_bytes)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->arena_bytes);
@@ -367,13 +368,18 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
             if (p->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->place[i].at;
     }
     free(so);
-    p->loaded = 1;
-    p->load_st = st;
     if (st) {
-        p->load_err = kb_strdup(kiln_last_error());
         if (p->dl) dlclose(p->dl);
         p->dl = NULL;
     }
+    if (st == KILN_ERR_NOMEM) { /* passing: the next forward tries again */
+        free(p->P);
+        p->P = NULL;
+        return st;
+    }
+    p->loaded = 1; /* a package that cannot load stays refused, with its reason */
+    p->load_st = st;
+    if (st) p->load_err = kb_strdup(kiln_last_error());
     return st;
 }
 

@@ -1071,7 +1071,7 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
     const reorder_entry *rk = get_reorder(Dh, Nk, dt, dnnl_ba); /* K^T [Dh, Nk] from K [Nk, Dh] */
     const reorder_entry *rv = get_reorder(Nk, Dh, dt, dnnl_ab); /* V [Nk, Dh] */
     if (!rk || !rv) {
-        kb_log(KILN_LOG_ERROR, "oneDNN cannot pack attention operands; using the reference attention");
+        kb_log(KILN_LOG_WARN, "oneDNN cannot pack attention operands; using the reference attention");
         kk_reference()->attention(q, k, v, o, B, Nq, Nk, H, Dh);
         return;
     }
@@ -1159,7 +1159,7 @@ static void attention_joint_concat(const kk_backend *be, const float *qa, const 
                                    int64_t Nb, int64_t H, int64_t Dh) {
     float *work = scratch(13, sizeof(float) * 3 * (size_t)(B * (Na + Nb) * H * Dh));
     if (!work) {
-        kb_log(KILN_LOG_ERROR, "out of memory for attention; using the reference attention");
+        kb_log(KILN_LOG_WARN, "out of memory for attention; using the reference attention");
         kk_reference()->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
         return;
     }
