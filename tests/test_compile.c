@@ -80,6 +80,16 @@ static kiln_status compile(kiln_model *m, const char *dims, int H, int W, kiln_c
     return kiln_compile(m, &o, r);
 }
 
+/* a model with its own package folder dir (g_tmp/tag), compiled for dims
+ * around the HxW example (NULL when it could not be opened) */
+static kiln_model *compiled_model(char *dir, size_t cap, const char *tag, const char *dims, int H, int W,
+                                  kiln_compile_result *r) {
+    subdir(dir, cap, tag);
+    kiln_model *m = open_model(dir);
+    if (m) CHECK_OK(compile(m, dims, H, W, r));
+    return m;
+}
+
 /* output of a step against the executor `step`, within tol */
 static void same_as(kiln_model *m, const inputs *in, const float *got, const char *what, const char *step, double tol) {
     kiln_status st;
@@ -169,11 +179,9 @@ TEST(export_errors) {
 
 TEST(outside_the_range_falls_back) {
     char dir[1100];
-    subdir(dir, sizeof dir, "range");
-    kiln_model *m = open_model(dir);
-    if (!m) return;
     kiln_compile_result r;
-    CHECK_OK(compile(m, "w_tok=10:12,batch=1:2", 16, 24, &r));
+    kiln_model *m = compiled_model(dir, sizeof dir, "range", "w_tok=10:12,batch=1:2", 16, 24, &r);
+    if (!m) return;
     CHECK_MSG(r.block_kinds == 3 && r.regions == 4, "%d kinds, %d regions", r.block_kinds, r.regions); /* dual-attention x2, plain, last */
     /* the compiler's passes folded each block's gate_adds into the GEMM epilogues (eager runs them apart) */
     char *code = NULL, path[1300];
@@ -324,11 +332,9 @@ TEST(out_of_memory_fails_or_falls_back) {
  * not be had is tried again on the next forward, not refused for good. */
 TEST(out_of_memory_in_a_package) {
     char dir[1100];
-    subdir(dir, sizeof dir, "oom-package");
-    kiln_model *m = open_model(dir);
-    if (!m) return;
     kiln_compile_result r;
-    CHECK_OK(compile(m, "w_tok=8:96", 16, 16, &r));
+    kiln_model *m = compiled_model(dir, sizeof dir, "oom-package", "w_tok=8:96", 16, 16, &r);
+    if (!m) return;
     kiln_model_free(m);
     int done = 0, W = 96;
     for (long k = 0; !done && k < 40 && W <= 192; k++, W += 2) {
@@ -345,11 +351,9 @@ TEST(out_of_memory_in_a_package) {
 
 TEST(no_compiler) {
     char dir[1100];
-    subdir(dir, sizeof dir, "nocc");
-    kiln_model *m = open_model(dir);
-    if (!m) return;
     kiln_compile_result r;
-    CHECK_OK(compile(m, NULL, 16, 24, &r)); /* this model has been compiled here */
+    kiln_model *m = compiled_model(dir, sizeof dir, "nocc", NULL, 16, 24, &r); /* this model has been compiled here */
+    if (!m) return;
     setenv("KILN_CC", "/bin/false", 1);
     CHECK_FAILS(compile(m, "w_tok=4:8", 16, 24, &r), KILN_ERR_UNSUPPORTED, "the C compiler '/bin/false' failed (exit 1)");
     setenv("KILN_CC", "/nonexistent/cc", 1);
@@ -414,11 +418,9 @@ static void damage_library(const char *pkg) {
 /* compile a fresh package, break it, check the refusal and the fallback */
 static void refused(const char *tag, void (*edit)(cJSON *), int damage, const char *reason) {
     char dir[1100];
-    subdir(dir, sizeof dir, tag);
-    kiln_model *m = open_model(dir);
-    if (!m) return;
     kiln_compile_result r;
-    CHECK_OK(compile(m, "w_tok=10:12", 16, 24, &r));
+    kiln_model *m = compiled_model(dir, sizeof dir, tag, "w_tok=10:12", 16, 24, &r);
+    if (!m) return;
     kiln_model_free(m);
     if (edit) edit_manifest(r.path, edit);
     if (damage) damage_library(r.path);
@@ -489,11 +491,9 @@ static int bind_some(void *user, const char *name, kx_bound *b) {
 
 TEST(binding_checks_every_weight) {
     char dir[1100];
-    subdir(dir, sizeof dir, "bind");
-    kiln_model *m = open_model(dir);
-    if (!m) return;
     kiln_compile_result r;
-    CHECK_OK(compile(m, NULL, 16, 24, &r));
+    kiln_model *m = compiled_model(dir, sizeof dir, "bind", NULL, 16, 24, &r);
+    if (!m) return;
     const char *cases[3][3] = {{"transformer_blocks.1.attn.to_q.weight", NULL, "transformer_blocks.1.attn.to_q.weight (missing)"},
                                {NULL, "context_embedder.weight", "context_embedder.weight (shape differs)"},
                                {NULL, NULL, NULL}};
