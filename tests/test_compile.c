@@ -284,11 +284,13 @@ static int armed_forward(kiln_model *m, const char *chain, const inputs *in, lon
  * the same numbers; the forward never returns numbers nobody computed.
  * Each allocation in turn, until a forward needs no more. */
 TEST(out_of_memory_fails_or_falls_back) {
-    kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
-    double tols[2] = {1e-6, 2e-2}; /* bf16: a kernel may fall back to another (the AMX attention to strips) */
+    kiln_dtype dts[3] = {KILN_F32, KILN_BF16, KILN_BF16};
+    kiln_quant quants[3] = {KILN_QUANT_NONE, KILN_QUANT_NONE, KILN_QUANT_INT8}; /* int8: its own kernels' buffers */
+    double tols[3] = {1e-6, 2e-2, 2e-2}; /* bf16: a kernel may fall back to another (the AMX attention to strips) */
     int H = 16;
-    for (int d = 0; d < 2; d++) {
-        kiln_open_opts o = {.dtype = dts[d]};
+    for (int d = 0; d < 3; d++) {
+        if (quants[d] && !quant_runs_here(quants[d], "out of memory with int8 weights")) continue;
+        kiln_open_opts o = {.dtype = dts[d], .quant = quants[d]};
         /* planned: a fresh model each time (the arena and the kept position
          * table are the model's) and a larger shape each time (the kernels'
          * work buffers are their threads' and only grow) */
@@ -304,7 +306,9 @@ TEST(out_of_memory_fails_or_falls_back) {
             free_inputs(&in);
             kiln_model_free(m);
         }
-        CHECK_MSG(done, "planned (%s): still allocating after 40 failures", kiln_dtype_name(dts[d]));
+        CHECK_MSG(done, "planned (%s%s): still allocating after 40 failures", kiln_dtype_name(dts[d]),
+                  quants[d] ? ", int8" : "");
+        if (quants[d]) continue;
         /* eager: its node buffers are allocated anew by every forward, each
          * failure handled by the same lines, so after the first few every
          * seventh (the kernels' buffers, grown by now, are the planned runs') */
