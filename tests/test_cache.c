@@ -7,6 +7,8 @@
 #include "golden_util.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -255,6 +257,52 @@ static void flip_byte(const char *file, long at) {
     fclose(f);
 }
 
+/* A mapping that fails for lack of address space (a memory limit, as in a
+ * container) says nothing about the cache: the load fails with
+ * KILN_ERR_NOMEM and the cache stays, to be a hit once there is room. (It
+ * was taken for corruption, and a good cache removed to be rebuilt.) The
+ * limit is set in a child, and not under ASan, which needs the room. */
+TEST(out_of_memory_mapping_keeps_the_cache) {
+#if defined(__SANITIZE_ADDRESS__)
+    fprintf(stderr, "  (skipped under ASan: it reserves more address space than the limit allows)\n");
+#else
+    char root[256], src[300], path[600];
+    test_tmpdir(root, sizeof root, "cache-nomap");
+    snprintf(src, sizeof src, "%s/src", root);
+    copy_model("sd35-tiny", src);
+    publish_once(root, src, path, sizeof path);
+    char data[700];
+    snprintf(data, sizeof data, "%s/weights.bin", path);
+    struct stat sb;
+    CHECK(stat(data, &sb) == 0 && sb.st_size > (1 << 20));
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* room for everything but the weights: what the process maps now, plus a quarter of the file */
+        unsigned long pages = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (!f || fscanf(f, "%lu", &pages) != 1) _exit(3);
+        fclose(f);
+        struct rlimit rl = {(rlim_t)(pages * (unsigned long)sysconf(_SC_PAGESIZE) + (size_t)sb.st_size / 4),
+                            RLIM_INFINITY};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+        kiln_load_opts o = opts(root, src);
+        kiln_model *m = NULL;
+        kiln_status st = kiln_load_model(&o, &m);
+        if (st != KILN_ERR_NOMEM) fprintf(stderr, "  child: %s: %s\n", kiln_status_name(st), kiln_last_error());
+        _exit(st == KILN_ERR_NOMEM ? 0 : 1);
+    }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the load under a memory limit did not fail with out of memory");
+    kiln_load_opts o = opts(root, src);
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_load_model(&o, &m));
+    CHECK_MSG(m && !strcmp(kiln_model_origin(m), "hit"), "the cache was not kept: %s", m ? kiln_model_origin(m) : "-");
+    kiln_model_free(m);
+    test_rmrf(root);
+#endif
+}
+
 TEST(corruption_is_caught) {
     char root[256], path[2600], file[2700];
     test_tmpdir(root, sizeof root, "cache-corrupt");
@@ -469,6 +517,7 @@ int main(void) {
     RUN(flow_without_cache_root);
     RUN(flow_with_cache_root);
     RUN(out_of_memory_while_loading);
+    RUN(out_of_memory_mapping_keeps_the_cache);
     RUN(no_create_cache);
     RUN(corruption_is_caught);
     RUN(superseded_and_stale_folders);

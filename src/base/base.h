@@ -86,6 +86,8 @@ typedef struct kb_map {
     const uint8_t *data;
     size_t size;
 } kb_map;
+/* KILN_ERR_NOMEM when memory, address space or file handles ran out (the
+ * file may be fine: callers must not treat it as damaged), else KILN_ERR_IO */
 kiln_status kb_map_file(const char *path, kb_map *m);
 void kb_unmap(kb_map *m);
 

@@ -145,11 +145,17 @@ kiln_status kb_mkdir_p(const char *path) {
     return st;
 }
 
+/* the status of a failure that says nothing about the file (out of memory,
+ * address space or file handles: it may pass), else KILN_ERR_IO */
+static kiln_status io_status(int err) {
+    return err == ENOMEM || err == EAGAIN || err == EMFILE || err == ENFILE ? KILN_ERR_NOMEM : KILN_ERR_IO;
+}
+
 kiln_status kb_map_file(const char *path, kb_map *m) {
     m->data = NULL;
     m->size = 0;
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fd < 0) return kb_fail(io_status(errno), "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -161,7 +167,7 @@ kiln_status kb_map_file(const char *path, kb_map *m) {
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return kb_fail(KILN_ERR_IO, "cannot map %s: %s", path, strerror(errno));
+    if (p == MAP_FAILED) return kb_fail(io_status(errno), "cannot map %s: %s", path, strerror(errno));
     /* huge pages for the weights where the kernel maps files so (2 MiB
      * page-cache folios; Linux 6.x on ext4, xfs, tmpfs): advice only */
     if (kb_huge_pages()) madvise(p, (size_t)st.st_size, MADV_HUGEPAGE);

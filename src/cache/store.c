@@ -227,6 +227,7 @@ kiln_status kcache_open(const char *path, int verify, kcache_entry **out) {
     }
     s = kb_map_file(data_path, &e->data);
     free(data_path);
+    if (s == KILN_ERR_NOMEM) goto done; /* out of memory says nothing about the cache: keep it */
     if (s) CORRUPT("%s", kiln_last_error());
     if (e->data.size != data_bytes)
         CORRUPT("%s holds %zu bytes, the manifest says %llu (truncated or overwritten)", KCACHE_DATA, e->data.size,

@@ -388,13 +388,19 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         return st;
     }
     /* someone may have published while we waited for the lock */
-    if (!kcache_open(k.path, o->verify, &e)) {
+    kiln_status again = kcache_open(k.path, o->verify, &e);
+    if (!again) {
         kcache_unlock(fd);
         barrier(mesh);
         if ((st = finish_hit(e, cp, "hit", out))) return st;
         registry_put(*out, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
         return KILN_OK;
+    }
+    if (again != KILN_ERR_CACHE_MISSING && again != KILN_ERR_CORRUPT) { /* out of memory, say: remove nothing */
+        kcache_unlock(fd);
+        barrier(mesh);
+        return again;
     }
     kcache_clean_staging(&k); /* leftovers of a converter that died */
     if (kb_is_dir(k.path)) kcache_remove(k.path); /* a corrupt or incomplete folder */
