@@ -283,7 +283,8 @@ static kiln_status check_library(const kx_package *p) {
     char *so = kb_strfmt("%s/" PKG_LIB, p->dir), hex[65];
     if (!so) return KILN_ERR_NOMEM;
     kiln_status st = kb_sha256_file(so, hex);
-    if (st) st = kb_wrap(KILN_ERR_MISSING, "package %s: its shared object", p->dir);
+    if (st) /* out of memory says nothing about the library: that failure passes (kx_package_load) */
+        st = kb_wrap(st == KILN_ERR_NOMEM ? st : KILN_ERR_MISSING, "package %s: its shared object", p->dir);
     else if (strcmp(hex, p->so_sha))
         st = kb_fail(KILN_ERR_CORRUPT, "package %s: %s does not match its manifest's SHA-256 (tampered or damaged); refused",
                      p->dir, PKG_LIB);
