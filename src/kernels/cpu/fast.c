@@ -923,7 +923,10 @@ BF16_FN static inline void mod16(const float *x, const float *sh, const float *s
  * rows' statistics first, then per step of 32 columns the block's 32 rows,
  * 2 KiB in a row, written in order (row by row over all of D would write
  * one line every 2 KiB); the padding (rows past B*N, columns past D) gets
- * zeros */
+ * zeros. While it writes a block it brings the next block's rows (the
+ * thread's next, with the static schedule) into L2, two lines per 32
+ * values written: the statistics pass then reads from L2, not L3 (it
+ * waited on memory; 1.16-1.21x on 1024 x 1536, paired) */
 BF16_FN static void mod_bf16(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                              int64_t N, int64_t D, int ln, float eps, int fmt) {
     int64_t rows = B * N;
@@ -942,6 +945,8 @@ BF16_FN static void mod_bf16(const float *x, const float *shift, const float *sc
         float mu[32] = {0}, inv[32] = {0};
         for (int64_t i = 0; i < 32 && ln; i++)
             if (rb * 32 + i < rows) row_stats(x + (rb * 32 + i) * D, D, eps, &mu[i], &inv[i]);
+        int64_t next = rows - (rb + 1) * 32 < 32 ? rows - (rb + 1) * 32 : 32; /* the next block's rows */
+        const char *pf = (const char *)(x + (rb + 1) * 32 * D), *pf_end = next > 0 ? pf + next * D * 4 : pf;
         for (int64_t c = 0; c < D; c += 32) {
             uint16_t *d = y + kk_blocked_index(rb * 32, c, D);
             for (int64_t i = 0; i < 32; i++, d += 32) {
@@ -950,7 +955,9 @@ BF16_FN static void mod_bf16(const float *x, const float *shift, const float *sc
                     memset(d, 0, 64);
                     continue;
                 }
-                const float *xr = x + r * D + c, *sh = shift + r / N * D + c, *sc = scale + r / N * D + c;
+                for (int l = 0; l < 2 && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+                int64_t at = r / N * D + c;
+                const float *xr = x + r * D + c, *sh = shift + at, *sc = scale + at;
                 mod16(xr, sh, sc, ln, mu[i], inv[i], D - c, d, 1);
                 mod16(xr + 16, sh + 16, sc + 16, ln, mu[i], inv[i], D - c - 16, d + 16, 1);
             }
