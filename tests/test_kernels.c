@@ -90,9 +90,10 @@ TEST(attention_matches_reference) {
 
 /* Scores that jump by ~69 (log2 units) from one block of 64 keys to the
  * next, for half the queries (the other half fall by as much): the fused
- * kernel makes each block's weights against the first block's max and
- * must move that reference when they would pass 2^64, within one block of
- * queries for some lanes and not others. Inputs bf16 can hold, keys alike
+ * kernel makes each step's weights (32 keys) against the first step's max
+ * and must move that reference when they would pass 2^64, within one block
+ * of queries for some lanes and not others, rescaling the O^T it holds in
+ * tiles. Inputs bf16 can hold, keys alike
  * within a block, so both sides compute the same softmax: the mean of the
  * last block's values, or of the first's. */
 static void check_rising_scores(int64_t Nq) {

@@ -6,18 +6,27 @@
  * products want (blocks of tokens, transposed in registers). Everything
  * runs transposed (keys and dims down, the 16 queries of a block across one
  * vector), so the softmax's max and sum go down columns with no horizontal
- * reductions. Per block of 16 queries, for each block of 64 keys:
- *   S^T [64 x 16] = K Q^T         4 accumulator tiles, 2 steps over Dh
+ * reductions. Per block of 16 queries, O^T [64 dims x 16 queries] stays in
+ * four accumulator tiles over every key, and for each step of 32 keys:
+ *   S^T [32 x 16] = K Q^T         two accumulator tiles, 2 products each over Dh
  *   online softmax (AVX-512):     reference point m and sum l per query, P^T = 2^(c S^T - m) in bf16,
- *                                 c = log2 e / sqrt(Dh); m is the first block's max and moves only
- *                                 when a block's weights would pass 2^64 (softmax)
- *   O^T [64 x 16] = O^T 2^(m_old - m) + V^T P^T   4 accumulator tiles, 2 steps over the keys
- * and (O^T)^T / l is the output. Eight blocks of queries share each block
- * of keys while it is in L1. The tile products of the steps before and
+ *                                 c = log2 e / sqrt(Dh); m is the first step's max and moves only
+ *                                 when a step's weights would pass 2^64 (softmax)
+ *   O^T += V^T P^T                one product per accumulator tile
+ * and (O^T)^T / l is the output. The tile products of the steps before and
  * after a softmax (the next scores, the last V^T P^T) are issued in pieces
  * between its rows, so that the tile unit and the vector units work at
  * once. The N x N matrix is never formed; parallel over batch x heads x
- * chunks of 512 queries. */
+ * chunks of 512 queries.
+ *
+ * The eight tile registers go 4 to O^T, 2 to S^T and 2 to streaming the
+ * operands (K, Q^T; V^T, P^T). O^T leaves its tiles only when m moves
+ * (rarely: see softmax) and at the end. An earlier kernel took 64 keys a
+ * step with S^T in four tiles, so O^T went through memory every step and
+ * eight blocks of queries shared each block of keys while it was in L1;
+ * this one reads K and V from L2 for every block of queries (bringing the
+ * next step's into L1 during the softmax) and ran 1.06-1.10x faster at
+ * 333-4096 tokens (paired, one process). */
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
@@ -27,90 +36,90 @@
 #include <string.h>
 
 #define QB 16 /* queries per block: one tile's rows */
-#define KB 64 /* keys per block: four 16-column accumulator tiles */
+#define KS 32 /* keys per step: two 16-column accumulator tiles */
+#define KB 64 /* keys per block of the packed V^T (two steps) */
 #define DH 64
-#define QG 8 /* blocks of queries per pass over the keys (4: 0.95-0.98x the speed, 16: the same) */
-#define QCHUNK (4 * QG * QB) /* queries per work item (512) */
+#define QCHUNK 512 /* queries per work item */
 
-/* The tile products around one step's softmax: the scores of the step
- * after (S^T = K Q^T: tiles 0-3 = keys 16j.., 4-5 hold Q^T's two halves of
- * Dh, 6-7 stream K) and the products of the step before (O^T += V^T P^T:
- * tiles 0-3 = dims 16n.., 4-5 hold P^T, keys 0-31 and 32-63, 6-7 stream
- * V^T). The softmax issues them in 16 pieces between its rows (piece(w, i),
- * the scores in 0-7, the products in 8-15). Issued as one block before or
- * after it, the tile loads waiting on the products fill the scheduler and
- * hold up the vector work: spread out (with QG 8), the attention ran
- * 1.15-1.22x faster (paired, one process). */
+/* The tile products around one step's softmax (tiles 0-3 hold O^T, dims
+ * 16n..; 4-5 the scores, keys 0-15 and 16-31; 6-7 stream the operands):
+ * the scores of the step after (S^T = K Q^T, Q^T's two halves of Dh
+ * through tile 7) in pieces 0-3 and the products of the step before
+ * (O^T += V^T P^T, P^T in tile 7) in pieces 4-7; the softmax issues a
+ * piece every two of its rows. Issued as one block before or after it, the
+ * tile loads waiting on the products fill the scheduler and hold up the
+ * vector work. pk and pv: the K of the step after next and the V^T of this
+ * step (read by the next step's pieces), brought from L2 into L1 four
+ * lines each per two rows (1.03-1.05x). */
 typedef struct around {
     const uint16_t *q, *k; /* the next step's Q^T and K: no scores when q is NULL */
     float *St;
     const uint16_t *Pt, *v; /* the step before's P^T and V^T: no products when Pt is NULL */
-    float *Ot;
+    const char *pk, *pv;    /* lines to bring into L1 (NULL: none) */
 } around;
 
 AMX_FN static inline void piece(const around *w, int i) {
-    /* a scores accumulator's first product, then its second and its store;
-     * likewise an O^T accumulator's, loaded first */
-#define QK_A(j)                                    \
-    _tile_zero(j);                                 \
-    _tile_loadd(6, w->k + (j)*16 * DH, DH * 2);    \
-    _tile_dpbf16ps(j, 6, 4);
-#define QK_B(j)                                        \
-    _tile_loadd(7, w->k + (j)*16 * DH + 32, DH * 2);   \
-    _tile_dpbf16ps(j, 7, 5);                           \
-    _tile_stored(j, w->St + (j)*16 * QB, QB * 4);
-#define PV_A(n)                                     \
-    _tile_loadd(n, w->Ot + (n)*16 * QB, QB * 4);    \
-    _tile_loadd(6, w->v + (n)*1024, 64);            \
-    _tile_dpbf16ps(n, 6, 4);
-#define PV_B(n)                                     \
-    _tile_loadd(7, w->v + (n)*1024 + 512, 64);      \
-    _tile_dpbf16ps(n, 7, 5);                        \
-    _tile_stored(n, w->Ot + (n)*16 * QB, QB * 4);
-    if (i < 8 ? !w->q : !w->Pt) return;
-    if (i == 0) {
-        _tile_loadd(4, w->q, 64);
-        _tile_loadd(5, w->q + 512, 64);
-    } else if (i == 8) {
-        _tile_loadd(4, w->Pt, 64);
-        _tile_loadd(5, w->Pt + 512, 64);
-    }
+    if (i < 4 ? !w->q : !w->Pt) return;
     switch (i) {
-    case 0: QK_A(0) break;
-    case 1: QK_B(0) break;
-    case 2: QK_A(1) break;
-    case 3: QK_B(1) break;
-    case 4: QK_A(2) break;
-    case 5: QK_B(2) break;
-    case 6: QK_A(3) break;
-    case 7: QK_B(3) break;
-    case 8: PV_A(0) break;
-    case 9: PV_B(0) break;
-    case 10: PV_A(1) break;
-    case 11: PV_B(1) break;
-    case 12: PV_A(2) break;
-    case 13: PV_B(2) break;
-    case 14: PV_A(3) break;
-    default: PV_B(3) break;
+    case 0:
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_loadd(7, w->q, 64);
+        _tile_loadd(6, w->k, DH * 2);
+        _tile_dpbf16ps(4, 6, 7);
+        break;
+    case 1:
+        _tile_loadd(6, w->k + 16 * DH, DH * 2);
+        _tile_dpbf16ps(5, 6, 7);
+        break;
+    case 2:
+        _tile_loadd(7, w->q + 512, 64);
+        _tile_loadd(6, w->k + 32, DH * 2);
+        _tile_dpbf16ps(4, 6, 7);
+        break;
+    case 3:
+        _tile_loadd(6, w->k + 16 * DH + 32, DH * 2);
+        _tile_dpbf16ps(5, 6, 7);
+        _tile_stored(4, w->St, QB * 4);
+        _tile_stored(5, w->St + 16 * QB, QB * 4);
+        break;
+    case 4:
+        _tile_loadd(7, w->Pt, 64);
+        _tile_loadd(6, w->v, 64);
+        _tile_dpbf16ps(0, 6, 7);
+        break;
+    case 5:
+        _tile_loadd(6, w->v + 1024, 64);
+        _tile_dpbf16ps(1, 6, 7);
+        break;
+    case 6:
+        _tile_loadd(6, w->v + 2048, 64);
+        _tile_dpbf16ps(2, 6, 7);
+        break;
+    default:
+        _tile_loadd(6, w->v + 3072, 64);
+        _tile_dpbf16ps(3, 6, 7);
+        break;
     }
-#undef QK_A
-#undef QK_B
-#undef PV_A
-#undef PV_B
 }
 
-/* P^T of one S^T block (its valid keys; zeros past them) against the
+/* P^T of one S^T step (its valid keys; zeros past them) against the
  * reference point m: 2^(c S^T - m) in key pairs (bf16), and its sums per
- * query; with w, the tile products around it, a piece every two rows. The
- * attention runs with denormals flushed (run), so 2^x needs no floor here
- * (kk_exp2_16_ftz). */
+ * query; with w, the tile products around it, a piece every two rows, and
+ * its lines into L1. The attention runs with denormals flushed (run), so
+ * 2^x needs no floor here (kk_exp2_16_ftz). */
 AMX_FN static inline __m512 weights(const float *St, int valid, __m512 c, __m512 m, uint16_t *Pt, const around *w) {
     /* bf16 pairs (even key, odd key) per query: [e0 o0 e1 o1 ...] from [e0..e15 o0..o15] */
     const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    for (int r = 0; r < KB; r += 2) {
-        if (w && r % 4 == 0) piece(w, r / 4);
+    for (int r = 0; r < KS; r += 2) {
+        if (w) {
+            if (r % 4 == 0) piece(w, r / 4);
+            /* lines 2r.. of K's 64 and of V^T's four 1 KiB pieces, 2 KiB apart */
+            for (int j = 0; j < 4 && w->pk; j++) _mm_prefetch(w->pk + (r * 2 + j) * 64, _MM_HINT_T0);
+            for (int j = 0; j < 4 && w->pv; j++) _mm_prefetch(w->pv + r / 8 * 2048 + (r * 2 + j) % 16 * 64, _MM_HINT_T0);
+        }
         __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
         if (r < valid) p0 = kk_exp2_16_ftz(_mm512_fmsub_ps(_mm512_load_ps(St + r * QB), c, m));
         if (r + 1 < valid) p1 = kk_exp2_16_ftz(_mm512_fmsub_ps(_mm512_load_ps(St + (r + 1) * QB), c, m));
@@ -121,22 +130,23 @@ AMX_FN static inline __m512 weights(const float *St, int valid, __m512 c, __m512
     return _mm512_add_ps(s0, s1);
 }
 
-/* The online softmax of one S^T block down the columns, one lane per
+/* The online softmax of one S^T step down the columns, one lane per
  * query, so no horizontal reductions: updates the running reference point
- * m and sum l, rescales O^T when m moved, and writes P^T for the product
- * with V, issuing the tile products around it (w) on the way. m is in
- * log2 units: the scores times c (log2 e / sqrt(Dh)), applied here in f32
- * (one FMA with the subtraction), so q goes into the products as the GEMM
- * rounded it, with no second rounding.
+ * m and sum l, rescales O^T (in tiles 0-3) when m moved, and writes P^T for
+ * the product with V, issuing the tile products around it (w) on the way.
+ * m is in log2 units: the scores times c (log2 e / sqrt(Dh)), applied here
+ * in f32 (one FMA with the subtraction), so q goes into the products as the
+ * GEMM rounded it, with no second rounding.
  * m need not be the running max: P = 2^(c S - m) is a float, as precise at
  * 2^40 as at 1, and O / l comes out the same whatever m is, as long as
- * nothing overflows. So after a query block's first block of keys, whose
- * max sets m, the weights are made against m as it is, with no pass for
- * the max; m moves only when a block's sum reaches 2^BOUND (some score
- * passed m by ~58 or more; then that block is made again against its max),
- * which keeps P, l and O^T far inside f32's range (2^BOUND x |v| x keys). */
+ * nothing overflows. So after a query block's first step, whose max sets
+ * m, the weights are made against m as it is, with no pass for the max; m
+ * moves only when a step's sum reaches 2^BOUND (some score passed m by ~59
+ * or more; then that step is made again against its max, and O^T goes out
+ * of its tiles to be rescaled: ot is room for it), which keeps P, l and O^T
+ * far inside f32's range (2^BOUND x |v| x keys). */
 #define BOUND 64.0f
-AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 c, __m512 *m, __m512 *l, float *Ot,
+AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 c, __m512 *m, __m512 *l, float *ot,
                                   uint16_t *Pt, const around *w) {
     if (!first) {
         __m512 s = weights(St, valid, c, *m, Pt, w);
@@ -156,82 +166,88 @@ AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 
     }
     for (; r < valid; r++) mx0 = _mm512_max_ps(mx0, _mm512_load_ps(St + r * QB));
     __m512 mx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
-    /* lanes whose block max passed m (all of them at first: m = -inf, O and l 0) */
+    /* lanes whose step max passed m (all of them at first: m = -inf, l 0) */
     __mmask16 up = _mm512_cmp_ps_mask(_mm512_mul_ps(mx, c), *m, _CMP_GT_OQ);
     __m512 mnew = _mm512_mask_mul_ps(*m, up, mx, c);
     __m512 alpha = kk_exp2_16(_mm512_sub_ps(*m, mnew)); /* -inf at first: 0 (kk_exp2_16 floors it) */
     *m = mnew;
     *l = _mm512_fmadd_ps(*l, alpha, weights(St, valid, c, mnew, Pt, w));
-    /* (the products of the step before are issued by now, so when that
-     * step was this block of queries' too, its sums are in O^T) */
-    if (up)
-        for (int d = 0; d < DH; d++) _mm512_store_ps(Ot + d * QB, _mm512_mul_ps(_mm512_load_ps(Ot + d * QB), alpha));
+    /* (the products of the step before are issued by now, so O^T holds
+     * every key before this step; at first it is zero and stays so) */
+    if (up && !first) {
+        _tile_stored(0, ot, QB * 4);
+        _tile_stored(1, ot + 16 * QB, QB * 4);
+        _tile_stored(2, ot + 32 * QB, QB * 4);
+        _tile_stored(3, ot + 48 * QB, QB * 4);
+        for (int d = 0; d < DH; d++) _mm512_store_ps(ot + d * QB, _mm512_mul_ps(_mm512_load_ps(ot + d * QB), alpha));
+        _tile_loadd(0, ot, QB * 4);
+        _tile_loadd(1, ot + 16 * QB, QB * 4);
+        _tile_loadd(2, ot + 32 * QB, QB * 4);
+        _tile_loadd(3, ot + 48 * QB, QB * 4);
+    }
 }
 
-/* queries [q0, q1) of one (batch, head) (q0 a multiple of QG * QB): qp
- * (Q^T tiles per block of 16 queries), kp and vp packed by
- * pack_q_block and pack_kv_block.
- * - QG blocks of queries go over the keys together: each block of 64 keys
- *   comes from L2 once for all of them, then serves the others from L1.
- * - The steps (block of keys, block of queries) are pipelined: the softmax
- *   of step t issues the scores of t + 1 and the products of t - 1 between
- *   its rows. */
+/* queries [q0, q1) of one (batch, head) (q0 a multiple of QB): qp (Q^T
+ * tiles per block of 16 queries), kp and vp packed by pack_q_block and
+ * pack_kv_block. One block of queries at a time goes over every key, its
+ * O^T in tiles 0-3; the steps are pipelined: the softmax of step t issues
+ * the scores of t + 1 and the products of t - 1 between its rows. */
 AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, void *o, int o_bf16,
                         int64_t ostride, int64_t q0, int64_t q1, int64_t Nk, float scale) {
     __m512 c = _mm512_set1_ps(scale);
-    int64_t nkb = (Nk + KB - 1) / KB;
-    float St[2][KB * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 64 keys x 16 queries */
-    float Ot[QG][DH * QB] __attribute__((aligned(64))); /* O^T per block of queries: 64 dims x 16 queries */
-    uint16_t Pt[2][KB * QB] __attribute__((aligned(64))); /* P^T in key pairs, [32][16 queries x 2]: this step's and the one before's */
+    int64_t ns = (Nk + KS - 1) / KS;
+    float St[2][KS * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 32 keys x 16 queries */
+    float Ot[DH * QB] __attribute__((aligned(64)));    /* O^T out of its tiles: 64 dims x 16 queries */
+    uint16_t Pt[2][KS * QB] __attribute__((aligned(64))); /* P^T in key pairs, [16][16 queries x 2]: this step's and the one before's */
+    /* step t's V^T: the half t % 2 of 64-key block t / 2 */
+#define V_OF(t) (vp + (t) / 2 * KB * DH + (t) % 2 * 512)
     qp += q0 / QB * 2 * 512;
-    for (int64_t g0 = q0; g0 < q1; g0 += QG * QB, qp += QG * 2 * 512) {
-        int nq = (int)((q1 - g0 + QB - 1) / QB < QG ? (q1 - g0 + QB - 1) / QB : QG);
-        __m512 m[QG], l[QG];
-        for (int b = 0; b < nq; b++) {
-            m[b] = _mm512_set1_ps(-INFINITY);
-            l[b] = _mm512_setzero_ps();
-            memset(Ot[b], 0, sizeof Ot[b]);
-        }
-        int64_t steps = nkb * nq; /* step t: keys of block t / nq, queries of block t % nq */
-        around w0 = {qp, kp, St[0], NULL, NULL, NULL}; /* the first step's scores */
-        for (int i = 0; i < 8; i++) piece(&w0, i);
-        for (int64_t t = 0; t <= steps; t++) { /* t = steps: the last step's products alone */
-            int64_t kb = t / nq;
-            int b = (int)(t % nq);
-            around w = {NULL, NULL, St[(t + 1) & 1], NULL, NULL, Ot[(t - 1 + nq) % nq]};
-            if (t + 1 < steps) {
-                w.q = qp + (t + 1) % nq * 2 * 512;
-                w.k = kp + (t + 1) / nq * KB * DH;
+    for (int64_t b0 = q0; b0 < q1; b0 += QB, qp += 2 * 512) {
+        __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        around w0 = {qp, kp, St[0], NULL, NULL, NULL, NULL}; /* the first step's scores */
+        for (int i = 0; i < 4; i++) piece(&w0, i);
+        for (int64_t t = 0; t <= ns; t++) { /* t = ns: the last step's products alone */
+            around w = {NULL, NULL, St[(t + 1) & 1], NULL, NULL, NULL, NULL};
+            if (t + 1 < ns) {
+                w.q = qp;
+                w.k = kp + (t + 1) * KS * DH;
             }
             if (t > 0) {
                 w.Pt = Pt[(t - 1) & 1];
-                w.v = vp + (t - 1) / nq * KB * DH;
+                w.v = V_OF(t - 1);
             }
-            if (t < steps)
-                softmax(St[t & 1], (int)(Nk - kb * KB < KB ? Nk - kb * KB : KB), kb == 0, c, &m[b], &l[b], Ot[b],
-                        Pt[t & 1], &w);
-            else
-                for (int i = 8; i < 16; i++) piece(&w, i);
+            if (t + 2 < ns) w.pk = (const char *)(kp + (t + 2) * KS * DH);
+            if (t < ns) {
+                w.pv = (const char *)V_OF(t);
+                softmax(St[t & 1], (int)(Nk - t * KS < KS ? Nk - t * KS : KS), t == 0, c, &m, &l, Ot, Pt[t & 1], &w);
+            } else
+                for (int i = 4; i < 8; i++) piece(&w, i);
         }
+        _tile_stored(0, Ot, QB * 4);
+        _tile_stored(1, Ot + 16 * QB, QB * 4);
+        _tile_stored(2, Ot + 32 * QB, QB * 4);
+        _tile_stored(3, Ot + 48 * QB, QB * 4);
         /* o = (O^T)^T / l, f32 or bf16 rows (rounded to nearest even, as the GEMMs do) */
-        for (int b = 0; b < nq; b++) {
-            float inv[QB] __attribute__((aligned(64)));
-            _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l[b]));
-            int64_t i0 = g0 + b * QB;
-            int rows = (int)(q1 - i0 < QB ? q1 - i0 : QB);
-            for (int r = 0; r < rows; r++) {
-                float row[DH] __attribute__((aligned(64)));
-                for (int d = 0; d < DH; d++) row[d] = Ot[b][d * QB + r] * inv[r];
-                if (!o_bf16) {
-                    memcpy((float *)o + (i0 + r) * ostride, row, sizeof row);
-                    continue;
-                }
-                uint16_t *dst = (uint16_t *)o + (i0 + r) * ostride;
-                for (int d = 0; d < DH; d += 32)
-                    _mm512_storeu_si512(dst + d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(row + d + 16), _mm512_load_ps(row + d)));
+        float inv[QB] __attribute__((aligned(64)));
+        _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
+        int rows = (int)(q1 - b0 < QB ? q1 - b0 : QB);
+        for (int r = 0; r < rows; r++) {
+            float row[DH] __attribute__((aligned(64)));
+            for (int d = 0; d < DH; d++) row[d] = Ot[d * QB + r] * inv[r];
+            if (!o_bf16) {
+                memcpy((float *)o + (b0 + r) * ostride, row, sizeof row);
+                continue;
             }
+            uint16_t *dst = (uint16_t *)o + (b0 + r) * ostride;
+            for (int d = 0; d < DH; d += 32)
+                _mm512_storeu_si512(dst + d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(row + d + 16), _mm512_load_ps(row + d)));
         }
     }
+#undef V_OF
 }
 
 /* Layouts, per (batch, head):
