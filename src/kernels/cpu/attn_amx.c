@@ -25,8 +25,8 @@
  * step with S^T in four tiles, so O^T went through memory every step and
  * eight blocks of queries shared each block of keys while it was in L1;
  * this one reads K and V from L2 for every block of queries (bringing the
- * next step's into L1 during the softmax) and ran 1.06-1.10x faster at
- * 333-4096 tokens (paired, one process). */
+ * next step's into L1 during the softmax) and ran 1.06-1.14x faster at
+ * 333-4096 tokens (paired, one process; docs/PERFORMANCE.md, stop 17). */
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
@@ -46,9 +46,9 @@
  * the scores of the step after (S^T = K Q^T, Q^T's two halves of Dh
  * through tile 7) in pieces 0-3, stored in 5 and 6, and the products of
  * the step before (O^T += V^T P^T, P^T in tile 7) in pieces 4-7; the
- * softmax issues a piece every two of its rows. Issued as one block before or after it, the
- * tile loads waiting on the products fill the scheduler and hold up the
- * vector work. pk and pv: the K of the step after next and the V^T of this
+ * softmax issues a piece every two of its rows. Issued as one block
+ * before or after it, the tile loads waiting on the products fill the
+ * scheduler and hold up the vector work. pk and pv: the K of the step after next and the V^T of this
  * step (read by the next step's pieces), brought from L2 into L1 four
  * lines each per two rows (1.03-1.05x). */
 typedef struct around {
