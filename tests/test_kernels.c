@@ -93,9 +93,9 @@ TEST(attention_matches_reference) {
  * kernel makes each step's weights (32 keys) against the first step's max
  * and must move that reference when they would pass 2^64, within one block
  * of queries for some lanes and not others, rescaling the O^T it holds in
- * tiles. Inputs bf16 can hold, keys alike
- * within a block, so both sides compute the same softmax: the mean of the
- * last block's values, or of the first's. */
+ * tiles. Inputs bf16 can hold, keys alike within a block, so both sides
+ * compute the same softmax: the mean of the last block's values, or of the
+ * first's. */
 static void check_rising_scores(int64_t Nq) {
     const kk_backend *fast = kk_fast(KILN_BF16), *ref = kk_reference();
     if (!fast) return;

@@ -48,9 +48,9 @@
  * the step before (O^T += V^T P^T, P^T in tile 7) in pieces 4-7; the
  * softmax issues a piece every two of its rows. Issued as one block
  * before or after it, the tile loads waiting on the products fill the
- * scheduler and hold up the vector work. pk and pv: the K of the step after next and the V^T of this
- * step (read by the next step's pieces), brought from L2 into L1 four
- * lines each per two rows (1.03-1.05x). */
+ * scheduler and hold up the vector work. pk and pv: the K of the step
+ * after next and the V^T of this step (read by the next step's pieces),
+ * brought from L2 into L1 four lines each per two rows (1.03-1.05x). */
 typedef struct around {
     const uint16_t *q, *k; /* the next step's Q^T and K: no scores when q is NULL */
     float *St;
@@ -100,9 +100,17 @@ AMX_FN static inline void piece(const around *w, int i) {
     }
     /* the scores' stores two and three pieces after their last products,
      * so that they do not wait on them (stored in piece 3, the attention
-     * ran 1.02-1.08x slower, paired) */
+     * ran 1.02-1.045x slower, paired) */
     if (w->q && i == 5) _tile_stored(4, w->St, QB * 4);
     if (w->q && i == 6) _tile_stored(5, w->St + 16 * QB, QB * 4);
+}
+
+/* O^T (tiles 0-3) into ot [64 dims x 16 queries] */
+AMX_FN static inline void ot_out(float *ot) {
+    _tile_stored(0, ot, QB * 4);
+    _tile_stored(1, ot + 16 * QB, QB * 4);
+    _tile_stored(2, ot + 32 * QB, QB * 4);
+    _tile_stored(3, ot + 48 * QB, QB * 4);
 }
 
 /* P^T of one S^T step (its valid keys; zeros past them) against the
@@ -177,10 +185,7 @@ AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 
     /* (the products of the step before are issued by now, so O^T holds
      * every key before this step; at first it is zero and stays so) */
     if (up && !first) {
-        _tile_stored(0, ot, QB * 4);
-        _tile_stored(1, ot + 16 * QB, QB * 4);
-        _tile_stored(2, ot + 32 * QB, QB * 4);
-        _tile_stored(3, ot + 48 * QB, QB * 4);
+        ot_out(ot);
         for (int d = 0; d < DH; d++) _mm512_store_ps(ot + d * QB, _mm512_mul_ps(_mm512_load_ps(ot + d * QB), alpha));
         _tile_loadd(0, ot, QB * 4);
         _tile_loadd(1, ot + 16 * QB, QB * 4);
@@ -229,10 +234,7 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
             } else
                 for (int i = 4; i < 8; i++) piece(&w, i);
         }
-        _tile_stored(0, Ot, QB * 4);
-        _tile_stored(1, Ot + 16 * QB, QB * 4);
-        _tile_stored(2, Ot + 32 * QB, QB * 4);
-        _tile_stored(3, Ot + 48 * QB, QB * 4);
+        ot_out(Ot);
         /* o = (O^T)^T / l, f32 or bf16 rows (rounded to nearest even, as the GEMMs do) */
         float inv[QB] __attribute__((aligned(64)));
         _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
