@@ -70,7 +70,7 @@ for name, by in runs.items():
     ratio = statistics.median(ratios) if ratios else float("nan")
     per = ", ".join(f"{x:.2f}" for x in ratios)
     both = [r for r in rounds if r in by]
-    quiet = [r for r in both if kb[r] <= 1.15 * min(kb[x] for x in both) and by[r] <= 1.15 * min(by[x] for x in both)]
+    quiet = [r for r in both if kb[r] <= 1.15 * min(kb[x] for x in both) and by[r] <= 1.15 * min(by[x] for x in both)] if both else []
     q = f"{statistics.median(kb[r] / by[r] for r in quiet):.2f}x ({len(quiet)} of {len(both)})" if quiet else "-"
     print(f"| {name} | {ms:.1f} | {flop / ms / 1e6:.0f} | {ratio:.2f}x | {per} | {q} |")
 PY
