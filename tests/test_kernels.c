@@ -46,9 +46,12 @@ static void check_linear(kiln_dtype dt, int64_t rows, int64_t K, int64_t M, int 
 TEST(linear_matches_reference) {
     kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
     /* rows x K x outputs; K past 1536 takes the AMX GEMM's chunks of K (two, and three with a tail);
-     * 40 x 1600 x 2000: all rows in each work item, with its sums over two chunks of K */
-    int64_t shapes[][3] = {{1, 7, 5},     {3, 64, 48},    {77, 96, 130}, {129, 33, 64}, {300, 256, 17},
-                           {2, 1536, 64}, {37, 1601, 70}, {70, 3100, 33}, {4, 100, 40}, {40, 1600, 2000}};
+     * 40 x 1600 x 2000: all rows in each work item, with its sums over two chunks of K; the AMX
+     * GEMM's last items go in pieces: 200 x 1600 x 1000 one per row block (with two chunks of K),
+     * 1 x 1536 x 1600 in runs of its panels */
+    int64_t shapes[][3] = {{1, 7, 5},      {3, 64, 48},       {77, 96, 130},   {129, 33, 64},
+                           {300, 256, 17}, {2, 1536, 64},     {37, 1601, 70},  {70, 3100, 33},
+                           {4, 100, 40},   {40, 1600, 2000},  {200, 1600, 1000}, {1, 1536, 1600}};
     for (int d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int variant = 0; variant < 3; variant++)

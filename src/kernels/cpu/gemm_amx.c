@@ -17,8 +17,9 @@
  * while the tile unit does.
  *
  * Threads take work items dynamically: a group of panels and a chunk of
- * row blocks that fit L2 together (item_shape), each thread's last item
- * in pieces. Each thread claims its next item when it starts one; the
+ * row blocks that fit L2 together (item_shape), the last items in pieces
+ * of one row block (tail_pieces). Each thread claims its next item when it
+ * starts one, a piece only when it is done with the one before; the
  * operands to come (the next row block's A, the next chunk's or item's B
  * panels) are brought into L2 a few lines per step of the blocks before,
  * so no block waits on memory for a whole operand. On the 2-core Sapphire
@@ -37,8 +38,7 @@
 #define KCHUNK 48 /* steps of K (1536 inputs) per pass over a work item */
 #define STEP 1024 /* bf16 elements per 32-input step of a block: 2 tiles x 16 x 32 */
 #define SB 2048   /* bytes per step of a block: 32 inputs in bf16, 64 in s8 */
-#define TAIL 1       /* items per thread at the end of a GEMM that are split */
-#define TAIL_SPLIT 4 /* into this many pieces */
+#define TAIL 1 /* items per thread at the end of a GEMM that are split into pieces (tail_pieces) */
 
 int kk_amx_ready(void) {
     static int ready = -1;
@@ -325,19 +325,23 @@ static void item_shape(int64_t RB, int64_t NP, int64_t KC, int nt, int64_t *rc, 
     *group = g;
 }
 
+/* The pieces each of the last items goes in: one per row block, or with a
+ * single row block (the one-row GEMMs) up to four runs of its panels */
+static int64_t tail_pieces(int64_t rc, int64_t group) { return rc > 1 ? rc : group < 4 ? group : 4; }
+
 /* Work item `it`: panels [g, ge) and row blocks [r0, r1); past `whole`, the
- * pieces of the last items (see run) */
+ * pieces of the last items (see run; possibly empty) */
 static void item_of(int64_t it, int64_t whole, int64_t nch, int64_t rc, int64_t group, int64_t NP, int64_t RB,
                     int64_t *g, int64_t *ge, int64_t *r0, int64_t *r1) {
-    int64_t item = it < whole ? it : whole + (it - whole) / TAIL_SPLIT;
+    int64_t split = tail_pieces(rc, group), item = it < whole ? it : whole + (it - whole) / split;
     *g = item / nch * group;
     *ge = *g + group < NP ? *g + group : NP;
     *r0 = item % nch * rc;
     *r1 = *r0 + rc < RB ? *r0 + rc : RB;
-    if (it >= whole) { /* piece (it - whole) % TAIL_SPLIT of the item's row blocks */
-        int64_t n = *r1 - *r0, part = (it - whole) % TAIL_SPLIT;
-        *r1 = *r0 + n * (part + 1) / TAIL_SPLIT;
-        *r0 = *r0 + n * part / TAIL_SPLIT;
+    if (it >= whole) { /* piece (it - whole) % split of the item's row blocks, or of its panels */
+        int64_t part = (it - whole) % split, *lo = rc > 1 ? r0 : g, *hi = rc > 1 ? r1 : ge, n = *hi - *lo;
+        *hi = *lo + n * (part + 1) / split;
+        *lo = *lo + n * part / split;
     }
 }
 
@@ -368,20 +372,26 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
         /* taken dynamically (the cores of a shared VM do not run at the same
          * speed, so a static split waits on the slower one), each thread
          * claiming its next item when it starts one, so that it can bring
-         * that item's weights into L2 meanwhile */
+         * that item's weights into L2 meanwhile. The pieces at the end are
+         * claimed one at a time: claimed ahead, the last ones left the
+         * thread done first waiting for up to two pieces of the other's
+         * (the two threads ended 2.4-5.6 ms a forward apart, 1.1-2.2 ms
+         * with pieces of one row block claimed one at a time; paired) */
         int64_t rc, group;
         item_shape(RB, NP, KC, nt, &rc, &group);
         int64_t ng = (NP + group - 1) / group, nch = (RB + rc - 1) / rc;
-        /* the last TAIL items per thread go in TAIL_SPLIT pieces (of their
-         * row blocks), so the thread that ends first waits less for the
-         * other's last item */
+        /* the last TAIL items per thread go in pieces (tail_pieces), so the
+         * thread that ends first waits less for the other's last item */
         int64_t items = ng * nch, tail = items > TAIL * nt ? TAIL * nt : 0, whole = items - tail;
-        int64_t total = whole + tail * TAIL_SPLIT, it = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        int64_t total = whole + tail * tail_pieces(rc, group), it = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         int warm = 0; /* this item's first B chunk is in L2 (the item before brought it) */
         while (it < total) {
-            int64_t nx = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED), g, ge, r0, r1, g2 = 0, ge2 = 0, r2, r3;
+            /* (a piece, or an item of one row block, brings nothing ahead: the
+             * next is claimed when this one is done) */
+            int64_t nx = it < whole && rc > 1 ? __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED) : -1, g, ge, r0, r1,
+                    g2 = 0, ge2 = 0, r2, r3;
             item_of(it, whole, nch, rc, group, NP, RB, &g, &ge, &r0, &r1);
-            if (nx < total) item_of(nx, whole, nch, rc, group, NP, RB, &g2, &ge2, &r2, &r3);
+            if (nx >= 0 && nx < total) item_of(nx, whole, nch, rc, group, NP, RB, &g2, &ge2, &r2, &r3);
             pend pe = {0};
             for (int64_t k0 = 0; k0 < KB; k0 += KC) {
                 int64_t kn = KB - k0 < KC ? KB - k0 : KC, last = k0 + kn == KB;
@@ -413,11 +423,11 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
                         cur ^= 1;
                     }
                 }
-                /* one row block: nothing was brought ahead */
-                warm = r1 - r0 > 1 || (last && KB == KC && bg == g);
+                /* one row block, or a piece (no next item claimed): nothing was brought ahead */
+                warm = nx >= 0 && (r1 - r0 > 1 || (last && KB == KC && bg == g));
             }
             for (int64_t i = 0; i < pe.rows; i++) epilogue_row(&o, &pe, i);
-            it = nx;
+            it = nx >= 0 ? nx : __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         }
         _tile_release();
     }
