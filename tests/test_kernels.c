@@ -2,6 +2,7 @@
  * shapes, odd sizes included (rows and sequence lengths that are no multiple
  * of any tile): f32 within 1e-5, bf16 within 1e-2 relative L2. */
 #include "base/base.h"
+#include "graph/graph.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "test.h"
@@ -357,6 +358,7 @@ static void check_linear_gate_add(int64_t N) {
     float *x = rnd(61, (size_t)(B * N * K), 1), *w = rnd(62, (size_t)(M * K), 0.1f), *b = rnd(63, (size_t)M, 0.1f);
     float *res = rnd(64, (size_t)(B * N * M), 1), *mod = rnd(65, (size_t)(B * E), 0.5f);
     float *gate = rnd(66, (size_t)(B * M), 0), *want = rnd(67, (size_t)(B * N * M), 0), *got = rnd(68, (size_t)(B * N * M), 0);
+    float *plain = rnd(69, (size_t)(B * N * M), 0);
     uint16_t *xb = kb_alloc_aligned(2 * (size_t)(B * N * K)), *xk = kb_alloc_aligned(2 * kk_blocked_elems(B * N, K));
     kt_from_f32(KILN_BF16, x, xb, (size_t)(B * N * K));
     kk_block_rows(xb, B * N, K, xk);
@@ -381,16 +383,107 @@ static void check_linear_gate_add(int64_t N) {
             fast->linear_gate_add(xs[xin], xin, &wf, b, res, mod + off, E, got, B, N);
             double err = rel_l2(got, want, (size_t)(B * N * M)), tol = dts[d] == KILN_BF16 ? 1e-2 : 1e-5;
             CHECK_MSG(err <= tol, "%s linear_gate_add x_fmt %d: error %.3g", kiln_dtype_name(dts[d]), xin, err);
+            /* no gate (an add folded in): the linear's f32 output plus res's first
+             * [N,M], the same for each batch entry, bit for bit */
+            fast->linear_gate_add(xs[xin], xin, &wf, b, res, NULL, 0, got, B, N);
+            if (xin) fast->linear_io(xs[xin], xin, &wf, b, plain, KK_FMT_F32, B * N, KK_ACT_NONE);
+            else fast->linear(x, &wf, b, plain, B * N, KK_ACT_NONE);
+            kk_add_bcast(plain, res, plain, B * N * M, N * M);
+            CHECK_MSG(!memcmp(got, plain, sizeof(float) * (size_t)(B * N * M)),
+                      "%s linear_gate_add without a gate, x_fmt %d: not the linear then the add", kiln_dtype_name(dts[d]), xin);
         }
         kb_free_aligned(packed);
     }
-    void *bufs[] = {x, w, b, res, mod, gate, want, got, xb, xk};
+    ref->linear_gate_add(x, 0, &wr, b, res, NULL, 0, got, B, N);
+    ref->linear(x, &wr, b, plain, B * N, KK_ACT_NONE);
+    kk_add_bcast(plain, res, plain, B * N * M, N * M);
+    CHECK_MSG(!memcmp(got, plain, sizeof(float) * (size_t)(B * N * M)), "reference linear_gate_add without a gate");
+    void *bufs[] = {x, w, b, res, mod, gate, want, got, xb, xk, plain};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
 }
 
 TEST(linear_gate_add_matches_reference) {
     check_linear_gate_add(37);
     check_linear_gate_add(1); /* 2 rows, a gate row each */
+}
+
+/* kg_fuse folds the add of a linear's output [B,N,M] and a table [1,N,M]
+ * made from weights (the position embedding) into the linear's epilogue:
+ * the same numbers, bit for bit, with no add left to run; an add of an
+ * input stays */
+typedef struct one_linear {
+    int64_t M, K, N;
+    float *w, *b, *pos;
+    kk_weight kw;
+} one_linear;
+
+static int one_linear_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data,
+                              const kk_weight **kw) {
+    one_linear *t = user;
+    *kw = NULL;
+    if (!strcmp(name, "pos")) {
+        *ndim = 3;
+        shape[0] = 1, shape[1] = t->N, shape[2] = t->M;
+        *data = t->pos;
+        return 1;
+    }
+    int is_w = !strcmp(name, "w");
+    if (!is_w && strcmp(name, "b")) return 0;
+    *ndim = is_w ? 2 : 1;
+    shape[0] = t->M;
+    shape[1] = t->K;
+    *data = is_w ? t->w : t->b;
+    if (is_w) *kw = &t->kw;
+    return 1;
+}
+
+/* y = linear(x) + pos, pos a weight (table) or an input */
+static kiln_status add_after_linear(kg_graph *g, one_linear *t, int64_t B, int table, int fuse, const kk_backend *be,
+                                    const float *x, float *y) {
+    kg_init(g, one_linear_resolve, t);
+    kg_id in = kg_input(g, "x", 3, (int64_t[]){B, t->N, t->K});
+    kg_id p = table ? kg_weight(g, "pos") : kg_input(g, "pos", 3, (int64_t[]){1, t->N, t->M});
+    kg_mark_output(g, kg_add(g, kg_linear(g, in, kg_weight(g, "w"), kg_weight(g, "b")), p));
+    if (fuse) kg_fuse(g);
+    const float *inputs[2] = {x, t->pos};
+    float *outputs[1] = {y};
+    return kg_run_eager(g, be, inputs, outputs);
+}
+
+TEST(an_add_folds_into_the_linear) {
+    int64_t B = 2, N = 77, K = 64, M = 96;
+    kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
+    for (int d = 0; d < 2; d++) {
+        const kk_backend *fast = kk_fast(dts[d]);
+        if (!fast) continue;
+        one_linear t = {M, K, N, rnd(81, (size_t)(M * K), 0.1f), rnd(82, (size_t)M, 0.1f), rnd(84, (size_t)(N * M), 1), {0}};
+        char layout[40];
+        size_t bytes;
+        CHECK_OK(kk_fast_layout(M, K, dts[d], layout, &bytes));
+        void *packed = kb_alloc_aligned(bytes);
+        CHECK_OK(kk_fast_pack(t.w, M, K, dts[d], packed));
+        t.kw = (kk_weight){M, K, NULL, packed, dts[d], NULL};
+        float *x = rnd(83, (size_t)(B * N * K), 1);
+        float *y0 = rnd(85, (size_t)(B * N * M), 0), *y1 = rnd(86, (size_t)(B * N * M), 0);
+        for (int64_t b = 1; b <= B; b++) {
+            kg_graph g0, g1, g2;
+            CHECK_OK(add_after_linear(&g0, &t, b, 1, 0, fast, x, y0));
+            CHECK_OK(add_after_linear(&g1, &t, b, 1, 1, fast, x, y1));
+            const kg_node *lin = &g1.nodes[g1.outputs[0]];
+            CHECK_MSG(lin->op == KG_LINEAR && lin->iparam[1] == 1 && lin->src[4] < 0, "%s batch %lld: the add was not folded",
+                      kiln_dtype_name(dts[d]), (long long)b);
+            CHECK_MSG(!memcmp(y0, y1, sizeof(float) * (size_t)(b * N * M)), "%s batch %lld: the folded add changed the numbers",
+                      kiln_dtype_name(dts[d]), (long long)b);
+            CHECK_OK(add_after_linear(&g2, &t, b, 0, 1, fast, x, y1)); /* pos an input: no fold */
+            CHECK_MSG(g2.nodes[g2.outputs[0]].op == KG_ADD, "an add of an input was folded");
+            CHECK_MSG(!memcmp(y0, y1, sizeof(float) * (size_t)(b * N * M)), "the add of an input differs");
+            kg_free(&g0);
+            kg_free(&g1);
+            kg_free(&g2);
+        }
+        void *bufs[] = {t.w, t.b, t.pos, packed, x, y0, y1};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kb_free_aligned(bufs[i]);
+    }
 }
 
 TEST(packed_layouts_are_stable) {
@@ -554,6 +647,7 @@ int main(void) {
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);
+    RUN(an_add_folds_into_the_linear);
     RUN(packed_layouts_are_stable);
     RUN(quant_linear_matches_dequantized_reference);
     RUN(quant_layouts);

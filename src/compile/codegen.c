@@ -103,11 +103,13 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
     out(b, "    /* %d %s */ ", i, kg_op_name(n->op));
     switch (n->op) {
     case KG_LINEAR: {
-        if (n->iparam[1]) { /* a gate_add folded in: res + gate * (x W^T + b) */
+        if (n->iparam[1]) { /* a gate_add folded in: res + gate * (x W^T + b); no gate: an add */
             out(b, "rt->linear_gate_add("), A(0), out(b, ", %d, (const struct kk_weight *)", nodes[s0].out_bf16), A(1), C;
             if (s2 >= 0) A(2);
             else out(b, "0");
-            C, A(3), out(b, ", (const float *)"), A(4), out(b, " + "), ipar(b, x, i, 2), C, dim(b, x, n->src[4], 1), C;
+            C, A(3), C;
+            if (n->src[4] >= 0) out(b, "(const float *)"), A(4), out(b, " + "), ipar(b, x, i, 2), C, dim(b, x, n->src[4], 1), C;
+            else out(b, "0, 0LL, ");
             Y(), C, dim(b, x, i, 0), C, dim(b, x, i, 1), out(b, ");\n");
             break;
         }

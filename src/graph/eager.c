@@ -25,9 +25,10 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     case KG_LINEAR: {
         int64_t M = n->shape[n->ndim - 1];
         (void)b;
-        if (ip[1]) /* res + gate * (x W^T + b), [B,N,M] */
-            be->linear_gate_add(a, A->out_bf16, g->nodes[n->src[1]].kw, c, buf[n->src[3]], buf[n->src[4]] + ip[2],
-                                g->nodes[n->src[4]].shape[1], y, n->shape[0], n->shape[1]);
+        if (ip[1]) /* res + gate * (x W^T + b), [B,N,M]; no gate: res + (x W^T + b) */
+            be->linear_gate_add(a, A->out_bf16, g->nodes[n->src[1]].kw, c, buf[n->src[3]],
+                                n->src[4] >= 0 ? buf[n->src[4]] + ip[2] : NULL,
+                                n->src[4] >= 0 ? g->nodes[n->src[4]].shape[1] : 0, y, n->shape[0], n->shape[1]);
         else if (A->out_bf16 || n->out_bf16)
             be->linear_io(a, A->out_bf16, g->nodes[n->src[1]].kw, c, y, n->out_bf16, numel / (M ? M : 1), (int)ip[0]);
         else

@@ -341,6 +341,19 @@ static void alias_to(kg_graph *g, kg_id i, kg_id p) {
         if (g->outputs[o] == i) g->outputs[o] = p;
 }
 
+/* 1 when node i is a weight, or made from one weight by ops of one source
+ * each (a crop of the position table, this rank's shard of it) */
+static int from_weights(const kg_graph *g, kg_id i) {
+    for (;;) {
+        const kg_node *n = &g->nodes[i];
+        if (n->op == KG_WEIGHT) return 1;
+        if (n->op == KG_INPUT || n->src[0] < 0) return 0;
+        for (int s = 1; s < KG_MAX_SRC; s++)
+            if (n->src[s] >= 0) return 0;
+        i = n->src[0];
+    }
+}
+
 void kg_fuse(kg_graph *g) {
     if (g->status) return;
     int *uses = calloc((size_t)g->n, sizeof *uses);
@@ -413,6 +426,26 @@ void kg_fuse(kg_graph *g) {
         l->iparam[2] = off;
         l->src[3] = n->src[0];
         l->src[4] = gate;
+        n->op = KG_ALIAS;
+        alias_to(g, i, y);
+    }
+    /* an add of a linear's output [B,N,M] and a table [1,N,M] made from the
+     * weights alone (the position embedding after the patch embedding: the
+     * same whatever the batch, so the graph's structure does not change with
+     * it) likewise, with no gate: the epilogue adds the table as it writes */
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        if (n->op != KG_ADD) continue;
+        kg_id y = n->src[0], res = n->src[1];
+        kg_node *l = &g->nodes[y];
+        if (l->op != KG_LINEAR || uses[y] != 1 || l->iparam[0] != KK_ACT_NONE || l->iparam[1] || l->ndim != 3 ||
+            res >= y || !from_weights(g, res) || g->nodes[res].ndim != 3 || g->nodes[res].shape[0] != 1 ||
+            g->nodes[res].shape[1] != l->shape[1] || g->nodes[res].shape[2] != l->shape[2])
+            continue;
+        l->iparam[1] = 1;
+        l->iparam[2] = 0;
+        l->src[3] = res;
+        l->src[4] = -1;
         n->op = KG_ALIAS;
         alias_to(g, i, y);
     }

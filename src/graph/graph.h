@@ -21,7 +21,9 @@ typedef enum kg_op {
                         * iparam[0] = KK_ACT_* applied after (set by kg_fuse);
                         * iparam[1] = 1: a gate_add folded in by kg_fuse, the output is
                         * res [B,N,M] + gate [B,M] * (x W^T + b), src[3] = res, src[4] = gate:
-                        * columns iparam[2] .. +M of the rows of src[4] (a [B,E] tensor) */
+                        * columns iparam[2] .. +M of the rows of src[4] (a [B,E] tensor);
+                        * src[4] = -1: an add folded in, res + (x W^T + b) with res
+                        * [1,N,M] (a table made from weights) for every batch entry */
     KG_ADD,            /* a + b; b may have batch 1 (broadcast over dim 0) */
     KG_SILU,
     KG_GELU_TANH,

@@ -98,6 +98,8 @@ typedef struct kk_backend {
                                  int64_t Nb, int64_t H, int64_t Dh);
     /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
      * in the GEMM's epilogue (kg_fuse); gate's rows are gate_ld floats apart;
+     * gate NULL: y = res + (x . W^T + b) with res [N,M], the same for every
+     * batch entry (an add of a table, the position embedding, folded in);
      * x is bf16 (rows or blocked: x_fmt, KK_FMT_*) only on backends with linear_io */
     void (*linear_gate_add)(const void *x, int x_fmt, const kk_weight *w, const float *b, const float *res,
                             const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N);
@@ -134,8 +136,8 @@ void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64
 /* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
 /* linear_gate_add as be's linear (linear_io for bf16 x, x_fmt a KK_FMT_*)
- * and then its gate_add over y, one batch entry (gate row) at a time: for
- * GEMMs without the epilogue */
+ * and then its gate_add over y, one batch entry (gate row) at a time (with
+ * gate NULL, y + res [N,M] for each): for GEMMs without the epilogue */
 void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, const kk_weight *w, const float *b,
                              const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N);
 /* attention_joint by be->attention on the concatenated q (or qa alone when

@@ -106,6 +106,10 @@ void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, con
                              const float *res, const float *gate, int64_t gate_ld, float *y, int64_t B, int64_t N) {
     if (x_fmt != KK_FMT_F32) be->linear_io(x, x_fmt, w, b, y, KK_FMT_F32, B * N, KK_ACT_NONE);
     else be->linear(x, w, b, y, B * N, KK_ACT_NONE);
+    if (!gate) {
+        kk_add_bcast(y, res, y, B * N * w->M, N * w->M);
+        return;
+    }
     for (int64_t i = 0; i < B; i++)
         be->gate_add(res + i * N * w->M, gate + i * gate_ld, y + i * N * w->M, y + i * N * w->M, 1, N, w->M);
 }

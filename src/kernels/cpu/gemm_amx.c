@@ -126,6 +126,14 @@ typedef struct pend {
     int64_t nr, nc, n0, r0, rows;
 } pend;
 
+/* The row of res that row r of y adds: res has every row, or with no gate
+ * one batch entry's (`tokens` rows) that every entry adds */
+static inline int64_t res_row(const kk_amx_epilogue *e, int64_t r) { return e->gate ? r : r % e->tokens; }
+/* of the n rows from r, those whose rows of res follow one another */
+static inline int64_t res_rows(const kk_amx_epilogue *e, int64_t r, int64_t n) {
+    return e->gate || e->tokens - r % e->tokens >= n ? n : e->tokens - r % e->tokens;
+}
+
 /* Row i of a waiting C -> y: scales, bias, GELU or gated residual, then f32,
  * bf16 rows or bf16 blocked (whose padding past N gets zeros) */
 AMX_FN static inline void epilogue_row(const out *o, const pend *p, int64_t i) {
@@ -148,8 +156,9 @@ AMX_FN static inline void epilogue_row(const out *o, const pend *p, int64_t i) {
         if (e->act == KK_ACT_GELU_TANH) v = gelu16(v);
         int64_t at = r * o->N + n;
         if (e->res) {
-            __m512 gate = _mm512_maskz_loadu_ps(m, e->gate + r / e->tokens * e->gate_ld + n);
-            v = _mm512_fmadd_ps(gate, v, _mm512_maskz_loadu_ps(m, e->res + at));
+            __m512 rv = _mm512_maskz_loadu_ps(m, e->res + res_row(e, r) * o->N + n);
+            v = e->gate ? _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, e->gate + r / e->tokens * e->gate_ld + n), v, rv)
+                        : _mm512_add_ps(v, rv);
         }
         if (blocked)
             _mm256_store_si256((__m256i *)((uint16_t *)o->y + kk_blocked_index(r, n, o->N)),
@@ -416,7 +425,8 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
                         int64_t nc = N - p * 32 < 32 ? N - p * 32 : 32;
                         block(ap + (rb * KB + k0) * SB, wp + (p * KB + k0) * SB, kn, nr > 16, cb, k0 > 0, s8,
                               p == g && rb == r0, rb == r0 && !warm, &sa, qa, &sb, qb, &o, &pe,
-                              e->res ? e->res + rb * 32 * N + p * 32 : NULL, last && e->res ? nr : 0, nc > 16 ? 64 : 0);
+                              e->res ? e->res + res_row(e, rb * 32) * N + p * 32 : NULL,
+                              last && e->res ? res_rows(e, rb * 32, nr) : 0, nc > 16 ? 64 : 0);
                         pe.rows = 0;
                         if (!last) continue;
                         pe = (pend){cb, in->xs, nr, nc, p * 32, rb * 32, y_fmt == KK_FMT_BLOCKED ? 32 : nr};

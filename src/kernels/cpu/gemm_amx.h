@@ -26,7 +26,9 @@ size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads);
 /* What the epilogue does to a sum s = x . W^T while it is in L1:
  *   v = act(s * scales + bias)            scales, bias [N] or NULL (scales: fp8's channel scales)
  *   y = res + gate[row / tokens] * v      when res is set: res [rows,N], gate [rows/tokens, N]
- *                                         with rows gate_ld floats apart */
+ *                                         with rows gate_ld floats apart, or
+ *   y = res[row % tokens] + v             when res is set and gate is NULL: res [tokens,N],
+ *                                         the same for every batch entry */
 typedef struct kk_amx_epilogue {
     const float *scales, *bias;
     int act; /* KK_ACT_* */
