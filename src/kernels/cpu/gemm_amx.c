@@ -390,8 +390,9 @@ AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, 
         item_shape(RB, NP, KC, nt, &rc, &group);
         int64_t ng = (NP + group - 1) / group, nch = (RB + rc - 1) / rc;
         /* the last TAIL items per thread go in pieces (tail_pieces), so the
-         * thread that ends first waits less for the other's last item */
-        int64_t items = ng * nch, tail = items > TAIL * nt ? TAIL * nt : 0, whole = items - tail;
+         * thread that ends first waits less for the other's last item (all
+         * of them when there are no more: a GEMM of one item is shared) */
+        int64_t items = ng * nch, tail = items > TAIL * nt ? TAIL * nt : items, whole = items - tail;
         int64_t total = whole + tail * tail_pieces(rc, group), it = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         int warm = 0; /* this item's first B chunk is in L2 (the item before brought it) */
         while (it < total) {
