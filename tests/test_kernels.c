@@ -442,7 +442,8 @@ static kiln_status add_after_linear(kg_graph *g, one_linear *t, int64_t B, int t
                                     const float *x, float *y) {
     kg_init(g, one_linear_resolve, t);
     kg_id in = kg_input(g, "x", 3, (int64_t[]){B, t->N, t->K});
-    kg_id p = table ? kg_weight(g, "pos") : kg_input(g, "pos", 3, (int64_t[]){1, t->N, t->M});
+    /* (through an op of one source, as the position table's crop) */
+    kg_id p = kg_silu(g, table ? kg_weight(g, "pos") : kg_input(g, "pos", 3, (int64_t[]){1, t->N, t->M}));
     kg_mark_output(g, kg_add(g, kg_linear(g, in, kg_weight(g, "w"), kg_weight(g, "b")), p));
     if (fuse) kg_fuse(g);
     const float *inputs[2] = {x, t->pos};

@@ -73,7 +73,7 @@ static kg_id push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a
     n->src[0] = a;
     n->src[1] = b;
     n->src[2] = c;
-    n->src[3] = n->src[4] = -1;
+    n->src[3] = n->src[4] = n->src[5] = -1;
     return g->n++;
 }
 
