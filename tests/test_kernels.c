@@ -210,12 +210,13 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
 }
 
 TEST(attention_joint_matches_reference) {
-    /* head size 64 reads the segments in place (AMX, bf16); others concatenate first; 290 queries: two
-     * work items of the AMX kernel, the second across both segments; 96 + 45 keys: three steps of 32
-     * keys in the first segment, one in the second and a partial one of 13 keys, for two batches */
+    /* head size 64 reads the segments in place (AMX, bf16); others concatenate first; 96 + 45 keys:
+     * three steps of 32 keys in the first segment, one in the second and a partial one of 13 keys,
+     * for two batches; 500 + 90: two chunks of queries per head, 12 work items of the AMX kernel,
+     * the last four in pieces (of 1-2 blocks of 16 queries in the second chunk, or none) */
     int64_t shapes[][5] = {{1, 1, 1, 1, 64},   {2, 37, 11, 2, 64}, {1, 100, 33, 3, 64}, {2, 64, 64, 1, 64},
                            {2, 5, 9, 3, 8},    {1, 20, 0, 2, 64},  {1, 0, 20, 2, 64},   {1, 200, 90, 2, 64},
-                           {2, 96, 45, 2, 64}, {1, 32, 40, 3, 64}, {2, 70, 0, 1, 64}};
+                           {2, 96, 45, 2, 64}, {1, 32, 40, 3, 64}, {2, 70, 0, 1, 64},   {2, 500, 90, 3, 64}};
     const kk_backend *bes[3] = {kk_reference(), kk_fast(KILN_F32), kk_fast(KILN_BF16)};
     for (int b = 0; b < 3; b++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

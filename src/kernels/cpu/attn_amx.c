@@ -17,7 +17,8 @@
  * after a softmax (the next scores, the last V^T P^T) are issued in pieces
  * between its rows, so that the tile unit and the vector units work at
  * once. The N x N matrix is never formed; parallel over batch x heads x
- * chunks of 512 queries.
+ * chunks of 512 queries, the last ones in pieces (the threads' ends at 1357
+ * tokens: 336 us apart on average before, 22 after).
  *
  * The eight tile registers go 4 to O^T, 2 to S^T and 2 to streaming the
  * operands (K, Q^T; V^T, P^T). O^T leaves its tiles only when m moves
@@ -32,6 +33,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +42,7 @@
 #define KB 64 /* keys per block of the packed V^T (two steps) */
 #define DH 64
 #define QCHUNK 512 /* queries per work item */
+#define TAIL_PIECES 4 /* pieces each of the last items goes in */
 
 /* The tile products around one step's softmax (tiles 0-3 hold O^T, dims
  * 16n..; 4-5 the scores, keys 0-15 and 16-31; 6-7 stream the operands):
@@ -386,17 +389,24 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, voi
                 if (i < Nkp) pack_kv_block(k, v, b, i, Nk, H, Nkp, kp, vp);
             }
         /* work items: a head's queries in chunks of QCHUNK, so that the
-         * thread done first waits for at most one chunk of the other's */
-        int64_t nch = (Nq + QCHUNK - 1) / QCHUNK;
-#pragma omp for collapse(3) schedule(dynamic)
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t c = 0; c < nch; c++) {
-                    const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-                    head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH,
-                         (char *)o + (b * Nq * D + h * Dh) * (o_bf16 ? 2 : 4), o_bf16, D, c * QCHUNK,
-                         (c + 1) * QCHUNK < Nq ? (c + 1) * QCHUNK : Nq, Nk, scale);
-                }
+         * thread done first waits for at most one chunk of the other's; the
+         * last two per thread in TAIL_PIECES pieces (whole blocks of QB) */
+        int64_t nch = (Nq + QCHUNK - 1) / QCHUNK, items = B * H * nch, nt = omp_get_num_threads();
+        int64_t tail = items > 2 * nt ? 2 * nt : items, whole = items - tail;
+#pragma omp for schedule(dynamic)
+        for (int64_t it = 0; it < whole + tail * TAIL_PIECES; it++) {
+            int64_t item = it < whole ? it : whole + (it - whole) / TAIL_PIECES;
+            int64_t b = item / (H * nch), h = item / nch % H, q0 = item % nch * QCHUNK;
+            int64_t q1 = q0 + QCHUNK < Nq ? q0 + QCHUNK : Nq;
+            if (it >= whole) { /* piece (it - whole) % TAIL_PIECES, possibly empty */
+                int64_t blocks = (q1 - q0 + QB - 1) / QB, part = (it - whole) % TAIL_PIECES, lo = q0;
+                q0 = lo + blocks * part / TAIL_PIECES * QB;
+                q1 = lo + blocks * (part + 1) / TAIL_PIECES * QB < q1 ? lo + blocks * (part + 1) / TAIL_PIECES * QB : q1;
+            }
+            const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
+            head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH,
+                 (char *)o + (b * Nq * D + h * Dh) * (o_bf16 ? 2 : 4), o_bf16, D, q0, q1, Nk, scale);
+        }
         _tile_release();
         _mm_setcsr(csr);
     }
