@@ -398,11 +398,7 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, voi
             int64_t item = it < whole ? it : whole + (it - whole) / TAIL_PIECES;
             int64_t b = item / (H * nch), h = item / nch % H, q0 = item % nch * QCHUNK;
             int64_t q1 = q0 + QCHUNK < Nq ? q0 + QCHUNK : Nq;
-            if (it >= whole) { /* piece (it - whole) % TAIL_PIECES, possibly empty */
-                int64_t blocks = (q1 - q0 + QB - 1) / QB, part = (it - whole) % TAIL_PIECES, lo = q0;
-                q0 = lo + blocks * part / TAIL_PIECES * QB;
-                q1 = lo + blocks * (part + 1) / TAIL_PIECES * QB < q1 ? lo + blocks * (part + 1) / TAIL_PIECES * QB : q1;
-            }
+            if (it >= whole) kk_piece(&q0, &q1, (it - whole) % TAIL_PIECES, TAIL_PIECES, QB);
             const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
             head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH,
                  (char *)o + (b * Nq * D + h * Dh) * (o_bf16 ? 2 : 4), o_bf16, D, q0, q1, Nk, scale);

@@ -347,11 +347,8 @@ static void item_of(int64_t it, int64_t whole, int64_t nch, int64_t rc, int64_t 
     *ge = *g + group < NP ? *g + group : NP;
     *r0 = item % nch * rc;
     *r1 = *r0 + rc < RB ? *r0 + rc : RB;
-    if (it >= whole) { /* piece (it - whole) % split of the item's row blocks, or of its panels */
-        int64_t part = (it - whole) % split, *lo = rc > 1 ? r0 : g, *hi = rc > 1 ? r1 : ge, n = *hi - *lo;
-        *hi = *lo + n * (part + 1) / split;
-        *lo = *lo + n * part / split;
-    }
+    if (it >= whole) /* piece (it - whole) % split of the item's row blocks, or of its panels */
+        kk_piece(rc > 1 ? r0 : g, rc > 1 ? r1 : ge, (it - whole) % split, split, 1);
 }
 
 AMX_FN static void run(const operand *in, const char *wp, int64_t N, int64_t K, const kk_amx_epilogue *e, void *y,

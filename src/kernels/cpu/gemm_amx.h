@@ -23,6 +23,15 @@ void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out);
 /* The bytes of the work buffer of kk_amx_linear on `threads` threads (x
  * packed, and the sums of each thread's work item when K is long). */
 size_t kk_amx_work_bytes(int64_t rows, int64_t K, int threads);
+/* Piece `part` of `parts` of the range [*lo, *hi), cut at multiples of
+ * `unit` from *lo (possibly empty): how both AMX kernels split the last
+ * work items so that the thread done first waits less for the other */
+static inline void kk_piece(int64_t *lo, int64_t *hi, int64_t part, int64_t parts, int64_t unit) {
+    int64_t n = (*hi - *lo + unit - 1) / unit, a = *lo + n * part / parts * unit, b = *lo + n * (part + 1) / parts * unit;
+    *lo = a < *hi ? a : *hi;
+    *hi = b < *hi ? b : *hi;
+}
+
 /* What the epilogue does to a sum s = x . W^T while it is in L1:
  *   v = act(s * scales + bias)            scales, bias [N] or NULL (scales: fp8's channel scales)
  *   y = res + gate[row / tokens] * v      when res is set: res [rows,N], gate [rows/tokens, N]
