@@ -3,6 +3,7 @@
  * L2 error of diffusers' float64 results (f32; looser for bf16 and the
  * quantized schemes, see k_modes). */
 #include "golden_util.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 
 /* every path: the reference kernels and the fast backend in f32 within 1e-5,
@@ -74,14 +75,20 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
         int bf16_in = strstr(src, "rt->attention_joint_bf16(") != NULL;
         CHECK_MSG(bf16_in == want, "package %s: attention with bf16 q, k, v %s, with%s qk-norm, %s bf16 backend", r.path,
                   bf16_in ? "planned" : "not planned", qk_norm ? "" : "out", be16 ? "a" : "no");
-        /* and its output goes on in bf16 rows: the token slices after it move pairs */
-        int pairs = 0;
+        /* and its output goes on blocked by token segment where the AMX GEMM
+         * reads that layout, each GEMM reading its segment in place (the
+         * context's after the image tokens' rows); elsewhere in bf16 rows,
+         * through token slices that move pairs */
+        int blocked = want && kk_amx_ready(), pairs = 0;
+        int segs = strstr(src, "(const void *)((const unsigned short *)") != NULL;
         for (const char *at = src; (at = strstr(at, "rt->slice_rows(")); at++) {
             const char *end = strstr(at, ");");
             pairs += end && end - at > 2 && !strncmp(end - 2, "/2", 2);
         }
-        CHECK_MSG(!pairs == !want, "package %s: %d token slices of bf16 rows, with%s qk-norm, %s bf16 backend", r.path,
-                  pairs, qk_norm ? "" : "out", be16 ? "a" : "no");
+        CHECK_MSG(segs == blocked && !pairs == !(want && !blocked),
+                  "package %s: %s GEMM reading a token segment in place, %d token slices of bf16 rows, with%s "
+                  "qk-norm, %s bf16 backend, %s AMX", r.path, segs ? "a" : "no", pairs, qk_norm ? "" : "out",
+                  be16 ? "a" : "no", kk_amx_ready() ? "with" : "without");
     }
 }
 

@@ -3,6 +3,7 @@
  * of any tile): f32 within 1e-5, bf16 within 1e-2 relative L2. */
 #include "base/base.h"
 #include "graph/graph.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "test.h"
@@ -197,6 +198,29 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
                   "values differ from the f32 output rounded, or were written past it", be->name, (long long)B,
                   (long long)Na, (long long)Nb, (long long)H, (long long)Dh, q_both ? "both segments" : "the first segment",
                   bad, no);
+        /* blocked by segment: the same bf16 values, each segment's rows as a
+         * blocked [B*n, D] of its own (the second from the first's end), the
+         * padding rows zero, nothing written past */
+        int64_t nq2 = q_both ? Nb : 0;
+        size_t off2 = kk_blocked_elems(B * Na, D), nblk = off2 + kk_blocked_elems(B * nq2, D);
+        uint16_t *ob = malloc(2 * nblk + 64);
+        for (size_t i = 0; i < nblk + 32; i++) ob[i] = 0x7777;
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], ob, KK_FMT_BLOCKED, B, Na, Nb, H, Dh);
+        bad = 0;
+        for (int seg = 0; seg < 2; seg++) {
+            int64_t n = seg ? nq2 : Na;
+            for (int64_t r = 0; r < (B * n + 31) / 32 * 32; r++)
+                for (int64_t c = 0; c < D; c++) {
+                    uint16_t v = ob[(seg ? off2 : 0) + kk_blocked_index(r, c, D)];
+                    bad += r < B * n ? v != o16[((r / n) * Nq + (seg ? Na : 0) + r % n) * D + c] : v != 0;
+                }
+        }
+        for (size_t i = nblk; i < nblk + 32; i++) bad += ob[i] != 0x7777;
+        CHECK_MSG(!bad, "%s attention_joint_bf16 B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s, blocked out: %zu "
+                  "values differ from the bf16 rows, are not zero padding, or were written past it", be->name,
+                  (long long)B, (long long)Na, (long long)Nb, (long long)H, (long long)Dh,
+                  q_both ? "both segments" : "the first segment", bad);
+        free(ob);
         free(o16);
         kb_free_aligned(got16);
     }
@@ -488,6 +512,93 @@ TEST(an_add_folds_into_the_linear) {
     }
 }
 
+/* Weights of a joint attention's graph: "w" [D,D] (every projection) */
+typedef struct joint_w {
+    int64_t D;
+    float *w;
+    kk_weight kw;
+} joint_w;
+
+static int joint_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data,
+                         const kk_weight **kw) {
+    joint_w *t = user;
+    if (strcmp(name, "w")) return 0;
+    *ndim = 2;
+    shape[0] = shape[1] = t->D;
+    *data = t->w;
+    *kw = &t->kw;
+    return 1;
+}
+
+/* oa, ob = linear(slice(attention over [a; b])) for image tokens a [B,Na,D]
+ * and context tokens b [B,Nb,D], q, k, v made by linears (SD3's joint
+ * block); planned (kg_fuse, kg_plan_bf16 for be) or not */
+static kiln_status joint_block_graph(kg_graph *g, joint_w *t, int64_t B, int64_t Na, int64_t Nb, int plan,
+                                     const kk_backend *be, const float *const *in, float *const *out) {
+    kg_init(g, joint_resolve, t);
+    kg_id x[2] = {kg_input(g, "a", 3, (int64_t[]){B, Na, t->D}), kg_input(g, "b", 3, (int64_t[]){B, Nb, t->D})}, qkv[3];
+    for (int k = 0; k < 3; k++)
+        qkv[k] = kg_concat_tokens(g, kg_linear(g, x[0], kg_weight(g, "w"), -1), kg_linear(g, x[1], kg_weight(g, "w"), -1));
+    kg_id o = kg_attention(g, qkv[0], qkv[1], qkv[2], (int)(t->D / 64));
+    kg_mark_output(g, kg_linear(g, kg_slice_tokens(g, o, 0, Na), kg_weight(g, "w"), -1));
+    kg_mark_output(g, kg_linear(g, kg_slice_tokens(g, o, Na, Nb), kg_weight(g, "w"), -1));
+    if (plan) {
+        kg_fuse(g);
+        kg_plan_bf16(g, be);
+    }
+    return kg_run_eager(g, be, in, out);
+}
+
+/* kg_plan_bf16: the joint attention's output goes blocked by token segment
+ * where the AMX GEMM reads that layout, each segment's linear reading it in
+ * place (the context's after the image tokens' B*Na rows), the slices not
+ * run; the numbers bit for bit those of the unplanned graph (whose GEMMs
+ * round the same f32 values to bf16 as they pack them) */
+TEST(attention_segments_go_blocked_to_the_gemms) {
+    const kk_backend *be = kk_fast(KILN_BF16);
+    if (!be || !be->attention_joint_bf16) return;
+    int64_t D = 128, shapes[][3] = {{1, 40, 21}, {2, 37, 11}, {2, 64, 32}};
+    joint_w t = {D, rnd(91, (size_t)(D * D), 0.1f), {0}};
+    char layout[40];
+    size_t bytes;
+    CHECK_OK(kk_fast_layout(D, D, KILN_BF16, layout, &bytes));
+    void *packed = kb_alloc_aligned(bytes);
+    CHECK_OK(kk_fast_pack(t.w, D, D, KILN_BF16, packed));
+    t.kw = (kk_weight){D, D, NULL, packed, KILN_BF16, NULL};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t B = shapes[s][0], Na = shapes[s][1], Nb = shapes[s][2];
+        float *a = rnd(92, (size_t)(B * Na * D), 1), *b = rnd(93, (size_t)(B * Nb * D), 1);
+        float *y[4];
+        for (int k = 0; k < 4; k++) y[k] = rnd(94 + (uint64_t)k, (size_t)(B * (k % 2 ? Nb : Na) * D), 0);
+        const float *in[2] = {a, b};
+        kg_graph g0, g1;
+        CHECK_OK(joint_block_graph(&g0, &t, B, Na, Nb, 0, be, in, (float *const[]){y[0], y[1]}));
+        CHECK_OK(joint_block_graph(&g1, &t, B, Na, Nb, 1, be, in, (float *const[]){y[2], y[3]}));
+        const kg_node *oa = &g1.nodes[g1.outputs[0]], *ob = &g1.nodes[g1.outputs[1]];
+        if (kk_amx_ready()) {
+            const kg_node *att = &g1.nodes[oa->src[0]];
+            CHECK_MSG(att->op == KG_ATTENTION && att->out_bf16 == KK_FMT_BLOCKED && ob->src[0] == oa->src[0] &&
+                          oa->iparam[3] == 0 && ob->iparam[3] == B * Na,
+                      "B %lld Na %lld Nb %lld: the linears do not read the attention's blocked segments in place "
+                      "(they read node %d and %d, rows before %lld and %lld)", (long long)B, (long long)Na,
+                      (long long)Nb, oa->src[0], ob->src[0], (long long)oa->iparam[3], (long long)ob->iparam[3]);
+        } else {
+            CHECK_MSG(g1.nodes[oa->src[0]].op == KG_SLICE_TOKENS, "no AMX GEMM, yet the slices were taken out");
+        }
+        CHECK_MSG(!memcmp(y[0], y[2], sizeof(float) * (size_t)(B * Na * D)) &&
+                      !memcmp(y[1], y[3], sizeof(float) * (size_t)(B * Nb * D)),
+                  "B %lld Na %lld Nb %lld: the planned graph's numbers differ from the unplanned one's", (long long)B,
+                  (long long)Na, (long long)Nb);
+        kg_free(&g0);
+        kg_free(&g1);
+        for (int k = 0; k < 4; k++) kb_free_aligned(y[k]);
+        kb_free_aligned(a);
+        kb_free_aligned(b);
+    }
+    kb_free_aligned(packed);
+    kb_free_aligned(t.w);
+}
+
 TEST(packed_layouts_are_stable) {
     /* the same shape and dtype always gives the same layout name and size */
     char a[40], b[40];
@@ -650,6 +761,7 @@ int main(void) {
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);
     RUN(an_add_folds_into_the_linear);
+    RUN(attention_segments_go_blocked_to_the_gemms);
     RUN(packed_layouts_are_stable);
     RUN(quant_linear_matches_dequantized_reference);
     RUN(quant_layouts);

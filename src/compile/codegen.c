@@ -92,6 +92,20 @@ static void dims_prod(sb *b, const kx_export *x, kg_id id, int from, int to) {
     }
 }
 
+/* a linear's x: the second token segment of an attention's blocked output
+ * starts after the first's iparam[3] rows (kg_plan_bf16), as
+ * kk_blocked_elems counts them */
+static void linear_x(sb *b, const kx_export *x, kg_id i, const refs *r) {
+    const kg_node *n = &x->g.nodes[i];
+    kg_id s0 = n->src[0];
+    if (!n->iparam[3]) {
+        ref(b, r, s0);
+        return;
+    }
+    out(b, "(const void *)((const unsigned short *)"), ref(b, r, s0), out(b, " + (("), ipar(b, x, i, 3);
+    out(b, "+31)/32*32)*(("), dim(b, x, s0, x->g.nodes[s0].ndim - 1), out(b, "+31)/32*32))");
+}
+
 static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, const refs *r) {
     const kg_node *n = &x->g.nodes[i];
     const kg_node *nodes = x->g.nodes;
@@ -104,7 +118,7 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
     switch (n->op) {
     case KG_LINEAR: {
         if (n->iparam[1]) { /* a gate_add folded in: res + gate * (x W^T + b); no gate: an add */
-            out(b, "rt->linear_gate_add("), A(0), out(b, ", %d, (const struct kk_weight *)", nodes[s0].out_bf16), A(1), C;
+            out(b, "rt->linear_gate_add("), linear_x(b, x, i, r), out(b, ", %d, (const struct kk_weight *)", nodes[s0].out_bf16), A(1), C;
             if (s2 >= 0) A(2);
             else out(b, "0");
             C, A(3), C;
@@ -115,7 +129,7 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
         }
         int io = nodes[s0].out_bf16 || n->out_bf16;
         out(b, io ? "rt->linear_io(" : "rt->linear(");
-        A(0), C;
+        linear_x(b, x, i, r), C;
         if (io) out(b, "%d, ", nodes[s0].out_bf16);
         out(b, "(const struct kk_weight *)"), A(1), C;
         if (s2 >= 0) A(2);

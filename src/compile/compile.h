@@ -24,7 +24,7 @@
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
 #define KX_FORMAT_VERSION 1
-#define KX_ABI 8
+#define KX_ABI 9
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {

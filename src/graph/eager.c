@@ -25,6 +25,8 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     case KG_LINEAR: {
         int64_t M = n->shape[n->ndim - 1];
         (void)b;
+        /* the second token segment of an attention's blocked output, after the first's ip[3] rows */
+        if (ip[3]) a = (const float *)((const uint16_t *)a + kk_blocked_elems(ip[3], A->shape[A->ndim - 1]));
         if (ip[1]) /* res + gate * (x W^T + b), [B,N,M]; no gate: res + (x W^T + b) */
             be->linear_gate_add(a, A->out_bf16, g->nodes[n->src[1]].kw, c, buf[n->src[3]],
                                 n->src[4] >= 0 ? buf[n->src[4]] + ip[2] : NULL,

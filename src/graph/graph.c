@@ -473,6 +473,53 @@ static int read_by_bf16_gemms(const kg_graph *g, const char *live, int i, int sl
     return found;
 }
 
+/* The live readers of node i (after the node itself) that are linears
+ * reading it as x on weights whose GEMM reads the blocked layout as it is;
+ * 1 when every live reader is one */
+static int read_by_blocked_gemms(const kg_graph *g, const kk_backend *be, const char *live, int i) {
+    for (int j = i + 1; j < g->n; j++) {
+        const kg_node *c = &g->nodes[j];
+        for (int s = 0; live[j] && s < KG_MAX_SRC; s++)
+            if (c->src[s] == i && !(c->op == KG_LINEAR && s == 0 && be->blocked_io(g->nodes[c->src[1]].kw))) return 0;
+    }
+    return 1;
+}
+
+/* An attention whose output only bf16 GEMMs read (kg_plan_bf16 made it bf16
+ * rows), directly or through token slices, goes blocked by token segment
+ * (attention_joint_bf16) where every one of those GEMMs reads blocked input
+ * and each slice is one whole segment (the image or the context tokens):
+ * each GEMM then reads its segment in place, iparam[3] the rows before it
+ * (0, or B*Na for the second), and the slices, read by nothing, are not run
+ * (no copy, no packing pass in the GEMMs) */
+static void attention_blocked(kg_graph *g, const kk_backend *be, const char *live, int i) {
+    kg_node *n = &g->nodes[i];
+    int joint = n->iparam[1] != 0;
+    int64_t B = n->shape[0], na = joint ? g->nodes[n->src[0]].shape[1] : n->shape[1];
+    int64_t nb = joint && n->src[3] >= 0 ? g->nodes[n->src[3]].shape[1] : 0;
+    /* (read_by_bf16_gemms: every reader is a linear or a token slice, reading it as its first source) */
+    for (int j = i + 1; j < g->n; j++) {
+        const kg_node *c = &g->nodes[j];
+        if (!live[j] || c->src[0] != i) continue;
+        if (c->op == KG_SLICE_TOKENS) {
+            int whole = (c->iparam[0] == 0 && c->iparam[1] == na) || (nb && c->iparam[0] == na && c->iparam[1] == nb);
+            if (!whole || !read_by_blocked_gemms(g, be, live, j)) return;
+        } else if (nb || !be->blocked_io(g->nodes[c->src[1]].kw)) { /* with two segments, read whole: rows */
+            return;
+        }
+    }
+    for (int j = i + 1; j < g->n; j++) {
+        const kg_node *c = &g->nodes[j];
+        if (!live[j] || c->op != KG_SLICE_TOKENS || c->src[0] != i) continue;
+        for (int k = j + 1; k < g->n; k++)
+            if (live[k] && g->nodes[k].src[0] == j) {
+                g->nodes[k].src[0] = i;
+                g->nodes[k].iparam[3] = c->iparam[0] ? B * na : 0;
+            }
+    }
+    n->out_bf16 = KK_FMT_BLOCKED;
+}
+
 void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     if (g->status || g->n < 1 || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
     size_t nn = (size_t)g->n;
@@ -560,6 +607,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
             n->out_bf16 = KK_FMT_BF16;
             for (int j = i + 1; j < g->n; j++)
                 if (live[j] && g->nodes[j].op == KG_SLICE_TOKENS && g->nodes[j].src[0] == i) g->nodes[j].out_bf16 = KK_FMT_BF16;
+            if (be->blocked_io) attention_blocked(g, be, live, i);
         }
     }
     free(ok);
@@ -570,6 +618,8 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
 
 size_t kg_out_bytes(const kg_node *n) {
     int64_t numel = kg_numel(n), K = n->ndim ? n->shape[n->ndim - 1] : 1;
-    if (n->out_bf16 == KK_FMT_BLOCKED) return sizeof(uint16_t) * kk_blocked_elems(K ? numel / K : 0, K);
+    /* an attention's two token segments are blocked apart: up to one block more */
+    if (n->out_bf16 == KK_FMT_BLOCKED)
+        return sizeof(uint16_t) * kk_blocked_elems((K ? numel / K : 0) + (n->op == KG_ATTENTION ? 32 : 0), K);
     return (n->out_bf16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)numel;
 }

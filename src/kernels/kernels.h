@@ -58,6 +58,12 @@ static inline size_t kk_blocked_index(int64_t r, int64_t k, int64_t K) {
 /* bf16 x [rows,K] row-major -> out blocked (padding zeroed), and back */
 void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out);
 void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x);
+/* f32 x [B, Na+Nb, K] -> out blocked by token segment (rounded to nearest
+ * even, padding zeroed): token i < Na of batch entry b is row b*Na + i of a
+ * blocked [B*Na, K] at out, the others row b*Nb + i - Na of a blocked
+ * [B*Nb, K] from kk_blocked_elems(B*Na, K) on - how a joint attention hands
+ * its two segments to the GEMMs after (attention_joint_bf16) */
+void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_t K, uint16_t *out);
 
 typedef struct kk_backend {
     const char *name;
@@ -90,8 +96,11 @@ typedef struct kk_backend {
     void (*attention_joint)(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                             const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh);
     /* Optional: attention_joint on q, k, v in bf16 rows (KK_FMT_BF16), as
-     * the GEMMs making them wrote them, and o f32 or bf16 rows (o_fmt,
-     * KK_FMT_F32 or KK_FMT_BF16) for the GEMMs after (kg_plan_bf16); for
+     * the GEMMs making them wrote them, and o for the GEMMs after
+     * (kg_plan_bf16) in o_fmt: f32 or bf16 rows, or KK_FMT_BLOCKED by token
+     * segment as kk_block_segments lays it out (the first segment's B*Na
+     * rows blocked, then from kk_blocked_elems(B*Na, H*Dh) on the second's
+     * B*Nb, when qb is given), so each segment's GEMM reads it in place; for
      * plain attention, qb, kb and vb NULL and Nb 0 */
     void (*attention_joint_bf16)(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
                                  const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,

@@ -2,6 +2,7 @@
  * planned executor and compiled packages call these same functions, so
  * they compute bit for bit the same thing). */
 #include "kernels/kernels.h"
+#include "tensor/dtype.h"
 
 #include <math.h>
 #include <string.h>
@@ -126,6 +127,23 @@ void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out) {
             if (n) memcpy(d, x + r * K + k, sizeof *d * (size_t)n);
             memset(d + n, 0, sizeof *d * (size_t)(32 - n));
         }
+}
+
+void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_t K, uint16_t *out) {
+    int64_t KP = (K + 31) / 32 * 32;
+    for (int seg = 0; seg < 2; seg++) {
+        int64_t n = seg ? Nb : Na, R = (B * n + 31) / 32 * 32;
+        uint16_t *base = out + (seg ? kk_blocked_elems(B * Na, K) : 0);
+#pragma omp parallel for schedule(static) if (B * n * K > 2 * PIECE)
+        for (int64_t r = 0; r < R; r++) {
+            /* row r of the segment: token r % n (after the first segment's) of batch entry r / n */
+            const float *src = r < B * n ? x + ((r / n) * (Na + Nb) + (seg ? Na : 0) + r % n) * K : NULL;
+            for (int64_t k = 0; k < KP; k += 32) {
+                uint16_t *d = base + kk_blocked_index(r, k, K);
+                for (int64_t j = 0; j < 32; j++) d[j] = src && k + j < K ? kt_f32_to_bf16(src[k + j]) : 0;
+            }
+        }
+    }
 }
 
 void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x) {

@@ -200,13 +200,34 @@ AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 
     }
 }
 
-/* queries [q0, q1) of one (batch, head) (q0 a multiple of QB): qp (Q^T
- * tiles per block of 16 queries), kp and vp packed by pack_q_block and
- * pack_kv_block. One block of queries at a time goes over every key, its
- * O^T in tiles 0-3; the steps are pipelined: the softmax of step t issues
- * the scores of t + 1 and the products of t - 1 between its rows. */
-AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, void *o, int o_bf16,
-                        int64_t ostride, int64_t q0, int64_t q1, int64_t Nk, float scale) {
+/* Where the output goes: f32 or bf16 rows [B, Na+Nb, D] (fmt KK_FMT_F32,
+ * KK_FMT_BF16), or KK_FMT_BLOCKED by segment, so that the GEMMs after read
+ * each segment as it is: query i < Na of batch entry b is row b*Na + i of a
+ * blocked [B*Na, D] at o, the others row b*Nb + i - Na of a blocked
+ * [B*Nb, D] from kk_blocked_elems(B*Na, D) on (Nb: the second segment's
+ * queries, 0 when only the first asks). */
+typedef struct out_of {
+    void *o;
+    int fmt;
+    int64_t B, Na, Nb, D;
+} out_of;
+
+/* the 32 outputs from dim c of head h for query i of batch entry b */
+static inline void *out_at(const out_of *w, int64_t b, int64_t i, int64_t h, int64_t c) {
+    if (w->fmt != KK_FMT_BLOCKED)
+        return (char *)w->o + ((b * (w->Na + w->Nb) + i) * w->D + h * DH + c) * (w->fmt == KK_FMT_BF16 ? 2 : 4);
+    int second = i >= w->Na;
+    int64_t r = second ? b * w->Nb + i - w->Na : b * w->Na + i;
+    return (uint16_t *)w->o + (second ? kk_blocked_elems(w->B * w->Na, w->D) : 0) + kk_blocked_index(r, h * DH + c, w->D);
+}
+
+/* queries [q0, q1) of batch entry b, head h (q0 a multiple of QB): qp
+ * (Q^T tiles per block of 16 queries), kp and vp packed by pack_q_block
+ * and pack_kv_block. One block of queries at a time goes over every key,
+ * its O^T in tiles 0-3; the steps are pipelined: the softmax of step t
+ * issues the scores of t + 1 and the products of t - 1 between its rows. */
+AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, const out_of *out, int64_t b,
+                        int64_t h, int64_t q0, int64_t q1, int64_t Nk, float scale) {
     __m512 c = _mm512_set1_ps(scale);
     int64_t ns = (Nk + KS - 1) / KS;
     float St[2][KS * QB] __attribute__((aligned(64))); /* S^T of this step and the next: 32 keys x 16 queries */
@@ -241,20 +262,19 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
                 for (int i = 4; i < 8; i++) piece(&w, i);
         }
         ot_out(Ot);
-        /* o = (O^T)^T / l, f32 or bf16 rows (rounded to nearest even, as the GEMMs do) */
+        /* o = (O^T)^T / l: f32, or bf16 (rounded to nearest even, as the GEMMs
+         * do) in rows or blocked, 32 outputs at a time */
         float inv[QB] __attribute__((aligned(64)));
         _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
         int rows = (int)(q1 - b0 < QB ? q1 - b0 : QB);
         for (int r = 0; r < rows; r++) {
             float row[DH] __attribute__((aligned(64)));
             for (int d = 0; d < DH; d++) row[d] = Ot[d * QB + r] * inv[r];
-            if (!o_bf16) {
-                memcpy((float *)o + (b0 + r) * ostride, row, sizeof row);
-                continue;
+            for (int d = 0; d < DH; d += 32) {
+                void *dst = out_at(out, b, b0 + r, h, d);
+                if (out->fmt == KK_FMT_F32) memcpy(dst, row + d, 32 * sizeof(float));
+                else _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(row + d + 16), _mm512_load_ps(row + d)));
             }
-            uint16_t *dst = (uint16_t *)o + (b0 + r) * ostride;
-            for (int d = 0; d < DH; d += 32)
-                _mm512_storeu_si512(dst + d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(row + d + 16), _mm512_load_ps(row + d)));
         }
     }
 #undef V_OF
@@ -367,11 +387,19 @@ AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t bat
     }
 }
 
-AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, void *o, int o_bf16, int64_t B,
+AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, void *o, int o_fmt, int64_t B,
                        int64_t H, int64_t Dh, uint16_t *all) {
     int64_t D = H * Dh, Nq = q->na + q->nb, Nk = k->na + k->nb, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
     float scale = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
     size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
+    out_of out = {o, o_fmt, B, q->na, q->nb, D};
+    if (o_fmt == KK_FMT_BLOCKED) /* the padding rows of each segment's last block: zeros, as every blocked writer leaves them */
+        for (int seg = 0; seg < 2; seg++) {
+            int64_t rows = B * (seg ? q->nb : q->na), pad = (rows + 31) / 32 * 32;
+            uint16_t *base = (uint16_t *)o + (seg ? kk_blocked_elems(B * q->na, D) : 0);
+            for (int64_t r = rows; r < pad; r++)
+                for (int64_t c = 0; c < D; c += 32) memset(base + kk_blocked_index(r, c, D), 0, 64);
+        }
 #pragma omp parallel
     {
         /* flush denormals to zero here: a rescale by a tiny exp(m_old - m) makes
@@ -400,8 +428,7 @@ AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, voi
             int64_t q1 = q0 + QCHUNK < Nq ? q0 + QCHUNK : Nq;
             if (it >= whole) kk_piece(&q0, &q1, (it - whole) % TAIL_PIECES, TAIL_PIECES, QB);
             const uint16_t *qp = all + b * per_b, *kp = qp + H * Nqp * DH, *vp = kp + H * Nkp * DH;
-            head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH,
-                 (char *)o + (b * Nq * D + h * Dh) * (o_bf16 ? 2 : 4), o_bf16, D, q0, q1, Nk, scale);
+            head(qp + h * Nqp * DH, kp + h * Nkp * DH, vp + h * Nkp * DH, &out, b, h, q0, q1, Nk, scale);
         }
         _tile_release();
         _mm_setcsr(csr);
@@ -418,16 +445,16 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
     /* the check comes first, outside any function built for AMX */
     if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
     rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
-    run(&rq, &rk, &rv, o, 0, B, H, Dh, work);
+    run(&rq, &rk, &rv, o, KK_FMT_F32, B, H, Dh, work);
     return 1;
 }
 
 int kk_attention_amx_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb,
-                           const void *vb, int bf16, void *o, int o_bf16, int64_t B, int64_t Na, int64_t Nb, int64_t H,
+                           const void *vb, int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
                            int64_t Dh, uint16_t *work) {
     if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_amx_ready()) return 0;
     int esz = bf16 ? 2 : 4;
     rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
-    run(&rq, &rk, &rv, o, o_bf16, B, H, Dh, work);
+    run(&rq, &rk, &rv, o, o_fmt, B, H, Dh, work);
     return 1;
 }

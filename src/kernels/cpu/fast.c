@@ -1191,19 +1191,19 @@ static void attention_joint_bf16(const float *qa, const float *ka, const float *
 }
 
 /* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows, its
- * output f32 or bf16 rows (o_fmt) for the GEMMs after: the AMX kernel packs
- * and writes them so; elsewhere the inputs are widened to f32 (exact; slot
- * 16) for attention_joint_bf16, and a bf16 output is rounded from f32 rows
- * there too */
+ * output f32, bf16 rows or blocked by segment (o_fmt) for the GEMMs after:
+ * the AMX kernel packs and writes them so; elsewhere the inputs are widened
+ * to f32 (exact; slot 16) for attention_joint_bf16, and a bf16 output is
+ * rounded from f32 rows there too */
 static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
                                     const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
                                     int64_t Nb, int64_t H, int64_t Dh) {
     if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt == KK_FMT_BF16, B, Na, Nb, H, Dh,
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
     int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
-    int o16 = o_fmt == KK_FMT_BF16;
+    int o16 = o_fmt != KK_FMT_F32;
     float *f = scratch_must(16, sizeof(float) * (size_t)(3 * (na + nb) + (o16 ? no : 0)));
     if (!f) return;
     float *of = o16 ? f + 3 * (na + nb) : o;
@@ -1217,7 +1217,8 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
         attention_bf16(dst[0], dst[1], dst[2], of, B, Na, Na, H, Dh);
     else
         attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], of, B, Na, Nb, H, Dh);
-    if (o16) to_bf16_par(of, o, no);
+    if (o_fmt == KK_FMT_BF16) to_bf16_par(of, o, no);
+    if (o_fmt == KK_FMT_BLOCKED) kk_block_segments(of, B, Na, qb ? Nb : 0, D, o);
 }
 
 #define FAST_COMMON                                                                         \
