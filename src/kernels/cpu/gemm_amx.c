@@ -80,11 +80,14 @@ void kk_amx_unpack(const uint16_t *packed, int64_t N, int64_t K, float *out) {
 
 /* x rows [r0, r0+32) (zero past rows) into their block of out: the x of
  * the GEMM as KK_FMT_BLOCKED (kk_blocked_index), as an op that makes it
- * blocked writes it */
+ * blocked writes it. A step (2 KiB of the block) at a time, its 32 rows
+ * read 64 or 128 bytes each: a row at a time wrote lines 2 KiB apart,
+ * all in two of L1's sets (the context and patch embeddings, whose x is
+ * f32: 0.966x and 0.971x of their time this way, 20 pairs each) */
 AMX_FN static void pack_rows(const void *x, int x_bf16, int64_t rows, int64_t K, int64_t r0, uint16_t *out) {
     int64_t KB = up32(K);
-    for (int64_t r = r0; r < r0 + 32; r++)
-        for (int64_t s = 0; s < KB; s++) {
+    for (int64_t s = 0; s < KB; s++)
+        for (int64_t r = r0; r < r0 + 32; r++) {
             int64_t k0 = s * 32, n = r >= rows ? 0 : K - k0 < 32 ? K - k0 : 32;
             __mmask32 m = n == 32 ? 0xffffffffu : ((1u << n) - 1);
             __m512i v;
