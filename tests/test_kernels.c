@@ -341,6 +341,13 @@ static void check_activation_io(int64_t rows, int64_t K, int64_t M) {
             if (xin && yout && xin + yout > 2)
                 CHECK_MSG(!memcmp(first, yb, 2 * (size_t)(rows * M)), "linear_io x_fmt %d y_fmt %d differs from bf16 rows", xin, yout);
         }
+    /* no bias and no GELU: blocked y (whole blocks take the epilogue's short
+     * path) still the bits of bf16 rows (the long one), zeros' signs included */
+    fast->linear_io(xk, KK_FMT_BLOCKED, &wf, NULL, yb, KK_FMT_BF16, rows, KK_ACT_NONE);
+    memcpy(first, yb, 2 * (size_t)(rows * M));
+    fast->linear_io(xk, KK_FMT_BLOCKED, &wf, NULL, yk, KK_FMT_BLOCKED, rows, KK_ACT_NONE);
+    kk_unblock_rows(yk, rows, M, yb);
+    CHECK_MSG(!memcmp(first, yb, 2 * (size_t)(rows * M)), "linear_io with no bias: blocked y differs from bf16 rows");
     float *sh = rnd(36, (size_t)D, 0.3f), *sc = rnd(37, (size_t)D, 0.3f);
     float *z0 = rnd(38, (size_t)(N * D), 0), *z1 = rnd(39, (size_t)(N * D), 0);
     uint16_t *zb = kb_alloc_aligned(2 * (size_t)(N * D)), *zr = kb_alloc_aligned(2 * (size_t)(N * D));
