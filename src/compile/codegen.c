@@ -183,12 +183,12 @@ static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, cons
         break;
     }
     case KG_ATTENTION:
-        if (nodes[s1].out_bf16) { /* q, k, v in bf16, rows or blocked; plain attention as one segment */
+        if (nodes[s1].out_bf16) { /* q, k, v in bf16 rows; plain attention as one segment */
             int j = (int)n->iparam[1];
             out(b, "rt->attention_joint_bf16("), A(0), C, A(1), C, A(2), C;
             if (j) A(3), C, A(4), C, A(5), C;
             else out(b, "0, 0, 0, ");
-            out(b, "%d, ", nodes[s1].out_bf16), Y(), out(b, ", %d, ", n->out_bf16), dim(b, x, i, 0), C, dim(b, x, s0, 1), C;
+            Y(), out(b, ", %d, ", n->out_bf16), dim(b, x, i, 0), C, dim(b, x, s0, 1), C;
             if (j) dim(b, x, n->src[4], 1);
             else out(b, "0");
             C, ipar(b, x, i, 0), C, dim(b, x, i, 2), out(b, "/"), ipar(b, x, i, 0), out(b, ");\n");

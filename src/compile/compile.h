@@ -125,7 +125,7 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
     X(gate_add, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t))       \
     X(attention, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
     X(attention_joint, void, (const float *, const float *, const float *, const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
-    X(attention_joint_bf16, void, (const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, int, void *, int, int64_t, int64_t, int64_t, int64_t, int64_t))
+    X(attention_joint_bf16, void, (const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, void *, int, int64_t, int64_t, int64_t, int64_t, int64_t))
 #define KX_RT_LAYOUT(X)                                                                                        \
     X(patchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                   \
     X(unpatchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                 \

@@ -76,11 +76,11 @@ static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n,
     }
     case KG_ATTENTION: {
         const kg_node *K = &g->nodes[n->src[1]];
-        if (K->out_bf16) /* q, k, v in bf16, rows or blocked (kg_plan_bf16); plain attention: one segment */
+        if (K->out_bf16) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
             be->attention_joint_bf16((const uint16_t *)a, (const uint16_t *)b, (const uint16_t *)c,
                                      ip[1] && n->src[3] >= 0 ? (const uint16_t *)buf[n->src[3]] : NULL,
                                      ip[1] ? (const uint16_t *)buf[n->src[4]] : NULL,
-                                     ip[1] ? (const uint16_t *)buf[n->src[5]] : NULL, K->out_bf16, y, n->out_bf16, n->shape[0],
+                                     ip[1] ? (const uint16_t *)buf[n->src[5]] : NULL, y, n->out_bf16, n->shape[0],
                                      A->shape[1], ip[1] ? g->nodes[n->src[4]].shape[1] : 0, ip[0], n->shape[2] / ip[0]);
         else if (ip[1]) /* joint: q, k, v of two token segments, read in place */
             be->attention_joint(a, b, c, n->src[3] >= 0 ? buf[n->src[3]] : NULL, buf[n->src[4]], buf[n->src[5]], y,

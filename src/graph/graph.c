@@ -576,9 +576,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
         }
     }
     /* q, k and v as bf16 rows where an attention is the only reader of all of
-     * them and linears make them all: the attention packs them as they are;
-     * blocked where every one of those GEMMs writes that layout itself (its
-     * epilogue's short way: whole rows of a block as single lines) */
+     * them and linears make them all: the attention packs them as they are */
     if (be->attention_joint_bf16) {
         memset(used, 0, nn); /* readers: 0, 1, or 2 for more */
         for (int i = 0; i < g->n; i++)
@@ -595,18 +593,15 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
                 const kg_node *p = &g->nodes[src];
                 all = p->op == KG_LINEAR && used[src] == 1 && !p->iparam[1] && kk_weight_bf16_io(g->nodes[p->src[1]].kw);
             }
-            int blocked = be->blocked_io != NULL;
-            for (int s = 0; s < ns && all && blocked; s++)
-                if (n->src[s] >= 0) blocked = be->blocked_io(g->nodes[g->nodes[n->src[s]].src[1]].kw);
             for (int s = 0; s < ns && all; s++)
-                if (n->src[s] >= 0) g->nodes[n->src[s]].out_bf16 = blocked ? KK_FMT_BLOCKED : KK_FMT_BF16;
+                if (n->src[s] >= 0) g->nodes[n->src[s]].out_bf16 = KK_FMT_BF16;
         }
         /* and such an attention's output in bf16 rows too where only bf16
          * GEMMs read it, directly or through token slices, which then pass
          * bf16 rows on */
         for (int i = 0; i < g->n; i++) {
             kg_node *n = &g->nodes[i];
-            if (!live[i] || n->op != KG_ATTENTION || !g->nodes[n->src[1]].out_bf16 ||
+            if (!live[i] || n->op != KG_ATTENTION || g->nodes[n->src[1]].out_bf16 != KK_FMT_BF16 ||
                 !read_by_bf16_gemms(g, live, i, 1))
                 continue;
             n->out_bf16 = KK_FMT_BF16;

@@ -95,16 +95,15 @@ typedef struct kk_backend {
      * (k and v still span both segments) */
     void (*attention_joint)(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                             const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh);
-    /* Optional: attention_joint on q, k, v in bf16 as the GEMMs making them
-     * wrote them (in_fmt: KK_FMT_BF16 rows, or KK_FMT_BLOCKED, each of the
-     * six a blocked [B*n, H*Dh] of its segment's tokens), and o for the GEMMs after
+    /* Optional: attention_joint on q, k, v in bf16 rows (KK_FMT_BF16), as
+     * the GEMMs making them wrote them, and o for the GEMMs after
      * (kg_plan_bf16) in o_fmt: f32 or bf16 rows, or KK_FMT_BLOCKED by token
      * segment as kk_block_segments lays it out (the first segment's B*Na
      * rows blocked, then from kk_blocked_elems(B*Na, H*Dh) on the second's
      * B*Nb, when qb is given), so each segment's GEMM reads it in place; for
      * plain attention, qb, kb and vb NULL and Nb 0 */
     void (*attention_joint_bf16)(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
-                                 const uint16_t *kb, const uint16_t *vb, int in_fmt, void *o, int o_fmt, int64_t B, int64_t Na,
+                                 const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
                                  int64_t Nb, int64_t H, int64_t Dh);
     /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
      * in the GEMM's epilogue (kg_fuse); gate's rows are gate_ld floats apart;

@@ -1,9 +1,9 @@
 /* attn_amx.c - fused flash attention on AMX tiles, for bf16 compute with a
  * head size of 64 (every SD3 / SD3.5 model).
  *
- * Per (batch, head): q, k and v (f32, or bf16 rows or blocked as the GEMMs
- * before wrote them) are packed in bf16 once, straight into the tile
- * layouts the products want (blocks of tokens, transposed in registers). Everything
+ * Per (batch, head): q, k and v (f32, or bf16 rows as the GEMMs before wrote
+ * them) are packed in bf16 once, straight into the tile layouts the
+ * products want (blocks of tokens, transposed in registers). Everything
  * runs transposed (keys and dims down, the 16 queries of a block across one
  * vector), so the softmax's max and sum go down columns with no horizontal
  * reductions. Per block of 16 queries, O^T [64 dims x 16 queries] stays in
@@ -289,36 +289,32 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
  * which the prefetchers do not follow); Q and V are transposed in
  * registers, 16 x 16 lanes of 32 bits at a time. */
 
-/* Where the tokens of q, k or v lie: token i of batch b is row b * na + i
- * of a for i < na, else row b * nb + i - na of b (attention over two token
- * segments, the image and context streams, read in place), each a [rows, D]
- * of f32 or bf16 (esz 2) rows, or of bf16 blocked (the GEMM's layout, as
- * the GEMMs making them wrote it: kernels.h) */
+/* Where the token rows of q, k or v lie: token i of batch b is row
+ * b * na + i of a for i < na, else row b * nb + i - na of b (attention over
+ * two token segments, the image and context streams, read in place); the
+ * elements are f32, or bf16 (esz 2) */
 typedef struct rows_of {
     const void *a, *b;
-    int64_t na, nb, D;
-    int esz, blocked;
+    int64_t na, nb;
+    int esz;
 } rows_of;
 
-/* element (token i of batch b, column c): c a multiple of 16 (of 32 for 32 elements) */
-static inline const char *at_of(const rows_of *r, int64_t batch, int64_t i, int64_t c) {
-    int second = i >= r->na;
-    int64_t row = second ? batch * r->nb + i - r->na : batch * r->na + i;
-    const char *base = second ? r->b : r->a;
-    if (r->blocked) return base + 2 * kk_blocked_index(row, c, r->D);
-    return base + (row * r->D + c) * r->esz;
+static inline const char *row_of(const rows_of *r, int64_t batch, int64_t i, int64_t D) {
+    return i < r->na ? (const char *)r->a + (batch * r->na + i) * D * r->esz
+                     : (const char *)r->b + (batch * r->nb + i - r->na) * D * r->esz;
 }
 
-/* 16 elements from at as f32 (bf16 widened: exact) */
-AMX_FN static inline __m512 load16(const rows_of *r, const char *at) {
-    if (r->esz == 2) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)at)), 16));
-    return _mm512_loadu_ps((const float *)at);
+/* elements [j, j+16) of a row as f32 (bf16 widened: exact) */
+AMX_FN static inline __m512 load16(const rows_of *r, const char *row, int64_t j) {
+    if (r->esz == 2)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * j))), 16));
+    return _mm512_loadu_ps((const float *)row + j);
 }
 
-/* 32 elements from at as bf16 (f32 rounded to nearest even; bf16 as it is) */
-AMX_FN static inline __m512i load32_bf16(const rows_of *r, const char *at) {
-    if (r->esz == 2) return _mm512_loadu_si512(at);
-    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps((const float *)at + 16), _mm512_loadu_ps((const float *)at));
+/* elements [j, j+32) of a row as bf16 (f32 rounded to nearest even; bf16 as it is) */
+AMX_FN static inline __m512i load32_bf16(const rows_of *r, const char *row, int64_t j) {
+    if (r->esz == 2) return _mm512_loadu_si512(row + 2 * j);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps((const float *)row + j + 16), _mm512_loadu_ps((const float *)row + j));
 }
 
 /* r[j] lane i <- r[i] lane j, for 32-bit lanes */
@@ -351,9 +347,10 @@ AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int
                                 uint16_t *qp) {
     for (int64_t h = 0; h < H; h++) {
         __m512i half[2][16];
-        for (int r = 0; r < QB; r++)
-            for (int c = 0; c < 2; c++)
-                half[c][r] = i0 + r < Nq ? load32_bf16(q, at_of(q, batch, i0 + r, h * DH + 32 * c)) : _mm512_setzero_si512();
+        for (int r = 0; r < QB; r++) {
+            const char *row = i0 + r < Nq ? row_of(q, batch, i0 + r, H * DH) : NULL;
+            for (int c = 0; c < 2; c++) half[c][r] = row ? load32_bf16(q, row, h * DH + 32 * c) : _mm512_setzero_si512();
+        }
         uint16_t *blk = qp + h * Nqp * DH + i0 / QB * 2 * 512;
         for (int c = 0; c < 2; c++) {
             transpose16(half[c]);
@@ -365,19 +362,21 @@ AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int
 /* keys [k0, k0+32) of one batch into K and V^T */
 AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t batch, int64_t k0, int64_t Nk, int64_t H,
                                  int64_t Nkp, uint16_t *kp, uint16_t *vp) {
+    const char *vrow[32];
+    for (int r = 0; r < 32; r++) vrow[r] = k0 + r < Nk ? row_of(v, batch, k0 + r, H * DH) : NULL;
     for (int64_t h = 0; h < H; h++) {
         for (int r = 0; r < 32; r++) {
             uint16_t *kdst = kp + h * Nkp * DH + (k0 + r) * DH;
+            const char *row = k0 + r < Nk ? row_of(k, batch, k0 + r, H * DH) : NULL;
             for (int c = 0; c < DH; c += 32)
-                _mm512_storeu_si512(kdst + c, k0 + r < Nk ? load32_bf16(k, at_of(k, batch, k0 + r, h * DH + c)) : _mm512_setzero_si512());
+                _mm512_storeu_si512(kdst + c, row ? load32_bf16(k, row, h * DH + c) : _mm512_setzero_si512());
         }
         uint16_t *blk = vp + h * Nkp * DH + k0 / KB * KB * DH + (k0 % KB) / 32 * 512;
         for (int d0 = 0; d0 < DH; d0 += 16) {
             __m512i lo[16], hi[16]; /* keys k0.. and k0+16.. x 16 dims, then 16 dims x those keys */
             for (int r = 0; r < 16; r++) {
-                lo[r] = k0 + r < Nk ? _mm512_castps_si512(load16(v, at_of(v, batch, k0 + r, h * DH + d0))) : _mm512_setzero_si512();
-                hi[r] = k0 + 16 + r < Nk ? _mm512_castps_si512(load16(v, at_of(v, batch, k0 + 16 + r, h * DH + d0)))
-                                         : _mm512_setzero_si512();
+                lo[r] = vrow[r] ? _mm512_castps_si512(load16(v, vrow[r], h * DH + d0)) : _mm512_setzero_si512();
+                hi[r] = vrow[16 + r] ? _mm512_castps_si512(load16(v, vrow[16 + r], h * DH + d0)) : _mm512_setzero_si512();
             }
             transpose16(lo);
             transpose16(hi);
@@ -445,19 +444,17 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
                      int64_t H, int64_t Dh, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
     if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
-    int64_t D = H * Dh;
-    rows_of rq = {q, NULL, Nq, 0, D, 4, 0}, rk = {k, NULL, Nk, 0, D, 4, 0}, rv = {v, NULL, Nk, 0, D, 4, 0};
+    rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
     run(&rq, &rk, &rv, o, KK_FMT_F32, B, H, Dh, work);
     return 1;
 }
 
 int kk_attention_amx_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb,
-                           const void *vb, int in_fmt, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
+                           const void *vb, int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
                            int64_t Dh, uint16_t *work) {
     if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_amx_ready()) return 0;
-    int esz = in_fmt == KK_FMT_F32 ? 4 : 2, blk = in_fmt == KK_FMT_BLOCKED;
-    int64_t D = H * Dh;
-    rows_of rq = {qa, qb, Na, qb ? Nb : 0, D, esz, blk}, rk = {ka, kb, Na, Nb, D, esz, blk}, rv = {va, vb, Na, Nb, D, esz, blk};
+    int esz = bf16 ? 2 : 4;
+    rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
     run(&rq, &rk, &rv, o, o_fmt, B, H, Dh, work);
     return 1;
 }

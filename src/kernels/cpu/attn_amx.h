@@ -16,13 +16,12 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
 
 /* The same over two token segments: q = [qa; qb] along the tokens of each
  * batch (qa [B,Na,H*Dh], qb [B,Nb,H*Dh]; qb NULL: qa's tokens alone ask,
- * o [B,Na,H*Dh]), k and v alike, read in place in in_fmt: f32 or bf16 rows,
- * or bf16 blocked, each segment a blocked [B*n, H*Dh] (KK_FMT_*);
+ * o [B,Na,H*Dh]), k and v alike, read in place, f32 or (bf16 set) bf16 rows;
  * o [B,Na+Nb,H*Dh] in o_fmt: f32 or bf16 rows, or blocked by segment as
  * attention_joint_bf16 writes it (kernels.h); work holds
  * kk_attention_amx_work_bytes(B, Na+Nb, Na+Nb, H). */
 int kk_attention_amx_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb,
-                           const void *vb, int in_fmt, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
+                           const void *vb, int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
                            int64_t Dh, uint16_t *work);
 
 #endif

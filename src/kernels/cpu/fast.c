@@ -1190,17 +1190,16 @@ static void attention_joint_bf16(const float *qa, const float *ka, const float *
     attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
 }
 
-/* attention_joint on q, k, v that the GEMMs before wrote in bf16, rows or
- * blocked (in_fmt), its output f32, bf16 rows or blocked by segment (o_fmt)
- * for the GEMMs after: the AMX kernel packs and writes them so; elsewhere
- * the inputs are widened to f32 rows (exact; slot 16) for
- * attention_joint_bf16, and a bf16 output is rounded from f32 rows there
- * too */
+/* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows, its
+ * output f32, bf16 rows or blocked by segment (o_fmt) for the GEMMs after:
+ * the AMX kernel packs and writes them so; elsewhere the inputs are widened
+ * to f32 (exact; slot 16) for attention_joint_bf16, and a bf16 output is
+ * rounded from f32 rows there too */
 static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
-                                    const uint16_t *kb, const uint16_t *vb, int in_fmt, void *o, int o_fmt, int64_t B,
-                                    int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+                                    const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
+                                    int64_t Nb, int64_t H, int64_t Dh) {
     if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, in_fmt, o, o_fmt, B, Na, Nb, H, Dh,
+        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
     int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
@@ -1212,14 +1211,7 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
     float *dst[6];
     for (int s = 0; s < 6; s++) {
         dst[s] = f + (s % 3) * (na + nb) + (s < 3 ? 0 : na);
-        if (!src[s]) continue;
-        if (in_fmt != KK_FMT_BLOCKED) {
-            kt_to_f32(KILN_BF16, src[s], dst[s], (size_t)(s < 3 ? na : nb));
-            continue;
-        }
-        int64_t rows = B * (s < 3 ? Na : Nb);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t k = 0; k < D; k++) dst[s][r * D + k] = kt_bf16_to_f32(src[s][kk_blocked_index(r, k, D)]);
+        if (src[s]) kt_to_f32(KILN_BF16, src[s], dst[s], (size_t)(s < 3 ? na : nb));
     }
     if (!kb) /* one segment: plain attention */
         attention_bf16(dst[0], dst[1], dst[2], of, B, Na, Na, H, Dh);
