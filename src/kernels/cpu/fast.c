@@ -860,15 +860,34 @@ static void fast_gelu(const float *x, float *y, int64_t n) {
     for (int64_t c = 0; c < n; c += chunk) gelu_chunk(x + c, y + c, n - c < chunk ? n - c : chunk);
 }
 
+/* A row's mean and 1 / sqrt(variance + eps), each sum over RS_LANES
+ * interleaved partial sums (element i into lane i % RS_LANES), added up
+ * in one fixed order: the lanes are independent chains, which the
+ * compiler keeps apart in vector registers without reordering a sum, so
+ * every instruction set gives the same bits (C11: no contraction into
+ * FMAs). One sum per pass (an omp simd reduction) made each pass wait on
+ * its adds: 1,096 cycles a row of 1536 in L1 against 203 (built for the
+ * base x86-64; layernorm + modulate in the forward 0.95x, 16 pairs) */
+#define RS_LANES 64
+static inline float lanes_sum(const float *l) {
+    float t = 0;
+    for (int j = 0; j < RS_LANES; j++) t += l[j];
+    return t;
+}
+
 static inline void row_stats(const float *x, int64_t D, float eps, float *mean, float *inv) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < D; i++) s += x[i];
-    float mu = s / (float)D, v = 0;
-#pragma omp simd reduction(+ : v)
-    for (int64_t i = 0; i < D; i++) v += (x[i] - mu) * (x[i] - mu);
+    float l[RS_LANES] = {0};
+    int64_t i = 0;
+    for (; i + RS_LANES <= D; i += RS_LANES)
+        for (int j = 0; j < RS_LANES; j++) l[j] += x[i + j];
+    for (int j = 0; i + j < D; j++) l[j] += x[i + j];
+    float mu = lanes_sum(l) / (float)D;
+    memset(l, 0, sizeof l);
+    for (i = 0; i + RS_LANES <= D; i += RS_LANES)
+        for (int j = 0; j < RS_LANES; j++) l[j] += (x[i + j] - mu) * (x[i + j] - mu);
+    for (int j = 0; i + j < D; j++) l[j] += (x[i + j] - mu) * (x[i + j] - mu);
     *mean = mu;
-    *inv = 1.0f / sqrtf(v / (float)D + eps);
+    *inv = 1.0f / sqrtf(lanes_sum(l) / (float)D + eps);
 }
 
 static void fast_layernorm(const float *x, float *y, int64_t rows, int64_t D, float eps) {
