@@ -58,11 +58,18 @@ static inline size_t kk_blocked_index(int64_t r, int64_t k, int64_t K) {
 /* bf16 x [rows,K] row-major -> out blocked (padding zeroed), and back */
 void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out);
 void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x);
+/* Two token segments (the image and the context tokens) kept apart: token
+ * i of batch entry b is row b*Na + i of the first segment when i < Na, else
+ * row b*Nb + i - Na of the second. Returns the segment (0, 1), its row in *row */
+static inline int kk_segment_row(int64_t b, int64_t i, int64_t Na, int64_t Nb, int64_t *row) {
+    *row = i < Na ? b * Na + i : b * Nb + i - Na;
+    return i >= Na;
+}
 /* f32 x [B, Na+Nb, K] -> out blocked by token segment (rounded to nearest
- * even, padding zeroed): token i < Na of batch entry b is row b*Na + i of a
- * blocked [B*Na, K] at out, the others row b*Nb + i - Na of a blocked
- * [B*Nb, K] from kk_blocked_elems(B*Na, K) on - how a joint attention hands
- * its two segments to the GEMMs after (attention_joint_bf16) */
+ * even, padding zeroed): each segment's rows (kk_segment_row) a blocked
+ * [B*n, K], the first at out, the second from kk_blocked_elems(B*Na, K) on -
+ * how a joint attention hands its two segments to the GEMMs after
+ * (attention_joint_bf16) */
 void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_t K, uint16_t *out);
 
 typedef struct kk_backend {

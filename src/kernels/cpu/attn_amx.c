@@ -201,11 +201,9 @@ AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 
 }
 
 /* Where the output goes: f32 or bf16 rows [B, Na+Nb, D] (fmt KK_FMT_F32,
- * KK_FMT_BF16), or KK_FMT_BLOCKED by segment, so that the GEMMs after read
- * each segment as it is: query i < Na of batch entry b is row b*Na + i of a
- * blocked [B*Na, D] at o, the others row b*Nb + i - Na of a blocked
- * [B*Nb, D] from kk_blocked_elems(B*Na, D) on (Nb: the second segment's
- * queries, 0 when only the first asks). */
+ * KK_FMT_BF16), or KK_FMT_BLOCKED by segment as kk_block_segments lays it
+ * out, so that the GEMMs after read each segment as it is (Nb: the second
+ * segment's queries, 0 when only the first asks). */
 typedef struct out_of {
     void *o;
     int fmt;
@@ -216,8 +214,8 @@ typedef struct out_of {
 static inline void *out_at(const out_of *w, int64_t b, int64_t i, int64_t h, int64_t c) {
     if (w->fmt != KK_FMT_BLOCKED)
         return (char *)w->o + ((b * (w->Na + w->Nb) + i) * w->D + h * DH + c) * (w->fmt == KK_FMT_BF16 ? 2 : 4);
-    int second = i >= w->Na;
-    int64_t r = second ? b * w->Nb + i - w->Na : b * w->Na + i;
+    int64_t r;
+    int second = kk_segment_row(b, i, w->Na, w->Nb, &r);
     return (uint16_t *)w->o + (second ? kk_blocked_elems(w->B * w->Na, w->D) : 0) + kk_blocked_index(r, h * DH + c, w->D);
 }
 
@@ -300,8 +298,8 @@ typedef struct rows_of {
 } rows_of;
 
 static inline const char *row_of(const rows_of *r, int64_t batch, int64_t i, int64_t D) {
-    return i < r->na ? (const char *)r->a + (batch * r->na + i) * D * r->esz
-                     : (const char *)r->b + (batch * r->nb + i - r->na) * D * r->esz;
+    int64_t row;
+    return (const char *)(kk_segment_row(batch, i, r->na, r->nb, &row) ? r->b : r->a) + row * D * r->esz;
 }
 
 /* elements [j, j+16) of a row as f32 (bf16 widened: exact) */
