@@ -4,6 +4,7 @@
 #include "base/base.h"
 #include "graph/graph.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "test.h"
@@ -620,7 +621,9 @@ TEST(packed_layouts_are_stable) {
     if (!kk_fast(KILN_BF16)) return;
     CHECK_OK(kk_fast_layout(17, 45, KILN_BF16, a, &na));
     if (!kk_cpu_has("amx")) {
-        CHECK(!strncmp(a, "dnnl-", 5));
+        /* the fp16 GEMM's layout where it runs (gemm_f16.c), else oneDNN's */
+        CHECK(kk_f16_ready() ? !strcmp(a, "f16p64") && na == kk_f16_packed_bytes(17, 45) : !strncmp(a, "dnnl-", 5));
+        CHECK(!kk_f16_ready() || strstr(kk_fast_isa(), "-f16p64") != NULL);
         return;
     }
     CHECK(!strcmp(a, "amx32") && na == 32 * 64 * 2);
@@ -642,6 +645,85 @@ TEST(packed_layouts_are_stable) {
     kb_free_aligned(back);
 }
 
+
+/* ---- the fp16 GEMM (CPUs with AVX512-FP16 and no AMX; tested wherever AVX512-FP16 runs) ---- */
+
+/* y = epilogue(x . W^T) on kk_f16_linear against double sums of the
+ * bf16-rounded operands: x f32 or bf16 rows, y f32 or bf16 rows, bias and
+ * GELU or a gated residual; the rows of x span 1e-6 to 1e6 and so do
+ * W's outputs (each scaled into fp16's range on its own); every row must
+ * be within 1e-2 relative L2, and nothing past y's last row is written */
+static void check_f16_gemm(int64_t rows, int64_t K, int64_t N, int x_fmt, int y_fmt, int mode) {
+    float *x = rnd(61, (size_t)(rows * K), 1), *w = rnd(62, (size_t)(N * K), 1.0f / sqrtf((float)K));
+    float *b = rnd(63, (size_t)N, 0.1f), *res = rnd(64, (size_t)(rows * N), 1), *gate = rnd(65, (size_t)N, 1);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < K; k++) x[r * K + k] = kt_bf16_to_f32(kt_f32_to_bf16(x[r * K + k] * powf(10.0f, (float)(r % 13 - 6))));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) w[n * K + k] = kt_bf16_to_f32(kt_f32_to_bf16(w[n * K + k] * powf(10.0f, (float)(n % 7 - 3) * 2)));
+    void *packed = kb_alloc_aligned(kk_f16_packed_bytes(N, K));
+    kk_f16_pack(w, N, K, packed);
+    float *back = rnd(66, (size_t)(N * K), 0);
+    kk_f16_unpack(packed, N, K, back);
+    int exact = 1;
+    for (int64_t i = 0; i < N * K; i++) exact &= back[i] == w[i] || fabsf(w[i]) < 1e-30f;
+    CHECK_MSG(exact, "f16p64 pack / unpack of %lld x %lld is not exact", (long long)N, (long long)K);
+    uint16_t *xb = kb_alloc_aligned(sizeof(uint16_t) * (size_t)(rows * K));
+    for (int64_t i = 0; i < rows * K; i++) xb[i] = kt_f32_to_bf16(x[i]);
+    size_t esz = y_fmt == KK_FMT_F32 ? 4 : 2, ybytes = esz * (size_t)((rows + 1) * N);
+    unsigned char *y = kb_alloc_aligned(ybytes);
+    memset(y, 0x5a, ybytes);
+    kk_amx_epilogue e = {.bias = mode ? b : NULL, .act = mode == 1 ? KK_ACT_GELU_TANH : KK_ACT_NONE};
+    if (mode == 2) e = (kk_amx_epilogue){.bias = b, .res = res, .gate = gate, .gate_ld = 0, .tokens = rows};
+    void *work = kb_alloc_aligned(kk_f16_work_bytes(rows, K, 2));
+    CHECK(kk_f16_linear(x_fmt == KK_FMT_F32 ? (const void *)x : xb, x_fmt, packed, N, K, &e, y, y_fmt, rows, 2, work));
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double e2 = 0, r2 = 0;
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++) s += (double)x[r * K + k] * w[n * K + k];
+            if (e.bias) s += b[n];
+            if (mode == 1) s = 0.5 * s * (1 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+            if (mode == 2) s = res[r * N + n] + gate[n] * s;
+            double got = y_fmt == KK_FMT_F32 ? ((float *)y)[r * N + n] : kt_bf16_to_f32(((uint16_t *)y)[r * N + n]);
+            e2 += (got - s) * (got - s);
+            r2 += s * s;
+        }
+        double err = sqrt(e2 / (r2 > 0 ? r2 : 1));
+        worst = err > worst ? err : worst;
+    }
+    CHECK_MSG(worst <= 1e-2, "f16 GEMM rows %lld K %lld N %lld x_fmt %d y_fmt %d mode %d: worst row error %.3g",
+              (long long)rows, (long long)K, (long long)N, x_fmt, y_fmt, mode, worst);
+    int untouched = 1;
+    for (size_t i = esz * (size_t)(rows * N); i < ybytes; i++) untouched &= y[i] == 0x5a;
+    CHECK_MSG(untouched, "f16 GEMM wrote past y's last row");
+    kb_free_aligned(x);
+    kb_free_aligned(w);
+    kb_free_aligned(b);
+    kb_free_aligned(res);
+    kb_free_aligned(gate);
+    kb_free_aligned(packed);
+    kb_free_aligned(back);
+    kb_free_aligned(xb);
+    kb_free_aligned(y);
+    kb_free_aligned(work);
+}
+
+TEST(f16_gemm_matches_reference) {
+    if (!kk_f16_ready()) {
+        fprintf(stderr, "  (no AVX512-FP16 on this CPU: the fp16 GEMM is not tested here)\n");
+        return;
+    }
+    /* rows x K x N: rows no multiple of the 6-row tile, odd K (a padded pair), N no multiple of 64, K
+     * past one 128-input fp16 chunk (several, with a short last one), one row, past one work item */
+    int64_t shapes[][3] = {{1, 7, 5}, {7, 33, 70}, {13, 300, 130}, {50, 1537, 64}, {200, 1536, 200}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mode = 0; mode < 3; mode++)
+            for (int f = 0; f < 4; f++) {
+                int x_fmt = f & 1 ? KK_FMT_BF16 : KK_FMT_F32, y_fmt = f & 2 && mode != 2 ? KK_FMT_BF16 : KK_FMT_F32;
+                check_f16_gemm(shapes[s][0], shapes[s][1], shapes[s][2], x_fmt, y_fmt, mode);
+            }
+}
 
 /* ---- quantized weights ------------------------------------------------------------- */
 
@@ -745,7 +827,11 @@ TEST(quant_layouts) {
     CHECK(!strncmp(c, "e4m3-", 5));
     /* int8: the AMX GEMM's s8 layout where it runs, else oneDNN's */
     CHECK(!strcmp(b, kk_cpu_has("amx") ? "s8-amx32" : b) && (kk_cpu_has("amx") || !strncmp(b, "dnnl-", 5)));
-    CHECK_MSG(nc == ((na / 2 + 63) & ~(size_t)63) + 64 * 4, "fp8 bytes %zu, bf16 bytes %zu", nc, na);
+    /* (fp8 takes this machine's bf16 layout for AMX or oneDNN, not the fp16 GEMM's) */
+    if (strcmp(a, "f16p64"))
+        CHECK_MSG(nc == ((na / 2 + 63) & ~(size_t)63) + 64 * 4, "fp8 bytes %zu, bf16 bytes %zu", nc, na);
+    else
+        CHECK(nc == ((64 * 96 + 63) & ~(size_t)63) + 64 * 4 || !strncmp(c, "e4m3-", 5));
     CHECK(nb >= 64 * 96 + 64 * 4);
     CHECK(kk_fast_scales(NULL, nb, 64, KILN_I8) == NULL);
     float w[4] = {1, 2, NAN, 4};
@@ -770,6 +856,7 @@ int main(void) {
     RUN(an_add_folds_into_the_linear);
     RUN(attention_segments_go_blocked_to_the_gemms);
     RUN(packed_layouts_are_stable);
+    RUN(f16_gemm_matches_reference);
     RUN(quant_linear_matches_dequantized_reference);
     RUN(quant_layouts);
     return TEST_SUMMARY();

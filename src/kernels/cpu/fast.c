@@ -12,6 +12,7 @@
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "tensor/quant.h"
@@ -300,6 +301,11 @@ static int amx_bf16(kiln_dtype dt) {
 /* int8 weights take the AMX GEMM's s8 products where the CPU has AMX */
 static int amx_i8(kiln_dtype dt) { return dt == KILN_I8 && engine() && kk_amx_ready(); }
 
+/* bf16 weights take kiln's fp16 GEMM where the CPU has AVX512-FP16 but no
+ * AMX (gemm_f16.c: there oneDNN's bf16 kernels run at a quarter of the
+ * fp16 rate) */
+static int f16_bf16(kiln_dtype dt) { return dt == KILN_BF16 && engine() && !kk_amx_ready() && kk_f16_ready(); }
+
 /* 1 where the AMX GEMM reads and writes KK_FMT_BLOCKED activations itself
  * for w in every call (linear_io and linear_gate_add): bf16 weights */
 static int fast_blocked_io(const kk_weight *w) {
@@ -315,11 +321,24 @@ static void amx_linear(const void *x, int x_fmt, const uint16_t *packed, int64_t
     kk_amx_linear(x, x_fmt, packed, M, K, e, y, y_fmt, rows, nt, scratch_must(11, kk_amx_work_bytes(rows, K, nt)));
 }
 
+/* y = the epilogue e of x . W^T on kiln's fp16 GEMM (packed: f16p64), with
+ * this thread's work buffer (slot 11); 0 where it does not run */
+static int f16_linear(const void *x, int x_fmt, const void *packed, int64_t M, int64_t K, const kk_amx_epilogue *e,
+                      void *y, int y_fmt, int64_t rows) {
+    int nt = gemm_threads(KILN_BF16);
+    void *work = scratch_must(11, kk_f16_work_bytes(rows, K, nt));
+    return work && kk_f16_linear(x, x_fmt, packed, M, K, e, y, y_fmt, rows, nt, work);
+}
+
 /* The element count of a BF16 / F8_E4M3 packed layout (padding included) */
 static int packed_elems(int64_t M, int64_t K, kiln_dtype dt, size_t *n) {
     dnnl_memory_desc_t md;
     if (amx_bf16(dt)) {
         *n = kk_amx_packed_bytes(M, K) / 2;
+        return 1;
+    }
+    if (f16_bf16(dt)) {
+        *n = kk_f16_packed_bytes(M, K) / 2;
         return 1;
     }
     if (!layout_md(M, K, dt, &md, n)) return 0;
@@ -344,6 +363,11 @@ kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40],
         size_t n = kk_amx_packed_bytes(M, K);
         snprintf(layout, 40, dt == KILN_F8_E4M3 ? "e4m3-amx32" : "amx32");
         *bytes = dt == KILN_F8_E4M3 ? align64(n / 2) + sizeof(float) * (size_t)M : n;
+        return KILN_OK;
+    }
+    if (f16_bf16(dt)) {
+        snprintf(layout, 40, "f16p64");
+        *bytes = kk_f16_packed_bytes(M, K);
         return KILN_OK;
     }
     dnnl_memory_desc_t md;
@@ -406,6 +430,10 @@ kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, vo
         kk_amx_pack(w, M, K, out);
         return KILN_OK;
     }
+    if (f16_bf16(dt)) {
+        kk_f16_pack(w, M, K, out);
+        return KILN_OK;
+    }
     dnnl_memory_desc_t dst, src;
     size_t qb;
     if (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dnnl_f32, 0, &src))
@@ -422,6 +450,10 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
     if (kk_dtype_is_quant(w->packed_dtype)) return unpack_quant(w, out);
     if (amx_bf16(w->packed_dtype)) {
         kk_amx_unpack(w->packed, w->M, w->K, out);
+        return KILN_OK;
+    }
+    if (f16_bf16(w->packed_dtype)) {
+        kk_f16_unpack(w->packed, w->M, w->K, out);
         return KILN_OK;
     }
     dnnl_memory_desc_t src, dst;
@@ -775,6 +807,11 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
         amx_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, y_fmt, rows);
         return;
     }
+    if (f16_bf16(dt)) {
+        kk_amx_epilogue e = {.bias = b, .act = act};
+        f16_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, y_fmt, rows);
+        return;
+    }
     const void *src = x;
     if (dt == KILN_BF16 && !x_bf16) {
         uint16_t *xb = scratch_must(0, sizeof(uint16_t) * (size_t)(rows * w->K));
@@ -810,6 +847,10 @@ static void fast_linear_gate_add(kiln_dtype dt, const void *x, int x_fmt, const 
         kk_amx_epilogue e = {.bias = b, .res = res, .gate = gate, .gate_ld = gate_ld, .tokens = N};
         amx_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, KK_FMT_F32, B * N);
         return;
+    }
+    if (dt == KILN_BF16 && w->packed && w->packed_dtype == KILN_BF16 && f16_bf16(dt)) {
+        kk_amx_epilogue e = {.bias = b, .res = res, .gate = gate, .gate_ld = gate_ld, .tokens = N};
+        if (f16_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, KK_FMT_F32, B * N)) return;
     }
     kk_linear_then_gate_add(kk_fast(dt), x, x_fmt, w, b, res, gate, gate_ld, y, B, N);
 }
@@ -1289,7 +1330,9 @@ const char *kk_fast_isa(void) {
     const char *tag = "sse41";
     for (size_t i = 0; i < sizeof k_isa_tags / sizeof *k_isa_tags; i++)
         if (isa >= k_isa_tags[i].isa) tag = k_isa_tags[i].tag;
-    /* bf16 and fp8 weights in kiln's AMX layout where it runs (amx32), else oneDNN's */
-    snprintf(name, sizeof name, "%s-dnnl%d.%d%s", tag, v->major, v->minor, kk_amx_ready() ? "-amx32" : "");
+    /* bf16 and fp8 weights in kiln's AMX layout where it runs (amx32); bf16 ones in
+     * the fp16 GEMM's (f16p64) where that runs; else oneDNN's */
+    snprintf(name, sizeof name, "%s-dnnl%d.%d%s", tag, v->major, v->minor,
+             kk_amx_ready() ? "-amx32" : kk_f16_ready() ? "-f16p64" : "");
     return name;
 }

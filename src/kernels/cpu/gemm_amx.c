@@ -195,6 +195,13 @@ __attribute__((always_inline)) AMX_FN static inline void epilogue_whole_row(cons
 /* the epilogue of row i of a waiting C, whichever way fits it */
 #define EPILOGUE(o, p, i) ((p)->whole ? epilogue_whole_row(o, p, i) : epilogue_row(o, p, i))
 
+AMX_FN void kk_amx_epilogue_rows(const kk_amx_epilogue *e, void *y, int y_fmt, int64_t N, const float *c, int64_t r0,
+                                 int64_t nr, int64_t n0, int64_t nc) {
+    out o = {e, y, y_fmt, N};
+    pend p = {.c = c, .nr = nr, .nc = nc, .n0 = n0, .r0 = r0, .rows = nr};
+    for (int64_t i = 0; i < nr; i++) epilogue_row(&o, &p, i);
+}
+
 /* Lines a work item will read next, brought into L2 a few per step of the
  * blocks before (so that no block waits on memory for a whole operand at
  * once): n lines in runs of lp (a panel's chunk, or one row block's), skip

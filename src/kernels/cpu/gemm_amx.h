@@ -45,6 +45,13 @@ typedef struct kk_amx_epilogue {
     int64_t gate_ld, tokens;
 } kk_amx_epilogue;
 
+/* The epilogue e of the sums c (nr rows of 32 f32, 64-byte aligned; of
+ * them the first nc) -> rows [r0, r0+nr), outputs [n0, n0+nc) of y [.., N]
+ * in y_fmt, f32 or bf16 rows: this GEMM's epilogue, for the GEMMs on CPUs
+ * without AMX (gemm_f16.c); it runs on any CPU with AVX512-BF16. */
+void kk_amx_epilogue_rows(const kk_amx_epilogue *e, void *y, int y_fmt, int64_t N, const float *c, int64_t r0,
+                          int64_t nr, int64_t n0, int64_t nc);
+
 /* y [rows,N] = the epilogue of x [rows,K] . W^T, bf16 products with f32
  * accumulation; x_fmt / y_fmt are KK_FMT_* (kernels.h): x f32 (rounded to
  * bf16 here), bf16 rows, or bf16 blocked - this GEMM's own operand layout,
