@@ -4,6 +4,7 @@
 #include "base/base.h"
 #include "graph/graph.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
@@ -249,6 +250,71 @@ TEST(attention_joint_matches_reference) {
                 if (bes[b])
                     check_attention_joint(bes[b], b == 2 ? 1e-2 : 1e-5, shapes[s][0], shapes[s][1], shapes[s][2],
                                           shapes[s][3], shapes[s][4], q_both);
+}
+
+/* The fp16 attention (CPUs with AVX512-FP16 and no AMX) called directly, so
+ * that it is tested wherever AVX512-FP16 runs, AMX or not: a backend of its
+ * three entry points for check_attention_joint */
+static void *f16_attn_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H) {
+    return kb_alloc_aligned(kk_attention_f16_work_bytes(B, Nq, Nk, H));
+}
+static void f16_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
+                          int64_t H, int64_t Dh) {
+    void *w = f16_attn_work(B, Nq, Nk, H);
+    CHECK(kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, w));
+    kb_free_aligned(w);
+}
+static void f16_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
+                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+    void *w = f16_attn_work(B, Na + Nb, Na + Nb, H);
+    /* (it declines only where no query asks) */
+    CHECK(kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, w) || Na + (qb ? Nb : 0) == 0);
+    kb_free_aligned(w);
+}
+static void f16_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
+                                     const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
+                                     int64_t Nb, int64_t H, int64_t Dh) {
+    void *w = f16_attn_work(B, Na + Nb, Na + Nb, H);
+    CHECK(kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, w) || Na + (qb ? Nb : 0) == 0);
+    kb_free_aligned(w);
+}
+
+TEST(f16_attention_matches_reference) {
+    if (!kk_f16_ready()) {
+        fprintf(stderr, "  (no AVX512-FP16 on this CPU: the fp16 attention is not tested here)\n");
+        return;
+    }
+    const kk_backend be = {.name = "f16-attention", .attention = f16_attention, .attention_joint = f16_attention_joint,
+                           .attention_joint_bf16 = f16_attention_joint_bf16};
+    /* tiles of 6 queries and panels of 64 keys, partial ones; one query; more work items (192
+     * queries each) than heads; keys across the two segments inside one panel */
+    int64_t shapes[][4] = {{1, 1, 1, 1}, {2, 37, 11, 2}, {1, 100, 33, 3}, {2, 64, 64, 1}, {1, 20, 0, 2},
+                           {1, 0, 20, 2}, {2, 70, 0, 1}, {2, 500, 90, 3}, {1, 7, 130, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int q_both = 0; q_both < 2; q_both++)
+            check_attention_joint(&be, 1e-2, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 64, q_both);
+    /* operands far outside fp16's range (q 1e4, k 1e-4, v 1e6; and the reverse): each token and
+     * value dim is scaled into it, so the answer is the reference's within bf16's error */
+    for (int flip = 0; flip < 2; flip++) {
+        int64_t Nq = 45, Nk = 150, H = 2, D = 128;
+        float sq = flip ? 1e-4f : 1e4f, sk = flip ? 1e4f : 1e-4f, sv = flip ? 1e-6f : 1e6f;
+        float *q = rnd(71, (size_t)(Nq * D), sq), *k = rnd(72, (size_t)(Nk * D), sk), *v = rnd(73, (size_t)(Nk * D), sv);
+        for (int64_t i = 0; i < Nk * D; i++) {
+            k[i] = kt_bf16_to_f32(kt_f32_to_bf16(k[i] * 2)); /* scores of a few units: a softmax that is no one-hot */
+            v[i] = kt_bf16_to_f32(kt_f32_to_bf16(v[i]));
+        }
+        for (int64_t i = 0; i < Nq * D; i++) q[i] = kt_bf16_to_f32(kt_f32_to_bf16(q[i]));
+        float *o0 = rnd(74, (size_t)(Nq * D), 0), *o1 = rnd(75, (size_t)(Nq * D), 0);
+        kk_reference()->attention(q, k, v, o0, 1, Nq, Nk, H, 64);
+        f16_attention(q, k, v, o1, 1, Nq, Nk, H, 64);
+        double err = rel_l2(o1, o0, (size_t)(Nq * D));
+        CHECK_MSG(err <= 1e-2, "fp16 attention, q %g k %g v %g: error %.3g", sq, sk, sv, err);
+        kb_free_aligned(q);
+        kb_free_aligned(k);
+        kb_free_aligned(v);
+        kb_free_aligned(o0);
+        kb_free_aligned(o1);
+    }
 }
 
 TEST(elementwise_matches_reference) {
@@ -850,6 +916,7 @@ int main(void) {
     RUN(attention_matches_reference);
     RUN(attention_joint_matches_reference);
     RUN(attention_rising_scores);
+    RUN(f16_attention_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);

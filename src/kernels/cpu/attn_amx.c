@@ -200,31 +200,12 @@ AMX_FN static inline void softmax(const float *St, int valid, int first, __m512 
     }
 }
 
-/* Where the output goes: f32 or bf16 rows [B, Na+Nb, D] (fmt KK_FMT_F32,
- * KK_FMT_BF16), or KK_FMT_BLOCKED by segment as kk_block_segments lays it
- * out, so that the GEMMs after read each segment as it is (Nb: the second
- * segment's queries, 0 when only the first asks). */
-typedef struct out_of {
-    void *o;
-    int fmt;
-    int64_t B, Na, Nb, D;
-} out_of;
-
-/* the 32 outputs from dim c of head h for query i of batch entry b */
-static inline void *out_at(const out_of *w, int64_t b, int64_t i, int64_t h, int64_t c) {
-    if (w->fmt != KK_FMT_BLOCKED)
-        return (char *)w->o + ((b * (w->Na + w->Nb) + i) * w->D + h * DH + c) * (w->fmt == KK_FMT_BF16 ? 2 : 4);
-    int64_t r;
-    int second = kk_segment_row(b, i, w->Na, w->Nb, &r);
-    return (uint16_t *)w->o + (second ? kk_blocked_elems(w->B * w->Na, w->D) : 0) + kk_blocked_index(r, h * DH + c, w->D);
-}
-
 /* queries [q0, q1) of batch entry b, head h (q0 a multiple of QB): qp
  * (Q^T tiles per block of 16 queries), kp and vp packed by pack_q_block
  * and pack_kv_block. One block of queries at a time goes over every key,
  * its O^T in tiles 0-3; the steps are pipelined: the softmax of step t
  * issues the scores of t + 1 and the products of t - 1 between its rows. */
-AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, const out_of *out, int64_t b,
+AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *vp, const kk_out_of *out, int64_t b,
                         int64_t h, int64_t q0, int64_t q1, int64_t Nk, float scale) {
     __m512 c = _mm512_set1_ps(scale);
     int64_t ns = (Nk + KS - 1) / KS;
@@ -269,7 +250,7 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
             float row[DH] __attribute__((aligned(64)));
             for (int d = 0; d < DH; d++) row[d] = Ot[d * QB + r] * inv[r];
             for (int d = 0; d < DH; d += 32) {
-                void *dst = out_at(out, b, b0 + r, h, d);
+                void *dst = kk_out_at(out, b, b0 + r, h, d);
                 if (out->fmt == KK_FMT_F32) memcpy(dst, row + d, 32 * sizeof(float));
                 else _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(row + d + 16), _mm512_load_ps(row + d)));
             }
@@ -287,85 +268,39 @@ AMX_FN static void head(const uint16_t *qp, const uint16_t *kp, const uint16_t *
  * which the prefetchers do not follow); Q and V are transposed in
  * registers, 16 x 16 lanes of 32 bits at a time. */
 
-/* Where the token rows of q, k or v lie: token i of batch b is row
- * b * na + i of a for i < na, else row b * nb + i - na of b (attention over
- * two token segments, the image and context streams, read in place); the
- * elements are f32, or bf16 (esz 2) */
-typedef struct rows_of {
-    const void *a, *b;
-    int64_t na, nb;
-    int esz;
-} rows_of;
-
-static inline const char *row_of(const rows_of *r, int64_t batch, int64_t i, int64_t D) {
-    int64_t row;
-    return (const char *)(kk_segment_row(batch, i, r->na, r->nb, &row) ? r->b : r->a) + row * D * r->esz;
-}
-
-/* elements [j, j+16) of a row as f32 (bf16 widened: exact) */
-AMX_FN static inline __m512 load16(const rows_of *r, const char *row, int64_t j) {
-    if (r->esz == 2)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * j))), 16));
-    return _mm512_loadu_ps((const float *)row + j);
-}
-
 /* elements [j, j+32) of a row as bf16 (f32 rounded to nearest even; bf16 as it is) */
-AMX_FN static inline __m512i load32_bf16(const rows_of *r, const char *row, int64_t j) {
+AMX_FN static inline __m512i load32_bf16(const kk_rows_of *r, const char *row, int64_t j) {
     if (r->esz == 2) return _mm512_loadu_si512(row + 2 * j);
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps((const float *)row + j + 16), _mm512_loadu_ps((const float *)row + j));
 }
 
-/* r[j] lane i <- r[i] lane j, for 32-bit lanes */
-AMX_FN static inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 16; i += 8)
-        for (int j = 0; j < 4; j++) {
-            t[i + j] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0x88);
-            t[i + j + 4] = _mm512_shuffle_i32x4(u[i + j], u[i + j + 4], 0xdd);
-        }
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
-    }
-}
-
 /* queries [i0, i0+16) of one batch into Q^T: each query's Dh pairs (32
  * bits, even dim low) become a lane of 16 vectors */
-AMX_FN static void pack_q_block(const rows_of *q, int64_t batch, int64_t i0, int64_t Nq, int64_t H, int64_t Nqp,
+AMX_FN static void pack_q_block(const kk_rows_of *q, int64_t batch, int64_t i0, int64_t Nq, int64_t H, int64_t Nqp,
                                 uint16_t *qp) {
     for (int64_t h = 0; h < H; h++) {
         __m512i half[2][16];
         for (int r = 0; r < QB; r++) {
-            const char *row = i0 + r < Nq ? row_of(q, batch, i0 + r, H * DH) : NULL;
+            const char *row = i0 + r < Nq ? kk_row_of(q, batch, i0 + r, H * DH) : NULL;
             for (int c = 0; c < 2; c++) half[c][r] = row ? load32_bf16(q, row, h * DH + 32 * c) : _mm512_setzero_si512();
         }
         uint16_t *blk = qp + h * Nqp * DH + i0 / QB * 2 * 512;
         for (int c = 0; c < 2; c++) {
-            transpose16(half[c]);
+            kk_transpose16(half[c]);
             for (int j = 0; j < 16; j++) _mm512_storeu_si512(blk + c * 512 + j * 32, half[c][j]);
         }
     }
 }
 
 /* keys [k0, k0+32) of one batch into K and V^T */
-AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t batch, int64_t k0, int64_t Nk, int64_t H,
+AMX_FN static void pack_kv_block(const kk_rows_of *k, const kk_rows_of *v, int64_t batch, int64_t k0, int64_t Nk, int64_t H,
                                  int64_t Nkp, uint16_t *kp, uint16_t *vp) {
     const char *vrow[32];
-    for (int r = 0; r < 32; r++) vrow[r] = k0 + r < Nk ? row_of(v, batch, k0 + r, H * DH) : NULL;
+    for (int r = 0; r < 32; r++) vrow[r] = k0 + r < Nk ? kk_row_of(v, batch, k0 + r, H * DH) : NULL;
     for (int64_t h = 0; h < H; h++) {
         for (int r = 0; r < 32; r++) {
             uint16_t *kdst = kp + h * Nkp * DH + (k0 + r) * DH;
-            const char *row = k0 + r < Nk ? row_of(k, batch, k0 + r, H * DH) : NULL;
+            const char *row = k0 + r < Nk ? kk_row_of(k, batch, k0 + r, H * DH) : NULL;
             for (int c = 0; c < DH; c += 32)
                 _mm512_storeu_si512(kdst + c, row ? load32_bf16(k, row, h * DH + c) : _mm512_setzero_si512());
         }
@@ -373,11 +308,11 @@ AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t bat
         for (int d0 = 0; d0 < DH; d0 += 16) {
             __m512i lo[16], hi[16]; /* keys k0.. and k0+16.. x 16 dims, then 16 dims x those keys */
             for (int r = 0; r < 16; r++) {
-                lo[r] = vrow[r] ? _mm512_castps_si512(load16(v, vrow[r], h * DH + d0)) : _mm512_setzero_si512();
-                hi[r] = vrow[16 + r] ? _mm512_castps_si512(load16(v, vrow[16 + r], h * DH + d0)) : _mm512_setzero_si512();
+                lo[r] = vrow[r] ? _mm512_castps_si512(kk_load16(v, vrow[r], h * DH + d0)) : _mm512_setzero_si512();
+                hi[r] = vrow[16 + r] ? _mm512_castps_si512(kk_load16(v, vrow[16 + r], h * DH + d0)) : _mm512_setzero_si512();
             }
-            transpose16(lo);
-            transpose16(hi);
+            kk_transpose16(lo);
+            kk_transpose16(hi);
             for (int d = 0; d < 16; d++)
                 _mm512_storeu_si512(blk + d0 / 16 * 1024 + d * 32,
                                    (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi[d]), _mm512_castsi512_ps(lo[d])));
@@ -385,12 +320,12 @@ AMX_FN static void pack_kv_block(const rows_of *k, const rows_of *v, int64_t bat
     }
 }
 
-AMX_FN static void run(const rows_of *q, const rows_of *k, const rows_of *v, void *o, int o_fmt, int64_t B,
+AMX_FN static void run(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_of *v, void *o, int o_fmt, int64_t B,
                        int64_t H, int64_t Dh, uint16_t *all) {
     int64_t D = H * Dh, Nq = q->na + q->nb, Nk = k->na + k->nb, Nqp = (Nq + QB - 1) / QB * QB, Nkp = (Nk + KB - 1) / KB * KB;
     float scale = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
     size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
-    out_of out = {o, o_fmt, B, q->na, q->nb, D};
+    kk_out_of out = {o, o_fmt, B, q->na, q->nb, D};
     if (o_fmt == KK_FMT_BLOCKED) /* the padding rows of each segment's last block: zeros, as every blocked writer leaves them */
         for (int seg = 0; seg < 2; seg++) {
             int64_t rows = B * (seg ? q->nb : q->na), pad = (rows + 31) / 32 * 32;
@@ -442,7 +377,7 @@ int kk_attention_amx(const float *q, const float *k, const float *v, float *o, i
                      int64_t H, int64_t Dh, uint16_t *work) {
     /* the check comes first, outside any function built for AMX */
     if (Dh != DH || Nq < 1 || Nk < 1 || !work || !kk_amx_ready()) return 0;
-    rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
+    kk_rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
     run(&rq, &rk, &rv, o, KK_FMT_F32, B, H, Dh, work);
     return 1;
 }
@@ -452,7 +387,7 @@ int kk_attention_amx_joint(const void *qa, const void *ka, const void *va, const
                            int64_t Dh, uint16_t *work) {
     if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_amx_ready()) return 0;
     int esz = bf16 ? 2 : 4;
-    rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
+    kk_rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
     run(&rq, &rk, &rv, o, o_fmt, B, H, Dh, work);
     return 1;
 }

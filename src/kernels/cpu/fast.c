@@ -11,6 +11,7 @@
  * (target_clones). */
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
@@ -1203,7 +1204,7 @@ static void attention_f32(const float *q, const float *k, const float *v, float 
     fast_attention(KILN_F32, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 
-/* KILN_ATTENTION=strips turns the fused AMX kernel off (read once: this runs every layer) */
+/* KILN_ATTENTION=strips turns the fused AMX and fp16 kernels off (read once: this runs every layer) */
 static int attention_strips(void) {
     static int strips = -1;
     if (__atomic_load_n(&strips, __ATOMIC_RELAXED) < 0) {
@@ -1218,6 +1219,9 @@ static void attention_bf16(const float *q, const float *k, const float *v, float
     /* the fused AMX kernel where it applies (head size 64, AMX) */
     if (!attention_strips() && Dh == 64 &&
         kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H))))
+        return;
+    if (!attention_strips() && Dh == 64 && !kk_amx_ready() &&
+        kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H))))
         return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
@@ -1247,6 +1251,10 @@ static void attention_joint_bf16(const float *qa, const float *ka, const float *
         kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 0, o, 0, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
+    if (!attention_strips() && Dh == 64 && !kk_amx_ready() &&
+        kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 0, o, 0, B, Na, Nb, H, Dh,
+                               scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H))))
+        return;
     attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
 }
 
@@ -1261,6 +1269,10 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
     if (!attention_strips() && Dh == 64 &&
         kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh,
                                scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
+        return;
+    if (!attention_strips() && Dh == 64 && !kk_amx_ready() &&
+        kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh,
+                               scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H))))
         return;
     int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
     int o16 = o_fmt != KK_FMT_F32;
