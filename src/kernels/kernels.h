@@ -14,7 +14,9 @@
  * packed is the fast GEMM's own layout (NULL when none), by packed_dtype:
  *   F32        oneDNN's packed matmul weights
  *   BF16       kiln's AMX GEMM layout "amx32" where the CPU has AMX
- *              (gemm_amx.h), else oneDNN's packed bf16 weights
+ *              (gemm_amx.h), its fp16 GEMM's "f16p64" where the CPU has
+ *              AVX512-FP16 but no AMX (gemm_f16.h), else oneDNN's packed
+ *              bf16 weights
  *   I8         quantized: the AMX GEMM's s8 layout "s8-amx32", else oneDNN's
  *              packed s8 weights of an s8 x s8 matmul
  *   F8_E4M3    quantized: this machine's BF16 packed layout with every
@@ -171,12 +173,13 @@ const kk_backend *kk_reference(void);
  * machine cannot (the caller falls back to the reference). */
 const kk_backend *kk_fast(kiln_dtype dt);
 /* The packed layout the fast GEMM wants for W [M,K] in dt (F32, BF16, or
- * quantized I8 / F8_E4M3) on this machine: a name ("amx32", "s8-amx32",
- * "e4m3-amx32", or oneDNN's "dnnl-<hex>" / "e4m3-<hex>") and its size in
+ * quantized I8 / F8_E4M3) on this machine: a name ("amx32", "f16p64",
+ * "s8-amx32", "e4m3-amx32", or oneDNN's "dnnl-<hex>" / "e4m3-<hex>") and its size in
  * bytes (scales included). */
 kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
 /* The CPU features, oneDNN version and GEMM the packed layouts depend on,
- * e.g. "amx-dnnl2.6-amx32" (part of the weight cache key). */
+ * e.g. "amx-dnnl2.6-amx32" or "avx512bf16-dnnl2.6-f16p64" (part of the
+ * weight cache key). */
 const char *kk_fast_isa(void);
 /* Whether this machine has a CPU feature named by a kk_fast_isa tag
  * ("avx2", "avx512", "avx512vnni", "avx512bf16", "amx"); 0 for names it
