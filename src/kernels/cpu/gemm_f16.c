@@ -64,22 +64,45 @@ static size_t packed_at(int64_t n, int64_t k, int64_t KP) {
     return (size_t)(((n / NP) * KP + k / 2) * NP * 2 + (n % NP) * 2 + k % 2);
 }
 
-void kk_f16_pack(const float *w, int64_t N, int64_t K, void *out) {
+/* 32 values of W's row from k (f32 rounded to bf16; zeros past K) */
+F16_FN static inline void row32(const float *row, int64_t k, int64_t K, __m512 *lo, __m512 *hi) {
+    int64_t n = K - k < 32 ? K - k : 32;
+    __mmask32 m = n == 32 ? 0xffffffffu : ((1u << n) - 1);
+    *lo = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps((__mmask16)m, row + k)));
+    *hi = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps((__mmask16)(m >> 16), row + k + 16)));
+}
+
+F16_FN void kk_f16_pack(const float *w, int64_t N, int64_t K, void *out) {
     int64_t KP = pairs(K), NPn = panels(N);
     _Float16 *h = out;
     float *inv = (float *)(h + (size_t)NPn * KP * NP * 2);
     memset(out, 0, kk_f16_packed_bytes(N, K));
+    /* a pair p of an output sits NP pairs (32 bits each) after pair p - 1 */
+    const __m512i step = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(NP));
 #pragma omp parallel for schedule(static) if (N * K > (1 << 16))
     for (int64_t n = 0; n < NPn * NP; n++) {
         if (n >= N) {
             inv[n] = 1.0f;
             continue;
         }
-        float m = 0;
-        for (int64_t k = 0; k < K; k++) m = fmaxf(m, fabsf(kt_bf16_to_f32(kt_f32_to_bf16(w[n * K + k]))));
-        float s = kk_range_scale(m);
+        const float *row = w + n * K;
+        __m512 lo, hi, mx = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k += 32) {
+            row32(row, k, K, &lo, &hi);
+            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        }
+        float s = kk_range_scale(_mm512_reduce_max_ps(mx));
         inv[n] = 1.0f / s;
-        for (int64_t k = 0; k < K; k++) h[packed_at(n, k, KP)] = (_Float16)(kt_bf16_to_f32(kt_f32_to_bf16(w[n * K + k])) * s);
+        uint32_t *dst = (uint32_t *)(h + packed_at(n, 0, KP));
+        for (int64_t k = 0; k < K; k += 32) { /* 16 pairs of fp16, one per step of NP pairs */
+            row32(row, k, K, &lo, &hi);
+            __m512i v = _mm512_inserti64x4(
+                _mm512_castsi256_si512((__m256i)_mm512_cvtxps_ph(_mm512_mul_ps(lo, _mm512_set1_ps(s)))),
+                (__m256i)_mm512_cvtxps_ph(_mm512_mul_ps(hi, _mm512_set1_ps(s))), 1);
+            int64_t np = (K - k + 1) / 2 < 16 ? (K - k + 1) / 2 : 16;
+            _mm512_mask_i32scatter_epi32(dst + k / 2 * NP, (__mmask16)((1u << np) - 1), step, v, 4);
+        }
     }
 }
 
@@ -91,7 +114,7 @@ void kk_f16_unpack(const void *packed, int64_t N, int64_t K, float *out) {
         for (int64_t k = 0; k < K; k++) out[n * K + k] = (float)h[packed_at(n, k, KP)] * inv[n];
 }
 
-/* a row of x in f32 (2 KP values, then 16 spare for the last step's loads) */
+/* a row of x in f32: 2 KP values, then room for pack_tile's last 32-value loads */
 static size_t row_floats(int64_t K) { return (size_t)(2 * pairs(K) + 32) & ~(size_t)15; }
 
 size_t kk_f16_work_bytes(int64_t rows, int64_t K, int threads) {
