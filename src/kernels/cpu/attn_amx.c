@@ -326,13 +326,7 @@ AMX_FN static void run(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_o
     float scale = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
     size_t per_b = (size_t)(H * (Nqp + 2 * Nkp) * DH);
     kk_out_of out = {o, o_fmt, B, q->na, q->nb, D};
-    if (o_fmt == KK_FMT_BLOCKED) /* the padding rows of each segment's last block: zeros, as every blocked writer leaves them */
-        for (int seg = 0; seg < 2; seg++) {
-            int64_t rows = B * (seg ? q->nb : q->na), pad = (rows + 31) / 32 * 32;
-            uint16_t *base = (uint16_t *)o + (seg ? kk_blocked_elems(B * q->na, D) : 0);
-            for (int64_t r = rows; r < pad; r++)
-                for (int64_t c = 0; c < D; c += 32) memset(base + kk_blocked_index(r, c, D), 0, 64);
-        }
+    kk_out_zero_padding(&out);
 #pragma omp parallel
     {
         /* flush denormals to zero here: a rescale by a tiny exp(m_old - m) makes

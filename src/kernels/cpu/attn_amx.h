@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The bytes of kk_attention_amx's work buffer (every head's packed q, k, v). */
 size_t kk_attention_amx_work_bytes(int64_t B, int64_t Nq, int64_t Nk, int64_t H);
@@ -92,6 +93,19 @@ static inline void *kk_out_at(const kk_out_of *w, int64_t b, int64_t i, int64_t 
     int64_t r;
     int second = kk_segment_row(b, i, w->Na, w->Nb, &r);
     return (uint16_t *)w->o + (second ? kk_blocked_elems(w->B * w->Na, w->D) : 0) + kk_blocked_index(r, h * 64 + c, w->D);
+}
+
+
+/* blocked output (KK_FMT_BLOCKED): the padding rows of each segment's last
+ * block get zeros, as every blocked writer leaves them */
+static inline void kk_out_zero_padding(const kk_out_of *w) {
+    if (w->fmt != KK_FMT_BLOCKED) return;
+    for (int seg = 0; seg < 2; seg++) {
+        int64_t rows = w->B * (seg ? w->Nb : w->Na), pad = (rows + 31) / 32 * 32;
+        uint16_t *base = (uint16_t *)w->o + (seg ? kk_blocked_elems(w->B * w->Na, w->D) : 0);
+        for (int64_t r = rows; r < pad; r++)
+            for (int64_t c = 0; c < w->D; c += 32) memset(base + kk_blocked_index(r, c, w->D), 0, 64);
+    }
 }
 
 #endif

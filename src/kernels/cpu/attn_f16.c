@@ -210,13 +210,7 @@ F16_FN static void run(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_o
     head_layout L = layout_of(Nq, Nk);
     float c = 1.4426950408889634f / sqrtf((float)DH); /* log2 e / sqrt(Dh): softmax in base 2 */
     kk_out_of out = {o, o_fmt, B, q->na, q->nb, D};
-    if (o_fmt == KK_FMT_BLOCKED) /* the padding rows of each segment's last block: zeros, as every blocked writer leaves them */
-        for (int seg = 0; seg < 2; seg++) {
-            int64_t rows = B * (seg ? q->nb : q->na), pad = (rows + 31) / 32 * 32;
-            uint16_t *base = (uint16_t *)o + (seg ? kk_blocked_elems(B * q->na, D) : 0);
-            for (int64_t r = rows; r < pad; r++)
-                for (int64_t cc = 0; cc < D; cc += 32) memset(base + kk_blocked_index(r, cc, D), 0, 64);
-        }
+    kk_out_zero_padding(&out);
     int64_t nch = (Nq + QCHUNK - 1) / QCHUNK;
 #pragma omp parallel
     {
