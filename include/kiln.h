@@ -391,6 +391,12 @@ void kiln_set_log_level(kiln_log_level l);  /* default WARN, or $KILN_LOG */
 void kiln_set_threads(int n);
 int kiln_get_threads(void);
 
+/* The kernels this machine runs for compute dtype dt (KILN_F32 or
+ * KILN_BF16), in words, e.g. "kiln's fp16 GEMM and attention (AVX512-FP16,
+ * no AMX); weight cache layouts avx512bf16-dnnl2.6-f16p64" (the layout
+ * part of the cache key, for bf16); a static string. */
+const char *kiln_kernels(kiln_dtype dt);
+
 /* The timing ledger: per category seconds and counts, printed at exit with
  * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */
 void kiln_timings_print(void *file /* FILE* */);

@@ -61,6 +61,7 @@ TEST(info_reports_the_model) {
     CHECK_RUN(0, "dual attention", "info %s", golden_path("sd35-tiny", NULL));
     CHECK_RUN(0, "BF16 x", "info %s", golden_path("sd35-tiny", NULL));
     CHECK_RUN(0, "4 joint blocks", "info %s", golden_path("sd3-tiny", NULL));
+    CHECK_RUN(0, "kernels:        bf16: ", "info %s", golden_path("sd3-tiny", NULL)); /* which kernels run here */
     CHECK_RUN(1, "no such file or folder", "info /nonexistent");
 }
 

@@ -686,6 +686,8 @@ TEST(packed_layouts_are_stable) {
      * and unpacking gives back exactly the weights rounded to bf16 */
     if (!kk_fast(KILN_BF16)) return;
     CHECK_OK(kk_fast_layout(17, 45, KILN_BF16, a, &na));
+    /* kiln_kernels names the bf16 kernels that run */
+    CHECK(strstr(kiln_kernels(KILN_BF16), kk_amx_ready() ? "AMX GEMM" : kk_f16_ready() ? "fp16 GEMM" : "oneDNN") != NULL);
     if (!kk_cpu_has("amx")) {
         /* the fp16 GEMM's layout where it runs (gemm_f16.c), else oneDNN's */
         CHECK(kk_f16_ready() ? !strcmp(a, "f16p64") && na == kk_f16_packed_bytes(17, 45) : !strncmp(a, "dnnl-", 5));

@@ -60,6 +60,7 @@ int cmd_info(int argc, char **argv) {
     for (int t = 1; t < KILN_DTYPE_COUNT; t++)
         if (inf.n_by_dtype[t]) printf(" %s x %lld", kiln_dtype_name((kiln_dtype)t), (long long)inf.n_by_dtype[t]);
     printf("\nsize on disk:   %s\n", kb_human_bytes((double)inf.bytes_on_disk, size, sizeof size));
+    printf("kernels:        bf16: %s\n                f32: %s\n", kiln_kernels(KILN_BF16), kiln_kernels(KILN_F32));
     kiln_model_free(m);
     cli_common_finish(&com);
     return 0;

@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "\nMODEL is a diffusers model folder (config.json + diffusion_pytorch_model"
             ".safetensors[.index.json])\nor a single safetensors checkpoint (diffusers or original "
             "SD3 names).\n\nenvironment: KILN_THREADS (kernel threads), KILN_LOG "
-            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root),\n             KILN_PACKAGE_DIR (compiled packages), KILN_EXEC (execution chain), KILN_CC (C compiler)\n");
+            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root),\n             KILN_PACKAGE_DIR (compiled packages), KILN_EXEC (execution chain), KILN_CC (C compiler),\n             KILN_F16=0 (no fp16 kernels), KILN_ATTENTION=strips (no fused attention)\n");
 }
 
 int main(int argc, char **argv) {

@@ -1348,3 +1348,17 @@ const char *kk_fast_isa(void) {
              kk_amx_ready() ? "-amx32" : kk_f16_ready() ? "-f16p64" : "");
     return name;
 }
+
+const char *kiln_kernels(kiln_dtype dt) {
+    static char name[2][160];
+    char *out = name[dt == KILN_BF16];
+    const char *what;
+    if (!kk_fast(dt)) what = "the reference kernels (no fast backend for this dtype on this machine)";
+    else if (dt != KILN_BF16) what = "oneDNN's f32 matmul, kiln's fused elementwise kernels";
+    else if (kk_amx_ready()) what = "kiln's AMX GEMM and attention (AMX-BF16 tiles)";
+    else if (kk_f16_ready()) what = "kiln's fp16 GEMM and attention (AVX512-FP16, no AMX)";
+    else what = "oneDNN's bf16 matmul, attention in strips";
+    if (dt == KILN_BF16 && kk_fast(dt)) snprintf(out, sizeof name[0], "%s; weight cache layouts %s", what, kk_fast_isa());
+    else snprintf(out, sizeof name[0], "%s", what);
+    return out;
+}
