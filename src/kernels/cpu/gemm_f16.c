@@ -24,8 +24,11 @@
  *   - the epilogue adds each output's two lanes, undoes both scales (exact:
  *     powers of two) and hands the rows to the AMX GEMM's epilogue (bias,
  *     GELU, gated residual; f32 or bf16 rows: kk_amx_epilogue_rows).
- * Threads take work items (a block of row tiles that fits L2 by one panel)
- * dynamically, the row block outer so that it stays in L2 across panels. */
+ * Threads take work items dynamically: one panel against a block of row
+ * tiles (up to 8 MiB of packed x: every row of the SD3 shapes at batch 1),
+ * the panel's weights staying in L2 while the tiles stream past from L3 in
+ * order. Blocks of 512 KiB that stayed in L2 across the panels, each panel
+ * coming back from L3 per block, made the forward 1.11x slower (10 pairs). */
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
@@ -38,7 +41,7 @@
 #define MR KK_F16_MR        /* rows per tile */
 #define NV KK_F16_NV        /* 16-output vectors per panel */
 #define NP (16 * NV)        /* outputs per panel */
-#define ABLOCK (512 * 1024) /* bytes of packed x per work item (L2) */
+#define ABLOCK (8 << 20) /* bytes of packed x per work item (L3) */
 
 int kk_f16_ready(void) {
     static int ready = -1;
