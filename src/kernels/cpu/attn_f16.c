@@ -10,8 +10,9 @@
  * (kk_range_scale: exact powers of two, undone in f32). Per tile of 6
  * queries, over every panel of 64 keys, with gemm_f16.c's micro-kernel:
  *   S [6 x 64] = Q K^T       fp16 products over the 32 dim pairs, then f32
- *   online softmax (f32):    running max m and sum l per query, P = 2^(c S - m)
- *                            in fp16 (in [0, 1]), c = log2 e / sqrt(Dh)
+ *   online softmax (f32):    reference point m and sum l per query, P = 2^(c S - m)
+ *                            in fp16, c = log2 e / sqrt(Dh); m is the running max,
+ *                            moved only when a weight would pass 16
  *   O [6 x 64] += P V        fp16 over the panel's 32 key pairs, then f32,
  *                            O rescaled when m moves
  * and O / l is the output. The N x N matrix is never formed; parallel over
@@ -152,10 +153,11 @@ F16_FN static void head(const head_layout *L, const char *base, const kk_out_of 
     __m512 vsc[4];
     for (int t = 0; t < 4; t++) vsc[t] = _mm512_loadu_ps(vs + 16 * t);
     for (int64_t i0 = q0; i0 < q1; i0 += TQ) {
-        float m[TQ], l[TQ];
+        float m[TQ];
+        __m512 l[TQ]; /* each query's sum of weights, 16 lanes of it */
         for (int i = 0; i < TQ; i++) {
             m[i] = -INFINITY;
-            l[i] = 0;
+            l[i] = _mm512_setzero_ps();
             for (int t = 0; t < 4; t++) _mm512_store_ps(&O[i][16 * t], _mm512_setzero_ps());
         }
         for (int64_t k0 = 0; k0 < L->Nkp; k0 += PK) {
@@ -169,20 +171,21 @@ F16_FN static void head(const head_layout *L, const char *base, const kk_out_of 
                     s[t] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, s[t]);
                     mx = _mm512_max_ps(mx, s[t]);
                 }
-                float top = _mm512_reduce_max_ps(mx);
-                if (top > m[i]) { /* the running max moves: rescale what was summed */
+                /* the reference point m moves only when a weight 2^(s - m) would pass 16 (P V's
+                 * products stay below 16 x 16 then, and its sums over a panel below 8192) */
+                if (_mm512_cmp_ps_mask(mx, _mm512_set1_ps(m[i] + 4.0f), _CMP_GT_OQ)) {
+                    float top = _mm512_reduce_max_ps(mx);
                     float corr = m[i] == -INFINITY ? 0.0f : exp2f(m[i] - top);
                     m[i] = top;
-                    l[i] *= corr;
+                    l[i] = _mm512_mul_ps(l[i], _mm512_set1_ps(corr));
                     for (int t = 0; t < 4; t++) _mm512_store_ps(&O[i][16 * t], _mm512_mul_ps(_mm512_load_ps(&O[i][16 * t]), _mm512_set1_ps(corr)));
                 }
-                __m512 sum = _mm512_setzero_ps(), mm = _mm512_set1_ps(m[i]);
+                __m512 mm = _mm512_set1_ps(m[i]);
                 for (int t = 0; t < 4; t++) {
                     __m512 p = kk_exp2_16_ftz(_mm512_sub_ps(s[t], mm));
-                    sum = _mm512_add_ps(sum, p);
+                    l[i] = _mm512_add_ps(l[i], p);
                     _mm256_store_si256((__m256i *)&P[i][16 * t], to_f16(p));
                 }
-                l[i] += _mm512_reduce_add_ps(sum);
             }
             kk_f16_micro((const uint32_t *)P, 1, PK / 2, (const _Float16 *)(vh + k0 * (DH / 2)), PK / 2, c);
             for (int i = 0; i < TQ; i++)
@@ -190,7 +193,7 @@ F16_FN static void head(const head_layout *L, const char *base, const kk_out_of 
                     _mm512_store_ps(&O[i][16 * t], _mm512_fmadd_ps(kk_f16_pairsum(c + (i * 4 + t) * 32), vsc[t], _mm512_load_ps(&O[i][16 * t])));
         }
         for (int i = 0; i < TQ && i0 + i < q1; i++) {
-            __m512 inv = _mm512_set1_ps(1.0f / l[i]);
+            __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(l[i]));
             for (int d = 0; d < DH; d += 32) {
                 __m512 a = _mm512_mul_ps(_mm512_load_ps(&O[i][d]), inv), z = _mm512_mul_ps(_mm512_load_ps(&O[i][d + 16]), inv);
                 void *dst = kk_out_at(out, b, i0 + i, h, d);
