@@ -161,7 +161,7 @@ F16_FN static void head(const head_layout *L, const char *base, const kk_out_of 
             for (int t = 0; t < 4; t++) _mm512_store_ps(&O[i][16 * t], _mm512_setzero_ps());
         }
         for (int64_t k0 = 0; k0 < L->Nkp; k0 += PK) {
-            kk_f16_micro(qh + i0 * (DH / 2), 1, DH / 2, (const _Float16 *)(kh + k0 * (DH / 2)), DH / 2, c);
+            kk_f16_micro(qh + i0 * (DH / 2), 1, DH / 2, (const _Float16 *)(kh + k0 * (DH / 2)), DH / 2, c, 0);
             int valid = (int)(Nk - k0 < PK ? Nk - k0 : PK);
             for (int i = 0; i < TQ; i++) {
                 __m512 s[4], mx = _mm512_set1_ps(-INFINITY), qsc = _mm512_set1_ps(qs[i0 + i]);
@@ -187,7 +187,7 @@ F16_FN static void head(const head_layout *L, const char *base, const kk_out_of 
                     _mm256_store_si256((__m256i *)&P[i][16 * t], to_f16(p));
                 }
             }
-            kk_f16_micro((const uint32_t *)P, 1, PK / 2, (const _Float16 *)(vh + k0 * (DH / 2)), PK / 2, c);
+            kk_f16_micro((const uint32_t *)P, 1, PK / 2, (const _Float16 *)(vh + k0 * (DH / 2)), PK / 2, c, 0);
             for (int i = 0; i < TQ; i++)
                 for (int t = 0; t < 4; t++)
                     _mm512_store_ps(&O[i][16 * t], _mm512_fmadd_ps(kk_f16_pairsum(c + (i * 4 + t) * 32), vsc[t], _mm512_load_ps(&O[i][16 * t])));

@@ -212,7 +212,8 @@ F16_FN int kk_f16_linear(const void *x, int x_fmt, const void *packed, int64_t N
         for (int64_t it = 0; it < items; it++) {
             int64_t blk = it / NPn, q = it % NPn;
             for (int64_t t = blk * per; t < tiles && t < (blk + 1) * per; t++) {
-                kk_f16_micro(a + (size_t)t * KP * MR, MR, 1, w + (size_t)q * KP * NP * 2, KP, c);
+                if (tiles == 1) kk_f16_micro(a, MR, 1, w + (size_t)q * KP * NP * 2, KP, c, 1);
+                else kk_f16_micro(a + (size_t)t * KP * MR, MR, 1, w + (size_t)q * KP * NP * 2, KP, c, 0);
                 int64_t nr = rows - t * MR < MR ? rows - t * MR : MR;
                 finish(c, xinv + t * MR, winv, e, y, y_fmt, N, t * MR, nr, q);
             }
