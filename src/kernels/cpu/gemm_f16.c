@@ -194,7 +194,9 @@ F16_FN int kk_f16_linear(const void *x, int x_fmt, const void *packed, int64_t N
                          void *y, int y_fmt, int64_t rows, int threads, void *work) {
     if (!kk_f16_ready() || !work || x_fmt == KK_FMT_BLOCKED || y_fmt == KK_FMT_BLOCKED) return 0;
     int64_t KP = pairs(K), NPn = panels(N), tiles = (rows + MR - 1) / MR;
-    int64_t per = ABLOCK / (KP * MR * 4);
+    /* tiles per block: up to ABLOCK of packed x, and blocks enough for two items per thread */
+    int64_t per = ABLOCK / (KP * MR * 4), min_blocks = (2 * threads + NPn - 1) / NPn;
+    per = per < (tiles + min_blocks - 1) / min_blocks ? per : (tiles + min_blocks - 1) / min_blocks;
     per = per < 1 ? 1 : per > tiles ? tiles : per;
     int64_t blocks = (tiles + per - 1) / per, items = blocks * NPn;
     uint32_t *a = work;
