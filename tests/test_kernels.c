@@ -744,8 +744,9 @@ static void check_f16_gemm(int64_t rows, int64_t K, int64_t N, int x_fmt, int y_
     memset(y, 0x5a, ybytes);
     kk_amx_epilogue e = {.bias = mode ? b : NULL, .act = mode == 1 ? KK_ACT_GELU_TANH : KK_ACT_NONE};
     if (mode == 2) e = (kk_amx_epilogue){.bias = b, .res = res, .gate = gate, .gate_ld = 0, .tokens = rows};
-    void *work = kb_alloc_aligned(kk_f16_work_bytes(rows, K, 2));
-    CHECK(kk_f16_linear(x_fmt == KK_FMT_F32 ? (const void *)x : xb, x_fmt, packed, N, K, &e, y, y_fmt, rows, 2, work));
+    int threads = 2 + (int)(rows % 5); /* 2-6: with few panels, more threads split the rows in more blocks */
+    void *work = kb_alloc_aligned(kk_f16_work_bytes(rows, K, threads));
+    CHECK(kk_f16_linear(x_fmt == KK_FMT_F32 ? (const void *)x : xb, x_fmt, packed, N, K, &e, y, y_fmt, rows, threads, work));
     double worst = 0;
     for (int64_t r = 0; r < rows; r++) {
         double e2 = 0, r2 = 0;
