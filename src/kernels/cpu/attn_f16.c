@@ -235,7 +235,7 @@ int kk_attention_f16_joint(const void *qa, const void *ka, const void *va, const
                            const void *vb, int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
                            int64_t Dh, void *work) {
     /* the check comes first, outside any function built for AVX512-FP16 */
-    if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || Na + Nb < 1 || !work || !kk_f16_ready()) return 0;
+    if (Dh != DH || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work || !kk_f16_ready()) return 0;
     int esz = bf16 ? 2 : 4;
     kk_rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
     run(&rq, &rk, &rv, o, o_fmt, B, H, work);

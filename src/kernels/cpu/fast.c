@@ -849,7 +849,7 @@ static void fast_linear_gate_add(kiln_dtype dt, const void *x, int x_fmt, const 
         amx_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, KK_FMT_F32, B * N);
         return;
     }
-    if (dt == KILN_BF16 && w->packed && w->packed_dtype == KILN_BF16 && f16_bf16(dt)) {
+    if (w->packed && w->packed_dtype == KILN_BF16 && f16_bf16(dt)) {
         kk_amx_epilogue e = {.bias = b, .res = res, .gate = gate, .gate_ld = gate_ld, .tokens = N};
         if (f16_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, KK_FMT_F32, B * N)) return;
     }
@@ -1216,14 +1216,25 @@ static int attention_strips(void) {
 
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
                            int64_t Nk, int64_t H, int64_t Dh) {
-    /* the fused AMX kernel where it applies (head size 64, AMX) */
+    /* a fused kernel where one applies (head size 64): AMX, else fp16 on CPUs without AMX */
     if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H))))
-        return;
-    if (!attention_strips() && Dh == 64 && !kk_amx_ready() &&
-        kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H))))
+        (kk_amx_ready() ? kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
+                        : kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))))
         return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
+}
+
+/* attention_joint on a fused kernel that reads both segments in place (f32
+ * or, bf16 set, bf16 rows) and writes o in o_fmt: the AMX one, else the fp16
+ * one on CPUs without AMX (head size 64; slot 12); 0 where neither ran */
+static int fused_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb, const void *vb,
+                       int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+    if (attention_strips() || Dh != 64) return 0;
+    if (kk_amx_ready())
+        return kk_attention_amx_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
+                                      scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H)));
+    return kk_attention_f16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
+                                  scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H)));
 }
 
 /* the concatenations for kernels without segmented reads (slot 13) */
@@ -1246,34 +1257,19 @@ static void attention_joint_f32(const float *qa, const float *ka, const float *v
 
 static void attention_joint_bf16(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
                                  const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
-    /* the fused AMX kernel reads both segments in place */
-    if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 0, o, 0, B, Na, Nb, H, Dh,
-                               scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
-        return;
-    if (!attention_strips() && Dh == 64 && !kk_amx_ready() &&
-        kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 0, o, 0, B, Na, Nb, H, Dh,
-                               scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H))))
-        return;
+    if (fused_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh)) return;
     attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
 }
 
 /* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows, its
  * output f32, bf16 rows or blocked by segment (o_fmt) for the GEMMs after:
- * the AMX kernel packs and writes them so; elsewhere the inputs are widened
+ * the fused kernels (fused_joint) pack and write them so; elsewhere the inputs are widened
  * to f32 (exact; slot 16) for attention_joint_bf16, and a bf16 output is
  * rounded from f32 rows there too */
 static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
                                     const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
                                     int64_t Nb, int64_t H, int64_t Dh) {
-    if (!attention_strips() && Dh == 64 &&
-        kk_attention_amx_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh,
-                               scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H))))
-        return;
-    if (!attention_strips() && Dh == 64 && !kk_amx_ready() &&
-        kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh,
-                               scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H))))
-        return;
+    if (fused_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh)) return;
     int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
     int o16 = o_fmt != KK_FMT_F32;
     float *f = scratch_must(16, sizeof(float) * (size_t)(3 * (na + nb) + (o16 ? no : 0)));
