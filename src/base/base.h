@@ -94,6 +94,47 @@ void kb_unmap(kb_map *m);
 /* SHA-256 as 64 lowercase hex digits (src/base/sha256.c). */
 void kb_sha256(const void *data, size_t n, char hex[65]);
 kiln_status kb_sha256_file(const char *path, char hex[65]);
+/* The same in steps (a file read through a descriptor, say). */
+typedef struct kb_sha256_ctx {
+    uint32_t h[8];
+    uint64_t n;
+    uint8_t buf[64];
+    size_t len;
+} kb_sha256_ctx;
+void kb_sha256_init(kb_sha256_ctx *c);
+void kb_sha256_update(kb_sha256_ctx *c, const void *data, size_t n);
+void kb_sha256_final(kb_sha256_ctx *c, uint8_t out[32]);
+/* HMAC-SHA256 (RFC 2104), whole or in steps. */
+typedef struct kb_hmac_ctx {
+    kb_sha256_ctx inner, outer;
+} kb_hmac_ctx;
+void kb_hmac_init(kb_hmac_ctx *c, const void *key, size_t klen);
+void kb_hmac_update(kb_hmac_ctx *c, const void *data, size_t n);
+void kb_hmac_final(kb_hmac_ctx *c, uint8_t out[32]);
+void kb_hmac_sha256(const void *key, size_t klen, const void *data, size_t n, uint8_t out[32]);
+/* n bytes as 2n lowercase hex digits and a NUL */
+void kb_hex(const uint8_t *b, size_t n, char *hex);
+/* 1 when a and b are equal, in time independent of where they differ */
+int kb_const_eq(const void *a, const void *b, size_t n);
+
+/* ---- the trust key (src/base/trust.c, docs/package.md) ------------------ */
+/* The secret that signs compiled packages and cache manifests: the file
+ * $KILN_PACKAGE_KEY_FILE (it must exist: a fleet that shares packages
+ * shares this file), else $XDG_CONFIG_HOME/kiln/package.key (else
+ * ~/.config/kiln/package.key), created on first use with 32 random bytes as
+ * 64 hex digits, mode 0600, its folder 0700. Refused unless it is a regular
+ * file owned by this user (or root), not readable or writable by group or
+ * others, holding at least 32 bytes. Read once per process (again when the
+ * path changes); the key is the file's bytes, trailing whitespace removed. */
+#define KB_KEY_MAX 256
+kiln_status kb_trust_key(uint8_t key[KB_KEY_MAX], size_t *len);
+/* The path kb_trust_key reads (malloc'd), or NULL with a message. */
+char *kb_trust_key_path(void);
+/* HMAC-SHA256 of data under the trust key, as 64 hex digits. */
+kiln_status kb_sign(const void *data, size_t n, char hex[65]);
+/* KILN_OK when sig (64 hex digits) is data's signature under the trust key;
+ * KILN_ERR_CORRUPT (message: what failed) when not. */
+kiln_status kb_verify_sig(const void *data, size_t n, const char *sig);
 
 /* ||a - b|| / ||b|| accumulated in double (||a - b|| when b is all zero);
  * NaN anywhere gives NaN, which fails every "<=" gate. */

@@ -1,5 +1,6 @@
-/* sha256.c - SHA-256 (FIPS 180-4), for the package manifest's hash of its
- * shared object: a checksum that is also hard to forge, unlike xxHash. */
+/* sha256.c - SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104): the package
+ * manifest's hash of its shared object, and the keyed signatures of packages
+ * and cache manifests (trust.c holds the key). */
 #include "base/base.h"
 
 #include <stdio.h>
@@ -35,20 +36,62 @@ static void block(uint32_t h[8], const uint8_t *p) {
     h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
 }
 
-void kb_sha256(const void *data, size_t n, char hex[65]) {
-    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+void kb_sha256_init(kb_sha256_ctx *c) {
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(c->h, h0, sizeof h0);
+    c->n = 0;
+    c->len = 0;
+}
+
+void kb_sha256_update(kb_sha256_ctx *c, const void *data, size_t n) {
     const uint8_t *p = data;
-    size_t left = n;
-    for (; left >= 64; left -= 64, p += 64) block(h, p);
+    c->n += n;
+    if (c->len) {
+        size_t take = 64 - c->len < n ? 64 - c->len : n;
+        memcpy(c->buf + c->len, p, take);
+        c->len += take;
+        p += take;
+        n -= take;
+        if (c->len < 64) return;
+        block(c->h, c->buf);
+        c->len = 0;
+    }
+    for (; n >= 64; n -= 64, p += 64) block(c->h, p);
+    if (n) memcpy(c->buf, p, n);
+    c->len = n;
+}
+
+void kb_sha256_final(kb_sha256_ctx *c, uint8_t out[32]) {
     uint8_t tail[128] = {0};
-    if (left) memcpy(tail, p, left);
+    size_t left = c->len;
+    memcpy(tail, c->buf, left);
     tail[left] = 0x80;
     size_t tl = left < 56 ? 64 : 128;
-    uint64_t bits = (uint64_t)n * 8;
+    uint64_t bits = c->n * 8;
     for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
-    block(h, tail);
-    if (tl == 128) block(h, tail + 64);
-    for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08x", h[i]);
+    block(c->h, tail);
+    if (tl == 128) block(c->h, tail + 64);
+    for (int i = 0; i < 8; i++)
+        for (int k = 0; k < 4; k++) out[4 * i + k] = (uint8_t)(c->h[i] >> (24 - 8 * k));
+}
+
+void kb_hex(const uint8_t *b, size_t n, char *hex) {
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        hex[2 * i] = d[b[i] >> 4];
+        hex[2 * i + 1] = d[b[i] & 15];
+    }
+    hex[2 * n] = 0;
+}
+
+void kb_sha256(const void *data, size_t n, char hex[65]) {
+    kb_sha256_ctx c;
+    uint8_t out[32];
+    kb_sha256_init(&c);
+    kb_sha256_update(&c, data, n);
+    kb_sha256_final(&c, out);
+    kb_hex(out, 32, hex);
 }
 
 kiln_status kb_sha256_file(const char *path, char hex[65]) {
@@ -58,4 +101,47 @@ kiln_status kb_sha256_file(const char *path, char hex[65]) {
     kb_sha256(m.data, m.size, hex);
     kb_unmap(&m);
     return KILN_OK;
+}
+
+/* ---- HMAC-SHA256 (RFC 2104) ------------------------------------------------------ */
+
+void kb_hmac_init(kb_hmac_ctx *c, const void *key, size_t klen) {
+    uint8_t k[64] = {0}, pad[64];
+    if (klen > 64) {
+        kb_sha256_ctx h;
+        kb_sha256_init(&h);
+        kb_sha256_update(&h, key, klen);
+        kb_sha256_final(&h, k);
+    } else if (klen) {
+        memcpy(k, key, klen);
+    }
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
+    kb_sha256_init(&c->inner);
+    kb_sha256_update(&c->inner, pad, 64);
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
+    kb_sha256_init(&c->outer);
+    kb_sha256_update(&c->outer, pad, 64);
+}
+
+void kb_hmac_update(kb_hmac_ctx *c, const void *data, size_t n) { kb_sha256_update(&c->inner, data, n); }
+
+void kb_hmac_final(kb_hmac_ctx *c, uint8_t out[32]) {
+    uint8_t ih[32];
+    kb_sha256_final(&c->inner, ih);
+    kb_sha256_update(&c->outer, ih, 32);
+    kb_sha256_final(&c->outer, out);
+}
+
+void kb_hmac_sha256(const void *key, size_t klen, const void *data, size_t n, uint8_t out[32]) {
+    kb_hmac_ctx c;
+    kb_hmac_init(&c, key, klen);
+    kb_hmac_update(&c, data, n);
+    kb_hmac_final(&c, out);
+}
+
+int kb_const_eq(const void *a, const void *b, size_t n) {
+    const volatile uint8_t *x = a, *y = b;
+    uint8_t d = 0;
+    for (size_t i = 0; i < n; i++) d |= x[i] ^ y[i];
+    return d == 0;
 }
