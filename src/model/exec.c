@@ -88,12 +88,7 @@ const char *kiln_model_last_exec(const kiln_model *m) { return m && m->exec.last
 
 /* the model's own setting, else $KILN_PACKAGE_DIR, else <cache root>/packages (malloc'd; NULL: none) */
 static char *package_root(const kiln_model *m) {
-    if (m->exec.package_dir) return kb_strdup(m->exec.package_dir);
-    const char *env = getenv("KILN_PACKAGE_DIR");
-    if (env && *env) return kb_strdup(env);
-    const char *root = m->exec.cache_root;
-    if (!root) root = getenv("KILN_CACHE_DIR");
-    return root && *root ? kb_path_join(root, "packages") : NULL;
+    return kcache_package_root(m->exec.package_dir, m->exec.cache_root);
 }
 
 /* Everything a package depends on except its dimensions: architecture,
