@@ -160,6 +160,23 @@ void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t n
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
 /* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
+/* General forms, f32, shared by every backend (layout.c): */
+enum { KK_BIN_ADD = 0, KK_BIN_MUL = 1 };
+/* y = a op b with numpy broadcasting: shapes right-aligned to 4 dims (a
+ * dim of 1 in a or b repeats), ys the broadcast shape */
+void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
+                     const int64_t ys[4]);
+/* y [rows,D] = y * w [D] + b [D] in place (either may be NULL) */
+void kk_affine_rows(float *y, const float *w, const float *b, int64_t rows, int64_t D);
+/* y [rows,D] = x / sqrt(mean(x^2) + eps) * w [D] (w NULL: 1), the mean
+ * square summed in double and taken in f32 */
+void kk_rmsnorm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t D, float eps);
+/* o [B,Nq,H*Dh] = softmax(scale * q k^T + bias) v per batch and head, with
+ * bias [Bb,Hb,Nq,Nk] (Bb 1 or B, Hb 1 or H; NULL: none) and, causal, key j
+ * only for query i >= j; double sums, a key whose score is -inf adds nothing
+ * (a row of such keys gives 0) */
+void kk_attention_general(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
+                          float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale, int causal);
 /* linear_gate_add as be's linear (linear_io for bf16 x, x_fmt a KK_FMT_*)
  * and then its gate_add over y, one batch entry (gate row) at a time (with
  * gate NULL, y + res [N,M] for each): for GEMMs without the epilogue */
