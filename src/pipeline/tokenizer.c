@@ -215,10 +215,11 @@ kiln_status ktok_check_utf8(const char *s, size_t n, const char *what) {
     while (i < n) {
         size_t at = i;
         if (ktok_next_cp(s, n, &i) < 0) {
+            /* the bytes from there (up to 4), e.g. "ED A0 80" */
             char hex[16] = "";
-            size_t k = 0;
-            for (size_t j = at; j < n && j < at + 4 && k + 3 < sizeof hex; j++, k += 3)
-                snprintf(hex + k, sizeof hex - k, "%s%02X", k ? " " : "", (uint8_t)s[j]);
+            int k = 0;
+            for (size_t j = at; j < n && j < at + 4; j++)
+                k += snprintf(hex + k, sizeof hex - (size_t)k, "%s%02X", k ? " " : "", (uint8_t)s[j]);
             return kb_fail(KILN_ERR_INVALID_ARG,
                            "%s is not valid UTF-8: bytes %s at offset %zu are not a code point "
                            "(overlong, a surrogate, past U+10FFFF or cut short); give UTF-8 text",
