@@ -379,8 +379,9 @@ typedef struct kiln_tokenizer kiln_tokenizer;
 typedef enum kiln_tokenizer_kind { KILN_TOKENIZER_CLIP = 1, KILN_TOKENIZER_T5 = 2 } kiln_tokenizer_kind;
 
 /* A `tokenizer*` folder: tokenizer.json when it has one (a "BPE" model is
- * CLIP, "Unigram" T5), else CLIP's vocab.json + merges.txt; added tokens and
- * the pad token from tokenizer_config.json / special_tokens_map.json. */
+ * CLIP, "Unigram" T5), else CLIP's vocab.json + merges.txt, else T5's
+ * spiece.model; added tokens and the pad token from tokenizer_config.json /
+ * special_tokens_map.json. */
 kiln_status kiln_tokenizer_open(const char *folder, kiln_tokenizer **out);
 void kiln_tokenizer_free(kiln_tokenizer *t);
 kiln_tokenizer_kind kiln_tokenizer_get_kind(const kiln_tokenizer *t);

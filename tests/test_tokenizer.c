@@ -254,6 +254,61 @@ TEST(clip_routes_agree) {
     free_prompts(prompts, np);
 }
 
+/* ---- T5 from spiece.model agrees with tokenizer.json ---------------------- */
+
+TEST(t5_spiece_route) {
+    int np;
+    char **prompts = case_prompts(&np);
+    char *io_path = case_path("io.safetensors"), *dir = case_path("tokenizer_3");
+    st_file *io = NULL;
+    CHECK_OK(st_open(io_path, &io));
+    kiln_tokenizer *a = NULL, *b = NULL;
+    CHECK_OK(ktok_open(dir, KTOK_FILES_SPIECE, &b));
+    CHECK_OK(ktok_open(dir, KTOK_FILES_TOKENIZER_JSON, &a));
+    if (a && b && io) {
+        CHECK(a->vocab_size == b->vocab_size && a->n_added == b->n_added && a->eos_id == b->eos_id &&
+              a->pad_id == b->pad_id && kiln_tokenizer_get_kind(b) == KILN_TOKENIZER_T5);
+        int m = check_case(b, "tokenizer_3", prompts, np, io);
+        fprintf(stderr, "  spiece.model: %d of %d prompts match\n", m, np);
+        CHECK(m == np);
+        uint64_t rng = 777;
+        ktok_buf p = {0};
+        int same = 0;
+        for (int i = 0; i < 300; i++) {
+            random_prompt(&rng, &p, 1 + (int)(rng_next(&rng) % 40));
+            ktok_ids ia = {0}, ib = {0};
+            CHECK_OK(ktok_encode(a, p.p, p.len, &ia));
+            CHECK_OK(ktok_encode(b, p.p, p.len, &ib));
+            same += same_ids(&ia, &ib);
+            free(ia.p);
+            free(ib.p);
+        }
+        fprintf(stderr, "  spiece.model and tokenizer.json agree on %d of 300 random prompts\n", same);
+        CHECK(same == 300);
+        free(p.p);
+    }
+    kiln_tokenizer_free(a);
+    kiln_tokenizer_free(b);
+    /* a damaged spiece.model: cut in half, and not protobuf at all */
+    char tmp[512];
+    test_tmpdir(tmp, sizeof tmp, "tok-spm");
+    char *src = kb_path_join(dir, "spiece.model"), *dst = kb_path_join(tmp, "spiece.model"), *data;
+    size_t len;
+    CHECK_OK(kb_read_file(src, &data, &len));
+    CHECK_OK(kb_write_file_atomic(dst, data, len / 2));
+    CHECK_FAILS(kiln_tokenizer_open(tmp, &a), KILN_ERR_FORMAT, "spiece.model");
+    CHECK_OK(kb_write_file_atomic(dst, "\xff\xff\xff", 3));
+    CHECK_FAILS(kiln_tokenizer_open(tmp, &a), KILN_ERR_FORMAT, "not a SentencePiece model");
+    free(data);
+    free(src);
+    free(dst);
+    test_rmrf(tmp);
+    st_close(io);
+    free(io_path);
+    free(dir);
+    free_prompts(prompts, np);
+}
+
 /* ---- hostile prompts: never a crash, never out of bounds (ASan) ---------- */
 
 /* One prompt through kiln_tokenize: either OK with ids in range and a
@@ -435,7 +490,7 @@ TEST(malformed_files) {
     CHECK_FAILS(kiln_tokenizer_open("/nonexistent/tokenizer", &t), KILN_ERR_IO, "not a folder");
     CHECK(t == NULL);
     /* no files at all; merges without a vocabulary */
-    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_MISSING, "neither tokenizer.json nor vocab.json");
+    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_MISSING, "neither tokenizer.json, vocab.json + merges.txt nor spiece.model");
     put(dir, "merges.txt", "#version: 0.2\na b\n");
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_MISSING, "vocab.json + merges.txt");
     /* a tiny CLIP: every other byte unknown -> <|endoftext|> */
@@ -660,6 +715,7 @@ TEST(cli_tokenize) {
 int main(void) {
     RUN(golden_case_all_three);
     RUN(clip_routes_agree);
+    RUN(t5_spiece_route);
     RUN(hostile_prompts_never_crash);
     RUN(truncation_and_arguments);
     RUN(malformed_files);

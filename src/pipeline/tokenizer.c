@@ -418,6 +418,56 @@ static kiln_status ktok_special(const kiln_tokenizer *t, const cJSON *cfg, const
     return KILN_OK;
 }
 
+/* Added tokens without tokenizer.json: tokenizer_config.json's
+ * "added_tokens_decoder" (id -> {content, normalized, ...}); without one,
+ * the special tokens and "additional_special_tokens" that are in the
+ * vocabulary, as transformers adds them (not normalized). */
+static kiln_status ktok_added_from_config(kiln_tokenizer *t, const cJSON *cfg, const cJSON *map, const char *p_cfg) {
+    const cJSON *dec = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "added_tokens_decoder") : NULL, *e;
+    kiln_status s = KILN_OK;
+    if (cJSON_IsObject(dec)) {
+        cJSON_ArrayForEach(e, dec) {
+            char *end;
+            long long id = strtoll(e->string, &end, 10);
+            if (end == e->string || *end)
+                return kb_fail(KILN_ERR_FORMAT, "%s: \"added_tokens_decoder\" key \"%s\" is not an id", p_cfg, e->string);
+            if ((s = ktok_added_entry(t, e, id, p_cfg))) return s;
+        }
+        return KILN_OK;
+    }
+    int clip = t->kind == KILN_TOKENIZER_CLIP;
+    static const char *keys[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+    const char *dflt_clip[] = {"<|startoftext|>", "<|endoftext|>", "<|endoftext|>", "<|endoftext|>"};
+    const char *dflt_t5[] = {NULL, "</s>", "<unk>", "<pad>"};
+    const cJSON *extra = NULL;
+    for (int k = 0; k < 5 && !s; k++) {
+        const char *names[128];
+        int n = 0;
+        if (k < 4) {
+            const char *name = cfg ? ktok_token_name(cfg, keys[k]) : NULL;
+            if (!name && map) name = ktok_token_name(map, keys[k]);
+            if (!name) name = clip ? dflt_clip[k] : dflt_t5[k];
+            if (name) names[n++] = name;
+        } else {
+            extra = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "additional_special_tokens") : NULL;
+            if (!extra && map) extra = cJSON_GetObjectItemCaseSensitive(map, "additional_special_tokens");
+            cJSON_ArrayForEach(e, extra) if (cJSON_IsString(e) && n < 128) names[n++] = e->valuestring;
+        }
+        for (int j = 0; j < n && !s; j++) {
+            int32_t id;
+            if (!ktok_map_get(&t->vocab, names[j], strlen(names[j]), &id)) {
+                if (k < 4 && clip)
+                    return kb_fail(KILN_ERR_MISSING, "%s: the %s \"%s\" is not in the vocabulary", t->source, keys[k], names[j]);
+                continue;
+            }
+            int dup = 0;
+            for (int i = 0; i < t->n_added; i++) dup |= t->added[i].id == id;
+            if (!dup) s = ktok_add_added(t, names[j], id, 0, p_cfg);
+        }
+    }
+    return s;
+}
+
 void kiln_tokenizer_free(kiln_tokenizer *t) {
     if (!t) return;
     for (int k = 0; k < t->n_added; k++) free(t->added[k].content);
@@ -436,8 +486,9 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
     char *p_merges = kb_path_join(folder, "merges.txt");
     char *p_cfg = kb_path_join(folder, "tokenizer_config.json");
     char *p_map = kb_path_join(folder, "special_tokens_map.json");
+    char *p_spiece = kb_path_join(folder, "spiece.model");
     kiln_status s = KILN_OK;
-    if (!p_json || !p_vocab || !p_merges || !p_cfg || !p_map) {
+    if (!p_json || !p_vocab || !p_merges || !p_cfg || !p_map || !p_spiece) {
         s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
         goto done;
     }
@@ -477,46 +528,28 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
             }
             if ((s = ktok_added_entry(t, e, (int64_t)id->valuedouble, p_json))) goto done;
         }
-    } else if (files != KTOK_FILES_TOKENIZER_JSON && kb_is_file(p_vocab) && kb_is_file(p_merges)) {
+    } else if ((files == KTOK_FILES_AUTO || files == KTOK_FILES_VOCAB_MERGES) && kb_is_file(p_vocab) &&
+               kb_is_file(p_merges)) {
         t->source = kb_strdup(p_vocab);
         t->kind = KILN_TOKENIZER_CLIP;
         if ((s = ktok_clip_from_files(t, p_vocab, p_merges))) goto done;
-        const cJSON *dec = *cfg ? cJSON_GetObjectItemCaseSensitive(*cfg, "added_tokens_decoder") : NULL, *e;
-        if (cJSON_IsObject(dec)) {
-            cJSON_ArrayForEach(e, dec) {
-                char *end;
-                long long id = strtoll(e->string, &end, 10);
-                if (end == e->string || *end) {
-                    s = kb_fail(KILN_ERR_FORMAT, "%s: \"added_tokens_decoder\" key \"%s\" is not an id", p_cfg, e->string);
-                    goto done;
-                }
-                if ((s = ktok_added_entry(t, e, id, p_cfg))) goto done;
-            }
-        } else {
-            /* no list of added tokens: transformers adds the special tokens */
-            static const char *keys[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
-            static const char *dflt[] = {"<|startoftext|>", "<|endoftext|>", "<|endoftext|>", "<|endoftext|>"};
-            for (int k = 0; k < 4; k++) {
-                const char *name = *cfg ? ktok_token_name(*cfg, keys[k]) : NULL;
-                if (!name && *map) name = ktok_token_name(*map, keys[k]);
-                if (!name) name = dflt[k];
-                int32_t id;
-                if (!ktok_map_get(&t->vocab, name, strlen(name), &id)) {
-                    s = kb_fail(KILN_ERR_MISSING, "%s: the %s \"%s\" is not in the vocabulary", p_vocab, keys[k], name);
-                    goto done;
-                }
-                int dup = 0;
-                for (int j = 0; j < t->n_added; j++) dup |= t->added[j].id == id;
-                if (!dup && (s = ktok_add_added(t, name, id, 0, p_cfg))) goto done;
-            }
-        }
+        s = ktok_added_from_config(t, *cfg, *map, p_cfg);
+    } else if (files != KTOK_FILES_TOKENIZER_JSON && files != KTOK_FILES_VOCAB_MERGES && kb_is_file(p_spiece)) {
+        t->source = kb_strdup(p_spiece);
+        t->kind = KILN_TOKENIZER_T5;
+        if ((s = ktok_t5_from_spiece(t, p_spiece, *cfg))) goto done;
+        s = ktok_added_from_config(t, *cfg, *map, p_cfg);
     } else {
         s = kb_fail(KILN_ERR_MISSING,
-                    "tokenizer folder %s has %s: kiln reads tokenizer.json (CLIP BPE or T5 Unigram) or "
-                    "CLIP's vocab.json + merges.txt",
-                    folder, files == KTOK_FILES_TOKENIZER_JSON ? "no tokenizer.json" : "neither tokenizer.json nor vocab.json + merges.txt");
+                    "tokenizer folder %s has %s: kiln reads tokenizer.json (CLIP BPE or T5 Unigram), "
+                    "CLIP's vocab.json + merges.txt or T5's spiece.model",
+                    folder, files == KTOK_FILES_TOKENIZER_JSON ? "no tokenizer.json"
+                            : files == KTOK_FILES_VOCAB_MERGES ? "no vocab.json + merges.txt"
+                            : files == KTOK_FILES_SPIECE     ? "no spiece.model"
+                                                             : "neither tokenizer.json, vocab.json + merges.txt nor spiece.model");
         goto done;
     }
+    if (s) goto done;
     if (!t->source) {
         s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
         goto done;
@@ -538,6 +571,7 @@ done:
     free(p_merges);
     free(p_cfg);
     free(p_map);
+    free(p_spiece);
     return s;
 }
 

@@ -12,7 +12,7 @@
  * data). Files: tokenizer.c (shared: UTF-8, hash maps, added tokens, JSON,
  * open/detect, the public calls), tokenizer_clip.c (normalizer, the split
  * patterns, byte-to-unicode, BPE), tokenizer_t5.c (the Precompiled charsmap,
- * Metaspace, Unigram Viterbi). Every step mirrored is spelled out in
+ * Metaspace, Unigram Viterbi, spiece.model's protobuf). Every step mirrored is spelled out in
  * tests/data/goldens/README-pipelines.md of the shared cases.
  *
  * Invalid UTF-8 in a prompt (overlong forms, surrogates such as ED A0 80,
@@ -125,6 +125,7 @@ typedef enum ktok_files {
     KTOK_FILES_AUTO = 0,
     KTOK_FILES_TOKENIZER_JSON, /* tokenizer.json (+ tokenizer_config.json for pad) */
     KTOK_FILES_VOCAB_MERGES,   /* CLIP: vocab.json + merges.txt + tokenizer_config.json */
+    KTOK_FILES_SPIECE,         /* T5: spiece.model + tokenizer_config.json */
 } ktok_files;
 kiln_status ktok_open(const char *folder, ktok_files files, kiln_tokenizer **out);
 
@@ -141,6 +142,10 @@ kiln_status ktok_clip_normalize(const char *s, size_t n, ktok_buf *out);
 void ktok_clip_free(ktok_clip *c);
 
 kiln_status ktok_t5_from_json(kiln_tokenizer *t, const void *model_json, const void *root_json);
+/* spiece.model (SentencePiece's protobuf) with the extra ids of
+ * tokenizer_config.json (cfg may be NULL), read into the pipeline
+ * transformers converts it to: Precompiled, WhitespaceSplit, Metaspace. */
+kiln_status ktok_t5_from_spiece(kiln_tokenizer *t, const char *path, const void *cfg);
 kiln_status ktok_t5_encode(const kiln_tokenizer *t, const char *text, size_t len, ktok_ids *out);
 void ktok_t5_free(ktok_t5 *c);
 

@@ -317,10 +317,9 @@ static const char *ktok_str(const cJSON *o, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static kiln_status ktok_charsmap(ktok_t5 *c, const char *b64, const char *where) {
-    size_t n;
-    kiln_status s = ktok_base64(b64, strlen(b64), &c->blob, &n, "the precompiled_charsmap");
-    if (s) return kb_wrap(s, "%s", where);
+/* The charsmap's bytes (in c->blob, n bytes): a u32 trie size, the trie,
+ * the NUL-terminated replacements. */
+static kiln_status ktok_charsmap_bytes(ktok_t5 *c, size_t n, const char *where) {
     const uint8_t *b = c->blob;
     if (n < 4)
         return kb_fail(KILN_ERR_FORMAT, "%s: the precompiled_charsmap is truncated (%zu bytes, not even its trie size)", where, n);
@@ -346,6 +345,13 @@ static kiln_status ktok_charsmap(ktok_t5 *c, const char *b64, const char *where)
         i += l + 1;
     }
     return KILN_OK;
+}
+
+static kiln_status ktok_charsmap(ktok_t5 *c, const char *b64, const char *where) {
+    size_t n;
+    kiln_status s = ktok_base64(b64, strlen(b64), &c->blob, &n, "the precompiled_charsmap");
+    if (s) return kb_wrap(s, "%s", where);
+    return ktok_charsmap_bytes(c, n, where);
 }
 
 static kiln_status ktok_t5_normalizer(ktok_t5 *c, const cJSON *nz, const char *where) {
@@ -445,6 +451,183 @@ kiln_status ktok_t5_from_json(kiln_tokenizer *t, const void *model_json, const v
         if (unk->valuedouble < 0 || unk->valuedouble >= n)
             return kb_fail(KILN_ERR_FORMAT, "%s: unk_id %g is outside the vocabulary of %d pieces", where, unk->valuedouble, n);
         c->unk_id = (int32_t)unk->valuedouble;
+    }
+    return KILN_OK;
+}
+
+/* ---- spiece.model: SentencePiece's ModelProto (protobuf) ------------------- */
+
+typedef struct {
+    const uint8_t *p, *end;
+} ktok_pb;
+
+static int ktok_pb_varint(ktok_pb *b, uint64_t *v) {
+    *v = 0;
+    for (int sh = 0; sh < 64 && b->p < b->end; sh += 7) {
+        uint8_t c = *b->p++;
+        *v |= (uint64_t)(c & 0x7F) << sh;
+        if (!(c & 0x80)) return 1;
+    }
+    return 0;
+}
+
+/* The next field: number, wire type, and for wire type 2 its bytes, for
+ * 0/1/5 its value. 0 at the end, -1 when damaged. */
+static int ktok_pb_next(ktok_pb *b, uint32_t *field, int *wt, ktok_pb *sub, uint64_t *val) {
+    if (b->p >= b->end) return 0;
+    uint64_t key;
+    if (!ktok_pb_varint(b, &key) || key >> 3 == 0 || key >> 3 > UINT32_MAX) return -1;
+    *field = (uint32_t)(key >> 3);
+    *wt = (int)(key & 7);
+    switch (*wt) {
+    case 0: return ktok_pb_varint(b, val) ? 1 : -1;
+    case 1:
+        if (b->end - b->p < 8) return -1;
+        memcpy(val, b->p, 8);
+        b->p += 8;
+        return 1;
+    case 5: {
+        if (b->end - b->p < 4) return -1;
+        uint32_t u;
+        memcpy(&u, b->p, 4);
+        *val = u;
+        b->p += 4;
+        return 1;
+    }
+    case 2: {
+        uint64_t n;
+        if (!ktok_pb_varint(b, &n) || n > (uint64_t)(b->end - b->p)) return -1;
+        sub->p = b->p;
+        sub->end = b->p + n;
+        b->p += n;
+        return 1;
+    }
+    default: return -1; /* groups: not in ModelProto */
+    }
+}
+
+static kiln_status ktok_t5_add_piece(kiln_tokenizer *t, size_t *cap, const char *piece, size_t len, double score,
+                                     const char *where) {
+    ktok_t5 *c = t->t5;
+    int32_t id = t->vocab_size;
+    if ((size_t)id == *cap) {
+        size_t nc = *cap ? *cap * 2 : 1024;
+        double *s = realloc(c->score, nc * sizeof *s);
+        if (!s) return kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+        c->score = s;
+        *cap = nc;
+    }
+    if (ktok_check_utf8(piece, len, "a vocabulary piece")) return kb_wrap(KILN_ERR_FORMAT, "%s", where);
+    kiln_status s = ktok_map_put(&t->vocab, piece, len, id);
+    if (s) return s;
+    c->score[id] = score;
+    if (!id || score < c->min_score) c->min_score = score;
+    if (len > c->max_piece) c->max_piece = len;
+    t->vocab_size = id + 1;
+    return KILN_OK;
+}
+
+kiln_status ktok_t5_from_spiece(kiln_tokenizer *t, const char *path, const void *cfg_json) {
+    const cJSON *cfg = cfg_json;
+    kb_map m;
+    kiln_status s = kb_map_file(path, &m);
+    if (s) return s;
+    ktok_t5 *c = calloc(1, sizeof *c);
+    if (!c) {
+        kb_unmap(&m);
+        return kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    t->t5 = c;
+    c->unk_id = -1;
+    /* the pipeline transformers gives T5's tokenizer.json: Precompiled,
+     * WhitespaceSplit, Metaspace (prepend always) */
+    c->whitespace_split = 1;
+    size_t cap = 0;
+    int64_t unk_pb = 0; /* TrainerSpec.unk_id (default 0) */
+    int have_unk_pb = 0, r;
+    uint32_t f;
+    int wt;
+    uint64_t v;
+    ktok_pb b = {m.data, m.data + m.size}, sub, sub2;
+    while (!s && (r = ktok_pb_next(&b, &f, &wt, &sub, &v)) == 1) {
+        if (f == 1 && wt == 2) { /* SentencePiece { piece = 1, score = 2, type = 3 } */
+            const char *piece = NULL;
+            size_t plen = 0;
+            float score = 0;
+            uint64_t type = 1;
+            int r2;
+            while ((r2 = ktok_pb_next(&sub, &f, &wt, &sub2, &v)) == 1) {
+                if (f == 1 && wt == 2) piece = (const char *)sub2.p, plen = (size_t)(sub2.end - sub2.p);
+                else if (f == 2 && wt == 5) {
+                    uint32_t u = (uint32_t)v;
+                    memcpy(&score, &u, 4);
+                } else if (f == 3 && wt == 0) type = v;
+            }
+            if (r2 < 0 || !piece)
+                s = kb_fail(KILN_ERR_FORMAT, "%s: piece %d is damaged (no piece text)", path, t->vocab_size);
+            else if (type == 6)
+                s = kb_fail(KILN_ERR_UNSUPPORTED, "%s: byte pieces (byte fallback) are not T5's", path);
+            else {
+                if (type == 2 && c->unk_id < 0) c->unk_id = t->vocab_size;
+                s = ktok_t5_add_piece(t, &cap, piece, plen, (double)score, path);
+            }
+        } else if (f == 2 && wt == 2) { /* TrainerSpec: model_type = 3, unk_id = 40 */
+            int r2;
+            while ((r2 = ktok_pb_next(&sub, &f, &wt, &sub2, &v)) == 1) {
+                if (f == 3 && wt == 0 && v != 1)
+                    s = kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_type %llu is not Unigram (1)", path, (unsigned long long)v);
+                if (f == 40 && wt == 0) unk_pb = (int64_t)(int32_t)v, have_unk_pb = 1;
+            }
+            if (r2 < 0) s = kb_fail(KILN_ERR_FORMAT, "%s: its trainer_spec is damaged", path);
+        } else if (f == 3 && wt == 2) { /* NormalizerSpec: precompiled_charsmap = 2 */
+            int r2;
+            while (!s && (r2 = ktok_pb_next(&sub, &f, &wt, &sub2, &v)) == 1) {
+                if (f == 2 && wt == 2 && sub2.end > sub2.p) {
+                    size_t n = (size_t)(sub2.end - sub2.p);
+                    free(c->blob);
+                    if (!(c->blob = malloc(n))) s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+                    else {
+                        memcpy(c->blob, sub2.p, n);
+                        s = ktok_charsmap_bytes(c, n, path);
+                    }
+                }
+            }
+            if (!s && r2 < 0) s = kb_fail(KILN_ERR_FORMAT, "%s: its normalizer_spec is damaged", path);
+        }
+    }
+    kb_unmap(&m);
+    if (s) return s;
+    if (r < 0) return kb_fail(KILN_ERR_FORMAT, "%s is not a SentencePiece model (damaged protobuf)", path);
+    if (!t->vocab_size) return kb_fail(KILN_ERR_FORMAT, "%s holds no pieces", path);
+    if (have_unk_pb) {
+        if (unk_pb < 0 || unk_pb >= t->vocab_size)
+            return kb_fail(KILN_ERR_FORMAT, "%s: unk_id %lld is outside its %d pieces", path, (long long)unk_pb, t->vocab_size);
+        c->unk_id = (int32_t)unk_pb;
+    } else if (c->unk_id < 0) {
+        c->unk_id = 0;
+    }
+    /* transformers appends the extra ids to the Unigram vocabulary (score
+     * 0): the tokens of tokenizer_config.json past the pieces, in id order,
+     * else <extra_id_{N-1}> .. <extra_id_0> for "extra_ids": N */
+    const cJSON *dec = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "added_tokens_decoder") : NULL;
+    if (cJSON_IsObject(dec)) {
+        for (;;) {
+            const cJSON *e, *hit = NULL;
+            char want[16];
+            snprintf(want, sizeof want, "%d", t->vocab_size);
+            cJSON_ArrayForEach(e, dec) if (!strcmp(e->string, want)) hit = e;
+            const char *content = ktok_str(hit, "content");
+            if (!content) break;
+            if ((s = ktok_t5_add_piece(t, &cap, content, strlen(content), 0.0, path))) return s;
+        }
+    } else {
+        const cJSON *ex = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "extra_ids") : NULL;
+        int n = cJSON_IsNumber(ex) && ex->valuedouble > 0 && ex->valuedouble <= 10000 ? (int)ex->valuedouble : 0;
+        for (int i = n - 1; i >= 0; i--) {
+            char name[32];
+            snprintf(name, sizeof name, "<extra_id_%d>", i);
+            if ((s = ktok_t5_add_piece(t, &cap, name, strlen(name), 0.0, path))) return s;
+        }
     }
     return KILN_OK;
 }
