@@ -88,9 +88,12 @@ static kiln_status ktok_t5_normalize(const ktok_t5 *c, const char *s, size_t n, 
     out->len = 0;
     kiln_status st = ktok_buf_add(out, "", 0);
     size_t i = 0;
+    /* utf8proc's break state runs through the whole stretch, as a
+     * segmentation of the string does (it carries GB11's emoji + ZWJ and
+     * GB12/13's regional-indicator pairs across calls) */
+    utf8proc_int32_t state = 0;
     while (i < n && !st) {
         /* one extended grapheme cluster [i, e) */
-        utf8proc_int32_t state = 0;
         size_t e = i;
         int32_t prev = ktok_next_cp(s, n, &e);
         while (e < n) {
