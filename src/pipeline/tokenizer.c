@@ -500,7 +500,10 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
     if (kb_is_file(p_map) && (s = ktok_read_json(p_map, map))) goto done;
     int use_json = files == KTOK_FILES_TOKENIZER_JSON || (files == KTOK_FILES_AUTO && kb_is_file(p_json));
     if (use_json) {
-        t->source = kb_strdup(p_json);
+        if (!(t->source = kb_strdup(p_json))) {
+            s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+            goto done;
+        }
         if ((s = ktok_read_json(p_json, root))) goto done;
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(*root, "model");
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
@@ -530,12 +533,18 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
         }
     } else if ((files == KTOK_FILES_AUTO || files == KTOK_FILES_VOCAB_MERGES) && kb_is_file(p_vocab) &&
                kb_is_file(p_merges)) {
-        t->source = kb_strdup(p_vocab);
+        if (!(t->source = kb_strdup(p_vocab))) {
+            s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+            goto done;
+        }
         t->kind = KILN_TOKENIZER_CLIP;
         if ((s = ktok_clip_from_files(t, p_vocab, p_merges))) goto done;
         s = ktok_added_from_config(t, *cfg, *map, p_cfg);
     } else if (files != KTOK_FILES_TOKENIZER_JSON && files != KTOK_FILES_VOCAB_MERGES && kb_is_file(p_spiece)) {
-        t->source = kb_strdup(p_spiece);
+        if (!(t->source = kb_strdup(p_spiece))) {
+            s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+            goto done;
+        }
         t->kind = KILN_TOKENIZER_T5;
         if ((s = ktok_t5_from_spiece(t, p_spiece, *cfg))) goto done;
         s = ktok_added_from_config(t, *cfg, *map, p_cfg);
@@ -550,10 +559,6 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
         goto done;
     }
     if (s) goto done;
-    if (!t->source) {
-        s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
-        goto done;
-    }
     if (t->kind == KILN_TOKENIZER_CLIP) {
         t->max_length = 77;
         if ((s = ktok_special(t, *cfg, *map, "bos_token", "<|startoftext|>", &t->bos_id))) goto done;
