@@ -619,6 +619,47 @@ TEST(malformed_files) {
     test_rmrf(dir);
 }
 
+/* A normalized added token (none in the case's files): matched in the
+ * normalized text, by its normalized form (full-width "ｃａｔ" -> "cat"). */
+TEST(normalized_added_token) {
+    char tmp[512];
+    test_tmpdir(tmp, sizeof tmp, "tok-norm");
+    char *src = case_path("tokenizer_3/tokenizer.json"), *text;
+    size_t len;
+    CHECK_OK(kb_read_file(src, &text, &len));
+    cJSON *j = cJSON_Parse(text);
+    cJSON *tok = cJSON_CreateObject();
+    cJSON_AddNumberToObject(tok, "id", 5);
+    cJSON_AddStringToObject(tok, "content", "\xef\xbd\x83\xef\xbd\x81\xef\xbd\x94");
+    cJSON_AddBoolToObject(tok, "normalized", 1);
+    cJSON_AddBoolToObject(tok, "special", 0);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(j, "added_tokens"), tok);
+    char *out = cJSON_PrintUnformatted(j);
+    put(tmp, "tokenizer.json", out);
+    kiln_tokenizer *t = NULL, *plain = NULL;
+    char *dir = case_path("tokenizer_3");
+    CHECK_OK(kiln_tokenizer_open(tmp, &t));
+    CHECK_OK(kiln_tokenizer_open(dir, &plain));
+    if (t && plain) {
+        int64_t a[8], b[8];
+        int n;
+        CHECK_OK(kiln_tokenize(plain, "a", 8, b, NULL, &n));
+        CHECK_OK(kiln_tokenize(t, "a cat", 8, a, NULL, &n));
+        CHECK_MSG(n == 3 && a[0] == b[0] && a[1] == 5 && a[2] == 1, "n %d: %lld %lld %lld", n, (long long)a[0],
+                  (long long)a[1], (long long)a[2]);
+        CHECK_OK(kiln_tokenize(t, "a \xef\xbd\x83\xef\xbd\x81\xef\xbd\x94", 8, a, NULL, &n));
+        CHECK(n == 3 && a[1] == 5);
+    }
+    kiln_tokenizer_free(t);
+    kiln_tokenizer_free(plain);
+    free(dir);
+    free(out);
+    cJSON_Delete(j);
+    free(text);
+    free(src);
+    test_rmrf(tmp);
+}
+
 /* ---- the CLI --------------------------------------------------------------- */
 
 static const char *bin(void) {
@@ -719,6 +760,7 @@ int main(void) {
     RUN(hostile_prompts_never_crash);
     RUN(truncation_and_arguments);
     RUN(malformed_files);
+    RUN(normalized_added_token);
     RUN(cli_tokenize);
     return TEST_SUMMARY();
 }

@@ -346,10 +346,11 @@ static kiln_status ktok_add_added(kiln_tokenizer *t, const char *content, int64_
     memset(e, 0, sizeof *e);
     e->id = (int32_t)id;
     e->normalized = normalized;
-    if (normalized && t->kind == KILN_TOKENIZER_CLIP) {
+    if (normalized) {
         /* matched in the normalized text: match its normalized form */
         ktok_buf b = {0};
-        kiln_status s = ktok_clip_normalize(content, strlen(content), &b);
+        kiln_status s = t->kind == KILN_TOKENIZER_CLIP ? ktok_clip_normalize(content, strlen(content), &b)
+                                                       : ktok_t5_normalize(t->t5, content, strlen(content), &b);
         if (s) {
             free(b.p);
             return s;

@@ -146,6 +146,8 @@ kiln_status ktok_t5_from_json(kiln_tokenizer *t, const void *model_json, const v
  * tokenizer_config.json (cfg may be NULL), read into the pipeline
  * transformers converts it to: Precompiled, WhitespaceSplit, Metaspace. */
 kiln_status ktok_t5_from_spiece(kiln_tokenizer *t, const char *path, const void *cfg);
+/* the Precompiled normalizer (and what follows it in the Sequence) */
+kiln_status ktok_t5_normalize(const ktok_t5 *c, const char *s, size_t n, ktok_buf *out);
 kiln_status ktok_t5_encode(const kiln_tokenizer *t, const char *text, size_t len, ktok_ids *out);
 void ktok_t5_free(ktok_t5 *c);
 
