@@ -247,16 +247,16 @@ int ktok_is_number(int32_t cp) {
 
 /* ---- added tokens -------------------------------------------------------- */
 
-int ktok_find_added(const ktok_added *a, int n_added, int normalized, const char *s, size_t n,
-                    size_t from, size_t *at, int *which) {
+int ktok_find_added(const kiln_tokenizer *t, int normalized, const char *s, size_t n, size_t from, size_t *at,
+                    int *which) {
+    const uint8_t *first = t->added_first[normalized ? 1 : 0];
     for (size_t i = from; i < n; i++) {
+        if (!first[(uint8_t)s[i]]) continue;
         int best = -1;
-        for (int k = 0; k < n_added; k++) {
-            const ktok_added *t = &a[k];
-            if (t->normalized != normalized || !t->len || t->len > n - i || (uint8_t)t->content[0] != (uint8_t)s[i])
-                continue;
-            if (memcmp(s + i, t->content, t->len)) continue;
-            if (best < 0 || t->len > a[best].len) best = k;
+        for (int k = 0; k < t->n_added; k++) {
+            const ktok_added *a = &t->added[k];
+            if (a->normalized != normalized || !a->len || a->len > n - i || memcmp(s + i, a->content, a->len)) continue;
+            if (best < 0 || a->len > t->added[best].len) best = k;
         }
         if (best >= 0) {
             *at = i;
@@ -362,6 +362,7 @@ static kiln_status ktok_add_added(kiln_tokenizer *t, const char *content, int64_
         e->len = strlen(content);
     }
     if (!e->content) return kb_fail(KILN_ERR_NOMEM, "%s: out of memory", where);
+    if (e->len) t->added_first[normalized ? 1 : 0][(uint8_t)e->content[0]] = 1;
     t->n_added++;
     if (id + 1 > t->vocab_size) t->vocab_size = (int32_t)(id + 1);
     return KILN_OK;

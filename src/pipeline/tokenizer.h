@@ -94,11 +94,11 @@ typedef struct ktok_added {
     int normalized; /* matched in the normalized text (CLIP's <|startoftext|>) */
 } ktok_added;
 
-/* The leftmost, then longest, match in s[from..n) of the added tokens whose
+/* The leftmost, then longest, match in s[from..n) of t's added tokens whose
  * normalized flag is `normalized`, as aho-corasick's LeftmostLongest:
- * 1 and *at, *which when found. */
-int ktok_find_added(const ktok_added *a, int n_added, int normalized, const char *s, size_t n,
-                    size_t from, size_t *at, int *which);
+ * 1 and *at (byte offset), *which (index into t->added) when found. */
+int ktok_find_added(const kiln_tokenizer *t, int normalized, const char *s, size_t n, size_t from, size_t *at,
+                    int *which);
 
 /* ---- the tokenizer -------------------------------------------------------- */
 typedef struct ktok_clip ktok_clip;
@@ -111,6 +111,7 @@ struct kiln_tokenizer {
     int64_t eos_id, pad_id;
     ktok_added *added;
     int n_added;
+    uint8_t added_first[2][256]; /* [normalized][byte]: an added token starts with it */
     ktok_map vocab;     /* token -> id */
     int32_t vocab_size; /* 1 + the largest id */
     ktok_clip *clip;

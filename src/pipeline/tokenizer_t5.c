@@ -297,14 +297,14 @@ kiln_status ktok_t5_encode(const kiln_tokenizer *t, const char *text, size_t len
     while (pos <= len && !s) {
         size_t at = len;
         int which = -1;
-        if (!ktok_find_added(t->added, t->n_added, 0, text, len, pos, &at, &which)) at = len;
+        if (!ktok_find_added(t, 0, text, len, pos, &at, &which)) at = len;
         if (at > pos && !(s = ktok_t5_normalize(t->t5, text + pos, at - pos, &norm))) {
             /* then the normalized added tokens (none in T5's own files) */
             size_t q = 0;
             while (q <= norm.len && !s) {
                 size_t at2 = norm.len;
                 int w2 = -1;
-                if (!ktok_find_added(t->added, t->n_added, 1, norm.p, norm.len, q, &at2, &w2)) at2 = norm.len;
+                if (!ktok_find_added(t, 1, norm.p, norm.len, q, &at2, &w2)) at2 = norm.len;
                 if (at2 > q) s = ktok_t5_pretok(t, &w, norm.p + q, at2 - q, out);
                 if (w2 < 0 || s) break;
                 s = ktok_ids_add(out, t->added[w2].id);
