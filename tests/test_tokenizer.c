@@ -13,6 +13,14 @@
 #include <sys/wait.h>
 #include <time.h>
 
+/* CPU seconds of this process: the machines are shared, and wall time
+ * there mostly measures the wait for a core */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static const char *k_names[3] = {"tokenizer", "tokenizer_2", "tokenizer_3"};
 
 static char *case_path(const char *rel) {
@@ -381,8 +389,8 @@ TEST(hostile_prompts_never_crash) {
     /* the lone surrogate of the brief: a clear error naming the offset */
     CHECK_FAILS(kiln_tokenize(t[2], "ok \xed\xa0\x80", 0, (int64_t[256]){0}, NULL, NULL), KILN_ERR_INVALID_ARG,
                 "offset 3");
-    /* long prompts: 10k characters of each kind, timed (a quadratic step
-     * would take seconds here, not milliseconds) */
+    /* long prompts: 10k characters of each kind, timed in CPU time (a
+     * quadratic step would take seconds here, not milliseconds) */
     const char *fill[] = {"a", "ab cd ", "!", "<|endoftext|>", "<extra_id_7></s>", "\xe6\x9d\xb1", "e\xcc\x81\xcc\x81",
                           "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa9", " ", "'s", "9"};
     double worst = 0;
@@ -390,20 +398,20 @@ TEST(hostile_prompts_never_crash) {
         p.len = 0;
         while (p.len < 10000) ktok_buf_add(&p, fill[f], strlen(fill[f]));
         for (int k = 0; k < 3; k++) {
-            double t0 = kb_now();
+            double t0 = cpu_now();
             hostile_one(t[k], p.p, 0 < k ? 77 : 256, 1);
-            double dt = kb_now() - t0;
+            double dt = cpu_now() - t0;
             if (dt > worst) worst = dt;
         }
     }
     random_prompt(&rng, &p, 6000);
     for (int k = 0; k < 3; k++) {
-        double t0 = kb_now();
+        double t0 = cpu_now();
         hostile_one(t[k], p.p, 77, 1);
-        double dt = kb_now() - t0;
+        double dt = cpu_now() - t0;
         if (dt > worst) worst = dt;
     }
-    fprintf(stderr, "  %d random prompts, %d invalid ones; slowest 10k-character prompt %.1f ms\n", n_ok, n_bad,
+    fprintf(stderr, "  %d random prompts, %d invalid ones; slowest 10k-character prompt %.1f ms of CPU\n", n_ok, n_bad,
             worst * 1e3);
     CHECK(worst < 2.0);
     free(p.p);
