@@ -19,6 +19,7 @@ int cmd_make(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_package(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
