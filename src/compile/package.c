@@ -91,7 +91,7 @@ void kx_package_close(kx_package *p) {
     free(p->w);
     free(p->place);
     free(p->P);
-    kb_free_aligned(p->arena);
+    kk_buf_free(p->ctx.be, p->arena);
     free(p->load_err);
     free(p->dir);
     free(p);
@@ -327,6 +327,7 @@ static kiln_status bind_weights(kx_package *p, kx_weight_fn weight, void *user) 
 
 kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user) {
     if (p->loaded) return p->load_st ? kb_fail(p->load_st, "%s", p->load_err ? p->load_err : "package failed to load") : KILN_OK;
+    p->ctx = (kg_ctx){be, dist}; /* the arena comes from this backend */
     kiln_status st = check_library(p);
     char *so = st ? NULL : kb_strfmt("%s/" PKG_LIB, p->dir);
     if (!st && !so) st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
@@ -354,10 +355,9 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
     if (!st && !(p->P = calloc((size_t)p->n_nodes + 1, sizeof *p->P)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
     if (!st) st = bind_weights(p, weight, user);
-    if (!st && p->arena_bytes && !(p->arena = kb_alloc_aligned(p->arena_bytes)))
+    if (!st && p->arena_bytes && !(p->arena = kk_buf_alloc(be, p->arena_bytes)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->arena_bytes);
     if (!st) {
-        p->ctx = (kg_ctx){be, dist};
         kx_rt_init(&p->rt, &p->ctx);
         for (int i = 0; i < p->n_nodes; i++)
             if (p->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->place[i].at;

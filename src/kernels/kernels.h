@@ -143,7 +143,33 @@ typedef struct kk_backend {
     /* Optional: 1 when linear_io and linear_gate_add on w read KK_FMT_BLOCKED
      * x (and linear_io writes it) with no conversion (kg_plan_bf16 asks) */
     int (*blocked_io)(const kk_weight *w);
+
+    /* ---- memory: the backend owns activation memory; executors get every
+     * buffer through kk_buf_alloc / kk_buf_free and move inputs and outputs
+     * with kk_copy_*, so a device backend plugs in without touching them.
+     * NULL: host memory (kb_alloc_aligned, 64-byte aligned) and memcpy. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*to_host)(void *host, const void *dev, size_t bytes);
+    void (*from_host)(void *dev, const void *host, size_t bytes);
+    /* Optional: 1 when the backend runs op (a kg_op of ops.def) with its
+     * output in format fmt (KK_FMT_*); NULL: every op, in every format its
+     * slots take (the CPU backends) */
+    int (*supports)(int op, int fmt);
+    /* Optional: the packed layout this backend's linears want for W [M,K]
+     * in dt, and the packing (kk_fast_layout / kk_fast_pack for the CPU's
+     * fast backends; NULL: f32 row-major weights, the reference) */
+    kiln_status (*pack_layout)(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
+    kiln_status (*pack)(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
 } kk_backend;
+
+/* A backend's memory (host memory where it has none of its own). */
+void *kk_buf_alloc(const kk_backend *be, size_t bytes);
+void kk_buf_free(const kk_backend *be, void *p);
+void kk_copy_to_host(const kk_backend *be, void *host, const void *buf, size_t bytes);
+void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t bytes);
+/* Whether be runs op with its output in fmt (kk_backend.supports). */
+int kk_supports(const kk_backend *be, int op, int fmt);
 
 /* Data movement shared by every executor (src/kernels/layout.c). */
 /* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p] */

@@ -50,7 +50,7 @@ void km_exec_free(kiln_model *m) {
     km_exec *x = &m->exec;
     for (int i = 0; i < x->n_pkgs; i++) kx_package_close(x->pkgs[i]);
     free(x->pkgs);
-    kb_free_aligned(x->arena);
+    kk_buf_free(m->backend, x->arena);
     kb_free_aligned(x->pos);
     free(x->package_dir);
     free(x->cache_root);
@@ -436,9 +436,9 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
     kiln_status st = graph_for(m, a, &g, 1);
     if (!st) st = kx_plan_graph(&g, &plan);
     if (!st && plan.arena_bytes > m->exec.arena_bytes) { /* grows to the largest shape seen, then stays */
-        kb_free_aligned(m->exec.arena);
+        kk_buf_free(m->backend, m->exec.arena);
         m->exec.arena_bytes = 0;
-        if (!(m->exec.arena = kb_alloc_aligned(plan.arena_bytes)))
+        if (!(m->exec.arena = kk_buf_alloc(m->backend, plan.arena_bytes)))
             st = kb_fail(KILN_ERR_NOMEM, "planned executor: cannot allocate a %zu-byte arena", plan.arena_bytes);
         else m->exec.arena_bytes = plan.arena_bytes;
     }
