@@ -14,6 +14,10 @@ packages=(
   libdnnl-dev       # oneDNN: GEMM and attention of the fast backend
   libopenmpi-dev    # MPI: tensor, sequence and CFG parallel runs (optional at build time)
   openmpi-bin       # mpirun, for the multi-rank tests
+  clang-14          # the fuzz harnesses (tests/fuzz, make fuzz / test-fuzz)
+  libclang-rt-14-dev # clang 14's sanitizer runtimes, libFuzzer among them
+                     # (libclang_rt.fuzzer-x86_64.a, what -fsanitize=fuzzer links;
+                     # libfuzzer-14-dev is the standalone libFuzzer.a, not needed)
 )
 
 missing=()

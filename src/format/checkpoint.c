@@ -251,7 +251,8 @@ static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_
     c->t = l.t;
     c->n = l.n;
     if (st) return st;
-    qsort(c->t, c->n, sizeof *c->t, cmp_tensor);
+    /* a file with no tensors leaves c->t NULL, which qsort may not take */
+    if (c->n) qsort(c->t, c->n, sizeof *c->t, cmp_tensor);
     for (size_t i = 1; i < c->n; i++)
         if (!strcmp(c->t[i].name, c->t[i - 1].name))
             return kb_fail(KILN_ERR_FORMAT, "%s: tensor %s appears twice (as %s and %s)", c->path,
@@ -332,6 +333,7 @@ void kc_close(kc_checkpoint *c) {
 
 const kc_tensor *kc_find(const kc_checkpoint *c, const char *name) {
     kc_tensor key = {.name = (char *)name};
+    if (!c->n) return NULL; /* c->t may be NULL, which bsearch may not take */
     return bsearch(&key, c->t, c->n, sizeof *c->t, cmp_tensor);
 }
 
