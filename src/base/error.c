@@ -90,6 +90,7 @@ const char *kiln_status_name(kiln_status s) {
     case KILN_ERR_UNSUPPORTED: return "unsupported";
     case KILN_ERR_CACHE_MISSING: return "missing cache";
     case KILN_ERR_CORRUPT: return "corrupt";
+    case KILN_ERR_NONFINITE: return "non-finite";
     }
     return "unknown";
 }

@@ -126,6 +126,19 @@ kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const struct kcache_ent
 kiln_status km_fsdp_finish(kiln_model *m);
 /* Gather the weights of one block (kg_dist.fsdp_gather; user = the model). */
 void km_fsdp_gather(void *user, int block);
+/* The largest batch and context length a forward or a sampler takes: far
+ * beyond real use (SD3 runs batch 2 with CFG and 333 context tokens), small
+ * enough that no size computed from them overflows before an allocation. */
+#define KM_MAX_BATCH 1024
+#define KM_MAX_CONTEXT 65536
+/* Element counts of a forward's buffers, after checking every size against
+ * its limit (batch, context length; latent H, W by sd3_check_latent) and
+ * every product for overflow. Messages name the size and its limit. */
+typedef struct km_sizes {
+    size_t hidden, context, pooled, timestep, out; /* [B,C,H,W] [B,T,J] [B,P] [B] [B,Co,H,W] */
+} km_sizes;
+kiln_status km_check_sizes(const kiln_config *c, int64_t batch, int64_t height, int64_t width,
+                           int64_t context_len, km_sizes *out);
 /* kiln_forward of a model on a mesh (forward_dist.c). */
 kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *out);
 /* Add a quantization scheme to a resolved compute choice (checks that this

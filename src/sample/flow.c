@@ -2,6 +2,7 @@
  * sampling loop with classifier-free guidance (the noise: base/rng.c). */
 #include "base/base.h"
 #include "model/model.h"
+#include "tensor/dtype.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -59,15 +60,30 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: context length must be positive");
     if (!isfinite(o->guidance))
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: guidance must be a finite number");
-    kiln_status st = sd3_check_latent(c, o->latent_h, o->latent_w);
-    if (st) return st;
-
+    if (o->steps < 1 || o->steps > 100000) /* before the schedule's buffers are sized from it */
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: steps = %d: must be between 1 and 100000", o->steps);
+    /* every size before anything is allocated from it (latent, context, batch) */
     int B = cfg ? 2 : 1, T = o->context_len, J = c->joint_attention_dim, P = c->pooled_projection_dim;
-    size_t lat = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w;
-    size_t vlat = (size_t)c->out_channels * (size_t)o->latent_h * (size_t)o->latent_w;
+    km_sizes z;
+    kiln_status st = km_check_sizes(c, B, o->latent_h, o->latent_w, T, &z);
+    if (st) return kb_wrap(st, "kiln_generate");
+    size_t lat = z.hidden / (size_t)B, vlat = z.out / (size_t)B, tj = (size_t)T * (size_t)J;
     if (c->out_channels != c->in_channels)
         return kb_fail(KILN_ERR_CONFIG, "sampling needs out_channels == in_channels (%d != %d)",
                        c->out_channels, c->in_channels);
+    /* NaN or Inf in, error out (before a step runs and turns it into NaN latents) */
+    const struct {
+        const char *name;
+        const float *x;
+        size_t n;
+    } in[5] = {{"kiln_generate: noise", o->noise, lat},
+               {"kiln_generate: cond (prompt_embeds)", o->cond, tj},
+               {"kiln_generate: cond_pooled (pooled_prompt_embeds)", o->cond_pooled, (size_t)P},
+               {"kiln_generate: uncond (negative_prompt_embeds)", cfg ? o->uncond : NULL, tj},
+               {"kiln_generate: uncond_pooled (negative_pooled_prompt_embeds)", cfg ? o->uncond_pooled : NULL,
+                (size_t)P}};
+    for (int i = 0; i < 5; i++)
+        if (in[i].x && (st = kt_check_finite(in[i].name, in[i].x, in[i].n))) return st;
     double *ts = kb_calloc((size_t)o->steps + 1, sizeof(double));
     double *sig = kb_calloc((size_t)o->steps + 1, sizeof(double));
     float *hidden = kb_calloc((size_t)B * lat, sizeof(float));
@@ -84,7 +100,6 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
     if (o->noise) memcpy(out, o->noise, lat * sizeof(float));
     else kiln_noise(o->seed, out, lat);
     /* batch order as diffusers' pipeline: uncond first, then cond */
-    size_t tj = (size_t)T * (size_t)J;
     if (cfg) {
         memcpy(ctx, o->uncond, tj * sizeof(float));
         memcpy(ctx + tj, o->cond, tj * sizeof(float));
@@ -101,12 +116,22 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
             memcpy(hidden + (size_t)b * lat, out, lat * sizeof(float));
             tstep[b] = (float)ts[i];
         }
-        if ((st = kiln_forward(m, &a, v))) goto done;
+        if ((st = kiln_forward(m, &a, v))) {
+            st = kb_wrap(st, "step %d of %d", i + 1, o->steps);
+            goto done;
+        }
         double dt = sig[i + 1] - sig[i];
         for (size_t k = 0; k < lat; k++) {
             double vel = cfg ? (double)v[k] + o->guidance * ((double)v[lat + k] - (double)v[k])
                              : (double)v[k];
             out[k] = (float)((double)out[k] + dt * vel);
+        }
+        /* finite velocities can still overflow the f32 latent (a huge guidance) */
+        size_t bad = kt_find_nonfinite(out, lat);
+        if (bad < lat) {
+            st = kb_fail(KILN_ERR_NONFINITE, "step %d of %d gave a non-finite latent (%s at index %zu)", i + 1,
+                         o->steps, kt_nonfinite_name(out[bad]), bad);
+            goto done;
         }
         kb_ledger_add("sampler_step", kb_now() - t0, cfg ? "cfg batch 2" : "batch 1");
         if (o->on_step) o->on_step(o->user, i + 1, o->steps, sig[i + 1], out);

@@ -38,4 +38,16 @@ kiln_status kt_to_f32(kiln_dtype src, const void *in, float *out, size_t n);
 /* n f32 values to dst (F32, F16, BF16, F8_E4M3, F8_E5M2; fp8 saturates). */
 kiln_status kt_from_f32(kiln_dtype dst, const float *in, void *out, size_t n);
 
+/* ---- finite numbers (finite.c) ---------------------------------------------
+ * The index of the first NaN or Inf in x[0..n), or n when every value is
+ * finite. One pass that the compiler vectorizes (the largest exponent field
+ * seen, all ones only for NaN and Inf); the index is searched for only when
+ * that pass finds one. About memory speed: well under 1% of a forward. */
+size_t kt_find_nonfinite(const float *x, size_t n);
+/* "NaN", "+Inf" or "-Inf" for a value kt_find_nonfinite found. */
+const char *kt_nonfinite_name(float v);
+/* KILN_OK when x[0..n) is finite; else KILN_ERR_NONFINITE with the message
+ * "<what> holds NaN at index 17 (the first value that is not finite)". */
+kiln_status kt_check_finite(const char *what, const float *x, size_t n);
+
 #endif
