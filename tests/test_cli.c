@@ -235,6 +235,137 @@ TEST(int8_needs_vnni) {
     test_rmrf(dir);
 }
 
+/* Copy the tensors of src to dst with float value at index `at` of tensor
+ * `name` replaced by v (name NULL: unchanged); names renamed by from/to. */
+static void copy_with(const char *src, const char *dst, const char *name, size_t at, float v, const char *const *from,
+                      const char *const *to, size_t nren) {
+    st_file *f = NULL;
+    CHECK_OK(st_open(src, &f));
+    if (!f) return;
+    size_t n = st_count(f);
+    st_tensor *t = calloc(n, sizeof *t);
+    float **bufs = calloc(n, sizeof *bufs);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *x = st_at(f, i);
+        const char *nm = x->name;
+        int keep = nren == 0;
+        for (size_t r = 0; r < nren; r++)
+            if (!strcmp(nm, from[r])) nm = to[r], keep = 1;
+        if (!keep) continue;
+        t[k] = *x;
+        t[k].name = nm;
+        if (name && !strcmp(nm, name)) {
+            size_t cnt;
+            bufs[k] = golden_tensor(f, x->name, &cnt);
+            if (at < cnt) bufs[k][at] = v;
+            t[k].dtype = KILN_F32;
+            t[k].data = bufs[k];
+            t[k].nbytes = cnt * sizeof(float);
+        }
+        k++;
+    }
+    CHECK_OK(st_write(dst, t, k, NULL, 0));
+    for (size_t i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    st_close(f);
+}
+
+static const char *const k_from[] = {"cond_embeds", "cond_pooled", "uncond_embeds", "uncond_pooled", "noise"};
+static const char *const k_to[] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
+                                   "negative_pooled_prompt_embeds", "noise"};
+
+/* NaN in, error out, and no output file: forward, generate (conditioning and
+ * noise from files), and a step whose latent overflows. */
+TEST(nonfinite_inputs_write_nothing) {
+    char dir[256], in[400], out[400], png[400], cond[400];
+    test_tmpdir(dir, sizeof dir, "cli-nan");
+    snprintf(in, sizeof in, "%s/io.safetensors", dir);
+    snprintf(cond, sizeof cond, "%s/cond.safetensors", dir);
+    snprintf(out, sizeof out, "%s/out.safetensors", dir);
+    snprintf(png, sizeof png, "%s/out.png", dir);
+    const char *tiny = golden_path("sd3-tiny", NULL);
+    copy_with(golden_path("sd3-tiny", "io.safetensors"), in, "hidden_states", 17, NAN, NULL, NULL, 0);
+    CHECK_RUN(1, "io.safetensors: tensor hidden_states holds NaN at index 17 (inputs must be finite)",
+              "forward %s --inputs %s --output %s", tiny, in, out);
+    CHECK(!kb_is_file(out));
+    copy_with(golden_path("sd3-tiny", "io.safetensors"), in, "timestep", 1, INFINITY, NULL, NULL, 0);
+    CHECK_RUN(1, "tensor timestep holds +Inf at index 1", "forward %s --inputs %s --output %s", tiny, in, out);
+    CHECK(!kb_is_file(out));
+
+    const char *sampler = golden_path("sampler-sd3-tiny", NULL), *io = golden_path("sampler-sd3-tiny", "io.safetensors");
+    copy_with(io, cond, "prompt_embeds", 3, NAN, k_from, k_to, 4);
+    CHECK_RUN(1, "tensor prompt_embeds holds NaN at index 3", "generate %s --cond %s --steps 2 --output %s", sampler,
+              cond, out);
+    CHECK(!kb_is_file(out) && !kb_is_file(png));
+    copy_with(io, cond, "negative_pooled_prompt_embeds", 9, -INFINITY, k_from, k_to, 4);
+    CHECK_RUN(1, "tensor negative_pooled_prompt_embeds holds -Inf at index 9",
+              "generate %s --cond %s --steps 2 --output %s", sampler, cond, out);
+    CHECK(!kb_is_file(out) && !kb_is_file(png));
+    char noise[400];
+    snprintf(noise, sizeof noise, "%s/noise.safetensors", dir);
+    copy_with(io, noise, "noise", 100, NAN, k_from + 4, k_to + 4, 1);
+    copy_with(io, cond, NULL, 0, 0, k_from, k_to, 4);
+    CHECK_RUN(1, "tensor noise holds NaN at index 100", "generate %s --cond %s --noise %s --steps 2 --output %s",
+              sampler, cond, noise, out);
+    CHECK(!kb_is_file(out) && !kb_is_file(png));
+    /* finite inputs, a guidance so large that step 1 overflows the latent */
+    CHECK_RUN(1, "step 1 of 2 gave a non-finite latent (", "generate %s --cond %s --steps 2 --guidance 1e300 --output %s",
+              sampler, cond, out);
+    CHECK(!kb_is_file(out) && !kb_is_file(png));
+    CHECK_RUN(0, "preview", "generate %s --cond %s --steps 1 --output %s", sampler, cond, out); /* the same, sane */
+    CHECK(kb_is_file(out) && kb_is_file(png));
+    test_rmrf(dir);
+}
+
+/* Sizes fail at once with the limit named; --threads is capped; a long
+ * --name is told its length. */
+TEST(limits_are_named) {
+    char dir[256], cond[400], out[400], name[260];
+    test_tmpdir(dir, sizeof dir, "cli-limits");
+    snprintf(cond, sizeof cond, "%s/cond.safetensors", dir);
+    snprintf(out, sizeof out, "%s/out.safetensors", dir);
+    const char *sampler = golden_path("sampler-sd3-tiny", NULL);
+    copy_with(golden_path("sampler-sd3-tiny", "io.safetensors"), cond, NULL, 0, 0, k_from, k_to, 4);
+    /* 16 x 65536 x 65536 floats of noise would be 256 GiB: refused before any allocation */
+    double t0 = kb_now();
+    char *o = NULL;
+    int rc = run(&o, "generate %s --cond %s --latent 65536x65536 --output %s", sampler, cond, out);
+    CHECK_MSG(rc == 1 && strstr(o, "larger than the position table") && strstr(o, "at most") &&
+                  !strstr(o, "out of memory"),
+              "exit %d: %s", rc, o);
+    CHECK_MSG(kb_now() - t0 < 60, "took %.1f s", kb_now() - t0);
+    free(o);
+    CHECK(!kb_is_file(out));
+    /* a context longer than the limit (guidance 1: the prompt alone) */
+    {
+        size_t T = 65537, J = 32;
+        float *big = calloc(T * J, sizeof(float)), pooled[64] = {0};
+        st_tensor t[2] = {{.name = "prompt_embeds", .dtype = KILN_F32, .ndim = 3, .shape = {1, (int64_t)T, (int64_t)J},
+                           .data = big, .nbytes = T * J * 4},
+                          {.name = "pooled_prompt_embeds", .dtype = KILN_F32, .ndim = 2, .shape = {1, 64},
+                           .data = pooled, .nbytes = sizeof pooled}};
+        char longc[400];
+        snprintf(longc, sizeof longc, "%s/long.safetensors", dir);
+        CHECK_OK(st_write(longc, t, 2, NULL, 0));
+        free(big);
+        CHECK_RUN(1, "prompt_embeds has 65537 tokens; the context length must be between 1 and 65536",
+                  "generate %s --cond %s --guidance 1 --output %s", sampler, longc, out);
+        CHECK(!kb_is_file(out));
+    }
+    /* --threads far past the cores: capped with a warning, and it runs */
+    const char *tiny = golden_path("sd3-tiny", NULL);
+    CHECK_RUN(0, "warning: --threads 4096 is more than 4 per online core",
+              "forward %s --threads 4096 --inputs %s --output %s", tiny, golden_path("sd3-tiny", "io.safetensors"), out);
+    /* a 250-character model name: its length is the problem, and the message says so */
+    memset(name, 'a', 250);
+    name[250] = 0;
+    CHECK_RUN(1, "is 250 characters long; a cache folder name has at most 100",
+              "cache build %s --cache-dir %s/c --name %s", tiny, dir, name);
+    test_rmrf(dir);
+}
+
 int main(void) {
     RUN(help_everywhere);
     RUN(info_reports_the_model);
@@ -243,5 +374,7 @@ int main(void) {
     RUN(demo_runs);
     RUN(cache_commands);
     RUN(int8_needs_vnni);
+    RUN(nonfinite_inputs_write_nothing);
+    RUN(limits_are_named);
     return TEST_SUMMARY();
 }

@@ -39,6 +39,10 @@ static void lower(char *s) {
 kiln_status kcache_key_make(const char *root, const kcache_key_inputs *in, kcache_key *k) {
     memset(k, 0, sizeof *k);
     if (!root || !*root) return kb_fail(KILN_ERR_INVALID_ARG, "cache root is empty");
+    if (in->model && strlen(in->model) > 100) /* safe_name's length limit: say so, not "characters" */
+        return kb_fail(KILN_ERR_INVALID_ARG,
+                       "model name \"%.40s...\" is %zu characters long; a cache folder name has at most 100 "
+                       "(give a shorter --name)", in->model, strlen(in->model));
     if (!safe_name(in->model))
         return kb_fail(KILN_ERR_INVALID_ARG,
                        "model name \"%s\" cannot name a cache folder (letters, digits, '-', '_', '.'; "

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include "base/base.h"
+#include "model/model.h"
 #include "tensor/dtype.h"
 
 #include <ctype.h>
@@ -10,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int cli_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
@@ -107,7 +109,8 @@ bad:
 const char cli_common_help[] =
     "common options:\n"
     "  --config FILE       config.json for a single-file checkpoint\n"
-    "  --threads N         kernel threads (default: KILN_THREADS or all cores)\n"
+    "  --threads N         kernel threads (default: KILN_THREADS or all cores; at most 4 per\n"
+    "                      online core: more only makes the kernels wait on each other)\n"
     "  --timings           print the timing ledger at exit (or KILN_TIMINGS=1)\n"
     "  --log LEVEL         quiet, error, warn, info or debug (or KILN_LOG)\n"
     "  --dtype bf16|f32    GEMM and attention precision (default bf16; f32 matches diffusers to 1e-5)\n"
@@ -194,6 +197,15 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
     if ((r = cli_opt(cmd, argc, argv, i, "--threads", &v))) {
         long n;
         if (r < 0 || cli_parse_int(cmd, "--threads", v, 1, 4096, &n)) return -1;
+        /* oversubscribed OpenMP threads spin against each other: 4096 on a few
+         * cores ran 100x slower. Cap at CLI_THREADS_PER_CORE per online core. */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores < 1) cores = 1;
+        if (n > CLI_THREADS_PER_CORE * cores) {
+            fprintf(stderr, "kiln %s: warning: --threads %ld is more than %d per online core (%ld cores); using %ld\n",
+                    cmd, n, CLI_THREADS_PER_CORE, cores, CLI_THREADS_PER_CORE * cores);
+            n = CLI_THREADS_PER_CORE * cores;
+        }
         kiln_set_threads((int)n);
         return 1;
     }
@@ -245,6 +257,13 @@ float *cli_tensor(const char *cmd, const st_file *f, const char *name, int ndim,
         return NULL;
     }
     kt_to_f32(t->dtype, t->data, out, n);
+    size_t bad = kt_find_nonfinite(out, n); /* NaN or Inf in, error out: not NaN latents */
+    if (bad < n) {
+        cli_error(cmd, "%s: tensor %s holds %s at index %zu (inputs must be finite)", st_path(f), name,
+                  kt_nonfinite_name(out[bad]), bad);
+        free(out);
+        return NULL;
+    }
     memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
     return out;
 }

@@ -61,6 +61,8 @@ typedef struct cli_common {
 int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q);
 /* Defaults for cli_common. */
 cli_common cli_common_defaults(void);
+/* --threads above this many per online core is capped, with a warning */
+#define CLI_THREADS_PER_CORE 4
 /* Handles --config, --threads, --timings, --log and the cache options
  * (--cache-dir, --name, --component, --no-create-cache, --verify, --mesh,
  * --tp, --sp, --cfgp, --fsdp). 1 consumed, 0 not, -1 error. */
@@ -76,7 +78,8 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
 void cli_model_name(const char *path, char *buf, size_t cap);
 
 /* A named f32 copy of a tensor in f with ndim dims; NULL and a message
- * naming file and tensor otherwise. shape gets its dims. */
+ * naming file and tensor otherwise (a NaN or Inf in it too: the message
+ * gives the first one's index). shape gets its dims. */
 float *cli_tensor(const char *cmd, const st_file *f, const char *name, int ndim, int64_t *shape);
 /* Write one f32 tensor to a safetensors file. */
 kiln_status cli_write_f32(const char *path, const char *name, const float *data, int ndim,

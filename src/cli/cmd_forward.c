@@ -1,6 +1,7 @@
 /* cmd_forward.c - kiln forward MODEL --inputs FILE --output FILE */
 #include "base/base.h"
 #include "cli.h"
+#include "model/model.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,11 @@ int cmd_forward(int argc, char **argv) {
     if (sp[0] != B || sp[1] != c->pooled_projection_dim) {
         cli_error("forward", "%s: pooled_projections is [%lld, %lld], expected [%lld, %d]", inputs,
                   (long long)sp[0], (long long)sp[1], (long long)B, c->pooled_projection_dim);
+        goto done;
+    }
+    /* every size checked before the output is allocated or a size is cast to int */
+    if ((s = km_check_sizes(c, B, sh[2], sh[3], sc[1], NULL))) {
+        rc = cli_fail("forward", kb_wrap(s, "%s", inputs));
         goto done;
     }
     ts = malloc(sizeof(float) * (size_t)B);

@@ -2,6 +2,7 @@
 #include "base/base.h"
 #include "cli.h"
 #include "format/png.h"
+#include "model/model.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,11 @@ static void on_step(void *user, int step, int steps, double sigma, const float *
 int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
                      int quiet) {
     const kiln_config *c = kiln_model_config(m);
+    /* every size checked before the latent is allocated: --latent 65536x65536
+     * must say which limit it passes, not allocate 64 GiB and run out */
+    kiln_status s = km_check_sizes(c, o->guidance > 1 ? 2 : 1, o->latent_h, o->latent_w,
+                                   o->context_len > 0 ? o->context_len : 1, NULL);
+    if (s) return cli_fail(cmd, s);
     size_t n = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w;
     float *lat = malloc(sizeof(float) * n);
     if (!lat) return cli_error(cmd, "out of memory");
@@ -59,8 +65,8 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     if (!quiet)
         fprintf(stderr, "%s: %d steps, latent %dx%d, guidance %g%s\n", cmd, o->steps, o->latent_h,
                 o->latent_w, o->guidance, o->guidance > 1 ? " (CFG, batch 2)" : "");
-    kiln_status s = kiln_generate(m, o, lat);
-    if (s) {
+    s = kiln_generate(m, o, lat);
+    if (s) { /* nothing written: neither the latents nor the preview */
         free(lat);
         return cli_fail(cmd, s);
     }
@@ -146,6 +152,11 @@ int cmd_generate(int argc, char **argv) {
     if (!(pe = cli_tensor("generate", cf, "prompt_embeds", 3, s3)) ||
         !(pp = cli_tensor("generate", cf, "pooled_prompt_embeds", 2, s2)))
         goto done;
+    if (s3[1] < 1 || s3[1] > KM_MAX_CONTEXT) {
+        cli_error("generate", "%s: prompt_embeds has %lld tokens; the context length must be between 1 and %d",
+                  cond, (long long)s3[1], KM_MAX_CONTEXT);
+        goto done;
+    }
     if (s3[0] != 1 || s3[2] != c->joint_attention_dim || s2[0] != 1 || s2[1] != c->pooled_projection_dim) {
         cli_error("generate", "%s: prompt_embeds must be [1, T, %d] and pooled_prompt_embeds [1, %d]",
                   cond, c->joint_attention_dim, c->pooled_projection_dim);
@@ -168,6 +179,10 @@ int cmd_generate(int argc, char **argv) {
         if (!(nz = cli_tensor("generate", nf, "noise", 4, sn))) goto done;
         if (sn[0] != 1 || sn[1] != c->in_channels) {
             cli_error("generate", "%s: noise must be [1, %d, H, W]", noise, c->in_channels);
+            goto done;
+        }
+        if ((s = sd3_check_latent(c, sn[2], sn[3]))) { /* before the int casts below */
+            rc = cli_fail("generate", kb_wrap(s, "%s: noise", noise));
             goto done;
         }
         if (hw_set && (sn[2] != o.latent_h || sn[3] != o.latent_w)) {
