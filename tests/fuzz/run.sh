@@ -6,8 +6,10 @@
 # runs, never into the repository); crashes, leaks, timeouts and sanitizer
 # reports to BUILD_DIR/artifacts/, and the run fails. A run's statistics
 # (execs, execs/s, cov, ft) end up in BUILD_DIR/logs/NAME.log.
-# Environment: FUZZ_JOBS (default 1) parallel workers per harness,
-# FUZZ_FLAGS extra libFuzzer flags.
+# Environment: FUZZ_TIMEOUT (seconds one input may take, default 60: an
+# input runs in milliseconds, but a niced run on a busy machine can be
+# starved for seconds, and 10 s gave a false timeout), FUZZ_FLAGS extra
+# libFuzzer flags.
 set -uo pipefail
 build=${1:?usage: run.sh BUILD_DIR SECONDS}
 secs=${2:?usage: run.sh BUILD_DIR SECONDS}
@@ -27,7 +29,7 @@ for src in "$here"/fuzz_*.c; do
   seeds="$here/corpus/$short"
   work="$build/corpus/$short"
   mkdir -p "$work"
-  args=(-max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=4096
+  args=(-max_total_time="$secs" -print_final_stats=1 -timeout="${FUZZ_TIMEOUT:-60}" -rss_limit_mb=4096
         -artifact_prefix="$build/artifacts/$name-")
   [ -f "$here/$short.dict" ] && args+=(-dict="$here/$short.dict")
   dirs=("$work")
