@@ -439,6 +439,29 @@ TEST(schedule_edge_cases) {
     CHECK_FAILS(kiln_flow_schedule(2, 3.0, 0, t, s), KILN_ERR_INVALID_ARG, "num_train_timesteps");
 }
 
+/* A safetensors file with no tensors at all (found by fuzz_safetensors: the
+ * checkpoint layer passed NULL to qsort, undefined behaviour that UBSan
+ * reports): it opens as an empty checkpoint, finds nothing, and a model
+ * from it names the first missing weight. */
+TEST(checkpoint_with_no_tensors) {
+    char dir[256], path[400];
+    test_tmpdir(dir, sizeof dir, "empty-ckpt");
+    snprintf(path, sizeof path, "%s/empty.safetensors", dir);
+    CHECK_OK(st_write(path, NULL, 0, NULL, 0));
+    kc_checkpoint *c = NULL;
+    CHECK_OK(kc_open(path, NULL, &c));
+    if (c) {
+        CHECK(c->n == 0);
+        CHECK(kc_find(c, "pos_embed.pos_embed") == NULL);
+        kc_close(c);
+    }
+    kiln_model *m = NULL;
+    kiln_status st = kiln_model_open(path, NULL, &m);
+    CHECK_MSG(st != KILN_OK && kiln_last_error()[0], "%s", kiln_last_error());
+    kiln_model_free(m);
+    test_rmrf(dir);
+}
+
 int main(void) {
     RUN(missing_tensor_is_named);
     RUN(unexpected_tensor_is_named);
@@ -453,5 +476,6 @@ int main(void) {
     RUN(generate_argument_errors);
     RUN(noise_is_seeded_standard_normal);
     RUN(schedule_edge_cases);
+    RUN(checkpoint_with_no_tensors);
     return TEST_SUMMARY();
 }
