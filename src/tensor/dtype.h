@@ -40,9 +40,10 @@ kiln_status kt_from_f32(kiln_dtype dst, const float *in, void *out, size_t n);
 
 /* ---- finite numbers (finite.c) ---------------------------------------------
  * The index of the first NaN or Inf in x[0..n), or n when every value is
- * finite. One pass that the compiler vectorizes (the largest exponent field
- * seen, all ones only for NaN and Inf); the index is searched for only when
- * that pass finds one. About memory speed: well under 1% of a forward. */
+ * finite. One pass that the compiler vectorizes (an add and an OR on the
+ * exponent field; finite.c says why that finds exactly NaN and Inf); the
+ * index is searched for only when that pass finds one. 35-55 GB/s here:
+ * at most 0.2% of even a 2-layer toy model's forward (bench_finite). */
 size_t kt_find_nonfinite(const float *x, size_t n);
 /* "NaN", "+Inf" or "-Inf" for a value kt_find_nonfinite found. */
 const char *kt_nonfinite_name(float v);
