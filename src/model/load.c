@@ -204,14 +204,18 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
 
 /* Without a source the content hash is unknown: find the key folder by its
  * prefix (superseded ones are removed on publish, so normally there is one;
- * otherwise the most recently used complete one). */
+ * otherwise the most recently used complete one). When none is complete,
+ * whatever else is there (a file or a symlink in place of the folder, a
+ * manifest that is not a file) is taken, so that the load says what is
+ * wrong with it instead of "missing". */
 static void resolve_without_source(kcache_key *k) {
     char host[200] = ""; /* [/host_coords_...][/shard_...] */
     snprintf(host, sizeof host, "%s", k->path + strlen(k->dir));
     DIR *d = opendir(k->group);
     if (!d) return;
     size_t pl = strlen(k->prefix);
-    double best = -1;
+    double best = -1, other = -1;
+    char other_content[32] = "";
     struct dirent *e;
     while ((e = readdir(d))) {
         const char *n = e->d_name;
@@ -219,18 +223,24 @@ static void resolve_without_source(kcache_key *k) {
         char *man = kb_strfmt("%s/%s%s/" KCACHE_MANIFEST, k->group, n, host);
         char *dir = kb_strfmt("%s/%s", k->group, n);
         struct stat st;
-        if (man && dir && kb_is_file(man) && stat(dir, &st) == 0) {
+        if (man && dir && lstat(dir, &st) == 0) {
             double t = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
-            if (t > best) {
-                best = t;
-                snprintf(k->content, sizeof k->content, "%.12s", n + pl + 2);
+            if (S_ISDIR(st.st_mode) && kb_is_file(man)) {
+                if (t > best) {
+                    best = t;
+                    snprintf(k->content, sizeof k->content, "%.12s", n + pl + 2);
+                }
+            } else if (t > other) {
+                other = t;
+                snprintf(other_content, sizeof other_content, "%.12s", n + pl + 2);
             }
         }
         free(man);
         free(dir);
     }
     closedir(d);
-    if (best < 0) return;
+    if (best < 0 && other < 0) return;
+    if (best < 0) snprintf(k->content, sizeof k->content, "%s", other_content);
     snprintf(k->name, sizeof k->name, "%s_c%s", k->prefix, k->content);
     snprintf(k->dir, sizeof k->dir, "%s/%s", k->group, k->name);
     snprintf(k->path, sizeof k->path, "%s%s", k->dir, host);
