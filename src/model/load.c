@@ -547,11 +547,14 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
             free(kj);
             return again;
         }
-        kcache_clean_staging(&k); /* leftovers of a converter that died */
-        /* a corrupt or incomplete folder, or a file or symlink in its place */
-        st = strcmp(k.dir, k.path) ? clear_path(k.path) : KILN_OK;
+        /* a corrupt or incomplete folder, or a file or symlink in its place:
+         * the key folder itself when it is not a real folder (never anything
+         * through it: a symlink may point at another model's cache), else
+         * this rank's folder */
         struct stat dst;
-        if (!st && lstat(k.dir, &dst) == 0 && (!S_ISDIR(dst.st_mode) || !strcmp(k.dir, k.path))) st = clear_path(k.dir);
+        int dir_real = lstat(k.dir, &dst) != 0 || S_ISDIR(dst.st_mode);
+        st = !dir_real || !strcmp(k.dir, k.path) ? clear_path(k.dir) : clear_path(k.path);
+        if (!st) kcache_clean_staging(&k); /* leftovers of a converter that died */
         if (st) {
             kcache_unlock(fd);
             barrier(mesh);
