@@ -166,6 +166,14 @@ TEST(planted_copy_and_symlink_are_not_served) {
     CHECK(m == NULL);
     nosrc.verify = 1; /* the data's hashes are fine: it is the key that is wrong */
     CHECK_FAILS(kiln_load_model(&nosrc, &m), KILN_ERR_CORRUPT, "another key");
+    /* and `kiln cache verify`, which knows no load's key, compares it with the folder */
+    char *vout = kb_strfmt("%s/plant-verify.txt", g_tmp), *vtext = NULL;
+    int vrc = vout ? sh("'%s' cache verify --cache-dir '%s' > '%s' 2>&1", bin(), root, vout) : -1;
+    if (vout && !kb_read_file(vout, &vtext, NULL))
+        CHECK_MSG(WIFEXITED(vrc) && WEXITSTATUS(vrc) == 1 && strstr(vtext, "CORRUPT") &&
+                  strstr(vtext, "its model is \"b\", the folder says \"a\""), "rc %d: %s", vrc, vtext);
+    free(vtext);
+    free(vout);
     m = load(&oa, "rebuilt", NULL, 0);
     CHECK_MSG(same_as(m, g_ref_a), "a planted copy of b served for a");
     kiln_model_free(m);

@@ -116,6 +116,11 @@ kiln_status kcache_manifest_parse(const char *body, size_t len, const char *labe
  * the caller cannot know, such as the source without one).
  * KILN_ERR_CORRUPT naming the first field that differs and both values. */
 kiln_status kcache_check_key(const kcache_entry *e, const char *want_json, const char *const *skip);
+/* For `kiln cache verify`, which knows no load's key: the manifest's key
+ * must name the folder it sits in (rel "model/component/key", part this
+ * folder's "/host_coords_.../shard_..." under the key, or ""): model,
+ * component, content and part. KILN_ERR_CORRUPT naming the field. */
+kiln_status kcache_check_place(const kcache_entry *e, const char *rel, const char *part);
 /* The "source" recorded in the manifest under dir (malloc'd), read without
  * checking the signature: for removing superseded caches and for listing.
  * NULL when there is none. */

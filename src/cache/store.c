@@ -300,6 +300,30 @@ done:
     return KILN_OK;
 }
 
+kiln_status kcache_check_place(const kcache_entry *e, const char *rel, const char *part) {
+    char model[256] = "", comp[256] = "", name[400] = "";
+    const char *a = strchr(rel, '/'), *b = a ? strchr(a + 1, '/') : NULL;
+    if (!a || !b || a - rel >= (long)sizeof model || b - a - 1 >= (long)sizeof comp || strlen(b + 1) >= sizeof name)
+        return kb_fail(KILN_ERR_INVALID_ARG, "%s is not model/component/key", rel);
+    memcpy(model, rel, (size_t)(a - rel));
+    memcpy(comp, a + 1, (size_t)(b - a - 1));
+    snprintf(name, sizeof name, "%s", b + 1);
+    size_t nl = strlen(name);
+    const char *content = nl > 12 ? name + nl - 12 : name;
+    cJSON *k = cJSON_Parse(e->key_json ? e->key_json : "");
+    const char *fields[4][2] = {{"model", model}, {"component", comp}, {"content", content}, {"part", part ? part : ""}};
+    kiln_status s = KILN_OK;
+    for (int i = 0; i < 4 && !s; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(k, fields[i][0]);
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, fields[i][1]))
+            s = kb_fail(KILN_ERR_CORRUPT, "cache %s is not what its folder says: its %s is \"%.200s\", the folder "
+                        "says \"%s\" (another cache copied or linked here?)", e->path, fields[i][0],
+                        cJSON_IsString(v) ? v->valuestring : "(absent)", fields[i][1]);
+    }
+    cJSON_Delete(k);
+    return s;
+}
+
 /* ---- locks and cleanup ------------------------------------------------------------- */
 
 kiln_status kcache_lock(const kcache_key *key, int *fd) {

@@ -94,14 +94,16 @@ static int do_ls(const char *root) {
     return 0;
 }
 
-/* folders holding a manifest under a key folder: itself or its host_coords_* */
-static int verify_dir(const char *dir, const char *label) {
+/* folders holding a manifest under a key folder: itself or its host_coords_*
+ * and shard_* folders (rel: the key's model/component/name) */
+static int verify_dir(const char *dir, const char *label, const char *rel) {
     kcache_entry *e;
     char *man = kb_path_join(dir, KCACHE_MANIFEST);
     int bad = 0, found = 0;
     if (man && kb_is_file(man)) {
         found = 1;
         kiln_status s = kcache_open(dir, 1, &e);
+        if (!s && (s = kcache_check_place(e, rel, label + strlen(rel)))) kcache_close(e);
         if (s) {
             printf("CORRUPT  %s: %s\n", label, kiln_last_error());
             bad = 1;
@@ -122,7 +124,7 @@ static int verify_dir(const char *dir, const char *label) {
             char *sub = kb_path_join(dir, de->d_name), *lab = kb_strfmt("%s/%s", label, de->d_name);
             if (sub && lab) {
                 found = 1;
-                bad |= verify_dir(sub, lab);
+                bad |= verify_dir(sub, lab, rel);
             }
             free(sub);
             free(lab);
@@ -147,7 +149,7 @@ static int do_verify(const char *root, int nkeys, char **keys) {
         for (int k = 0; k < nkeys && !want; k++) want = !strcmp(keys[k], v[i].rel) || !strcmp(keys[k], v[i].dir);
         if (!want) continue;
         matched++;
-        bad |= verify_dir(v[i].dir, v[i].rel);
+        bad |= verify_dir(v[i].dir, v[i].rel, v[i].rel);
     }
     free(v);
     if (nkeys && matched < nkeys) return cli_error("cache verify", "no cache named %s under %s", keys[0], root);
