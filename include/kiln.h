@@ -392,7 +392,51 @@ KILN_API kiln_config kiln_config_demo(void);
 KILN_API kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uint64_t seed,
                                     kiln_dtype dtype);
 
+/* ---- tensor files and images ------------------------------------------ */
+
+/* A named tensor, row-major. kiln_tensors_read gives KILN_F32 (from F32,
+ * F16, BF16, F64, F8_E4M3, F8_E5M2) or KILN_I64 (from the integer types and
+ * BOOL) values; kiln_tensors_write takes data of any dtype as stored. */
+typedef struct kiln_tensor {
+    const char *name;
+    kiln_dtype dtype;
+    int ndim;                      /* 0..KILN_MAX_DIMS (0: a scalar) */
+    int64_t shape[KILN_MAX_DIMS];
+    const void *data;              /* prod(shape) elements of dtype */
+} kiln_tensor;
+
+/* Every tensor of a safetensors file, in the file's order, as f32 or i64
+ * (above): *out is one allocation (names and data inside it), released with
+ * kiln_tensors_free; *n its count. The file is validated first (offsets,
+ * sizes, dtypes, overlaps): bad files give KILN_ERR_FORMAT, never a crash.
+ * For conditioning, latents and inputs; a model's weights go through
+ * kiln_load_model. */
+KILN_API kiln_status kiln_tensors_read(const char *path, kiln_tensor **out, size_t *n);
+KILN_API void kiln_tensors_free(kiln_tensor *t);
+/* The tensor named name among t[0..n), or NULL. */
+KILN_API const kiln_tensor *kiln_tensors_find(const kiln_tensor *t, size_t n, const char *name);
+/* Write n tensors to a safetensors file atomically (a temporary file in the
+ * same folder, fsync, rename: readers see the old file or the new one).
+ * KILN_ERR_INVALID_ARG names the tensor at fault (no name, a name given
+ * twice, an unknown dtype, a negative or overflowing shape, no data). */
+KILN_API kiln_status kiln_tensors_write(const char *path, size_t n, const kiln_tensor *t);
+
+/* Write an 8-bit RGB image rgb [height, width, 3] as a PNG, atomically.
+ * text: n_text key/value pairs (text[2i] key, 1..79 Latin-1 characters;
+ * text[2i+1] value) stored as tEXt chunks, e.g. {"Software", "kiln"};
+ * NULL when n_text is 0. */
+KILN_API kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int height, int width,
+                                    const char *const *text, size_t n_text);
+/* A look at a latent [C, H, W]: its first three channels (fewer are
+ * repeated), each stretched to 0..255 by its own min and max, into rgb
+ * [H, W, 3] (the preview `kiln generate` writes, before scaling up). */
+KILN_API kiln_status kiln_latent_to_rgb(const float *latent, int C, int H, int W, uint8_t *rgb);
+
 /* ---- runtime ---------------------------------------------------------- */
+
+/* The version of the library (KILN_VERSION when it was built), e.g. "0.1.0";
+ * compare with the header's KILN_VERSION to catch a mismatched libkiln.so. */
+KILN_API const char *kiln_version(void);
 
 typedef enum { KILN_LOG_QUIET = 0, KILN_LOG_ERROR, KILN_LOG_WARN, KILN_LOG_INFO, KILN_LOG_DEBUG } kiln_log_level;
 KILN_API void kiln_set_log_level(kiln_log_level l);  /* default WARN, or $KILN_LOG */
