@@ -208,6 +208,11 @@ KILN_API kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir);
 KILN_API kiln_status kiln_model_open_packages(kiln_model *m, int *n);
 /* Which step ran the last forward: "dynamic", "fixed", "planned", "eager". */
 KILN_API const char *kiln_model_last_exec(const kiln_model *m);
+/* Why the last forward did not run an earlier step of the chain that it had
+ * a package for, or whose step failed, e.g. "dynamic: ctx_len = 77 (from
+ * encoder_hidden_states dimension 1) is outside the package's range [333,
+ * 333]"; "" when nothing was skipped that way. */
+KILN_API const char *kiln_model_exec_note(const kiln_model *m);
 
 /* ---- the weight cache: convert once, map everywhere -------------------- */
 
