@@ -383,11 +383,12 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     st = kiln_load_model(&o, out);
     /* a cache root this user cannot write (the README's /var/cache/kiln as a
      * non-root user): say what to do */
-    if (st == KILN_ERR_IO && o.cache_root && strstr(kiln_last_error(), strerror(EACCES))) {
+    const char *root = o.cache_root ? o.cache_root : getenv("KILN_CACHE_DIR");
+    if (st == KILN_ERR_IO && root && *root && strstr(kiln_last_error(), strerror(EACCES))) {
         char why[1536];
         snprintf(why, sizeof why, "%s", kiln_last_error());
         st = kb_fail(st, "%s (the cache root %s is not writable by this user: choose one that is, e.g. "
-                         "KILN_CACHE_DIR=$HOME/.cache/kiln, or --no-create-cache to only read it)", why, o.cache_root);
+                         "KILN_CACHE_DIR=$HOME/.cache/kiln, or --no-create-cache to only read it)", why, root);
     }
     if (!st && c->exec) st = kiln_model_set_exec(*out, c->exec);
     if (!st && c->package_dir) st = kiln_model_set_package_dir(*out, c->package_dir);
