@@ -1,11 +1,15 @@
 /*
  * kiln.h - the one public header of libkiln.
  *
+ *     kiln_load_opts lo = kiln_load_defaults();         // through the weight cache:
+ *     lo.model_name = "sd3"; lo.source = "sd3/transformer"; // converted once, then mapped
  *     kiln_model *m;
- *     if (kiln_model_open("sd3/transformer", NULL, &m) != KILN_OK)
+ *     if (kiln_load_model(&lo, &m) != KILN_OK)            // cache root: $KILN_CACHE_DIR
  *         fprintf(stderr, "%s\n", kiln_last_error());
  *     kiln_generate_opts o = kiln_generate_defaults();   // fill o.cond, o.latent_h/w ...
  *     kiln_generate(m, &o, latents);  kiln_model_free(m);
+ *
+ * Build: cc app.c $(pkg-config --cflags --libs kiln); docs/api.md, examples/embed.c.
  *
  * Every function that can fail returns a kiln_status and leaves a message for
  * kiln_last_error() (per thread). Bad input never aborts the process.
