@@ -170,6 +170,13 @@ TEST(demo_next_and_package_notes) {
         free(r);
     }
     free(o);
+    /* the packages beside the weights (<cache>/packages) are not caches */
+    rc = run(&o, "$K cache verify --cache-dir %s/cache", demo);
+    CHECK_MSG(rc == 0 && strstr(o, "ok ") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
+    free(o);
+    rc = run(&o, "$K cache ls --cache-dir %s/cache", demo);
+    CHECK_MSG(rc == 0 && strstr(o, "1 cache") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
+    free(o);
     char cond16[600];
     snprintf(cond16, sizeof cond16, "%s/cond16.safetensors", g_dir);
     CHECK(run(NULL, "$K make-model %s/m2 --demo --cond %s --context 16", g_dir, cond16) == 0);
