@@ -105,6 +105,14 @@ kiln_status kcache_remove(const char *dir);
 
 /* ---- the whole cache root ------------------------------------------------- */
 
+/* The one rule for where caches live: the given root when set, else
+ * $KILN_CACHE_DIR; NULL when neither is (no cache). */
+const char *kcache_root(const char *given);
+/* The one rule for where compiled packages live: the given folder when set,
+ * else $KILN_PACKAGE_DIR, else <cache root>/packages (cache_root as
+ * kcache_root resolves it). Malloc'd; NULL (no message) when there is none. */
+char *kcache_package_root(const char *given, const char *cache_root);
+
 typedef struct kcache_item {
     char dir[2400];      /* the key folder */
     char rel[1024];      /* model/component/name relative to the root */

@@ -8,6 +8,20 @@
 #include <string.h>
 #include <sys/stat.h>
 
+const char *kcache_root(const char *given) {
+    if (given && *given) return given;
+    const char *env = getenv("KILN_CACHE_DIR");
+    return env && *env ? env : NULL;
+}
+
+char *kcache_package_root(const char *given, const char *cache_root) {
+    if (given && *given) return kb_strdup(given);
+    const char *env = getenv("KILN_PACKAGE_DIR");
+    if (env && *env) return kb_strdup(env);
+    const char *root = kcache_root(cache_root);
+    return root ? kb_path_join(root, "packages") : NULL;
+}
+
 static int skip(const char *name) {
     return name[0] == '.' || strstr(name, ".lock") || strstr(name, ".staging.") || strstr(name, ".trash.");
 }

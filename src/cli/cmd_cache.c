@@ -26,8 +26,7 @@ static int help(void) {
 }
 
 static const char *root_of(const cli_common *c) {
-    const char *r = c->cache_dir && *c->cache_dir ? c->cache_dir : getenv("KILN_CACHE_DIR");
-    return r && *r ? r : NULL;
+    return kcache_root(c->cache_dir);
 }
 
 /* "20G", "500M", "1.5GiB", "123" (bytes) */

@@ -6,15 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_op_names[KG_OP_COUNT] = {
-    "input", "weight", "linear", "add", "silu", "gelu_tanh", "layernorm", "rmsnorm_heads",
-    "modulate", "gate_add", "slice_cols", "concat_tokens", "slice_tokens", "attention",
-    "patchify", "unpatchify", "timestep_proj", "pos_crop", "layernorm_modulate", "alias",
-    "shard", "allgather", "alltoall", "allreduce", "fsdp_gather",
-};
-
-const char *kg_op_name(kg_op op) { return op < KG_OP_COUNT ? k_op_names[op] : "?"; }
-
 void kg_init(kg_graph *g, kg_resolver resolve, void *user) {
     memset(g, 0, sizeof *g);
     g->resolve = resolve;
@@ -618,8 +609,6 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
 
 size_t kg_out_bytes(const kg_node *n) {
     int64_t numel = kg_numel(n), K = n->ndim ? n->shape[n->ndim - 1] : 1;
-    /* an attention's two token segments are blocked apart: up to one block more */
-    if (n->out_bf16 == KK_FMT_BLOCKED)
-        return sizeof(uint16_t) * kk_blocked_elems((K ? numel / K : 0) + (n->op == KG_ATTENTION ? 32 : 0), K);
-    return (n->out_bf16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)numel;
+    /* the format's size is the backend's rule; an attention's output may hold two token segments */
+    return kk_act_bytes(n->out_bf16, K ? numel / K : 0, K, n->op == KG_ATTENTION ? 2 : 1);
 }

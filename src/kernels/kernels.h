@@ -57,6 +57,13 @@ static inline size_t kk_blocked_elems(int64_t rows, int64_t K) {
 static inline size_t kk_blocked_index(int64_t r, int64_t k, int64_t K) {
     return (size_t)(((r / 32) * ((K + 31) / 32) + k / 32) * 1024 + (r % 32) / 16 * 512 + (r % 16) * 32 + k % 32);
 }
+/* The bytes of an activation [rows, K] in format fmt (KK_FMT_*) held as up
+ * to `segments` token segments apart (each blocked one padded on its own):
+ * what executors allocate for it. */
+static inline size_t kk_act_bytes(int fmt, int64_t rows, int64_t K, int segments) {
+    if (fmt == KK_FMT_BLOCKED) return sizeof(uint16_t) * kk_blocked_elems(rows + 32 * (segments > 1 ? segments - 1 : 0), K);
+    return (fmt ? sizeof(uint16_t) : sizeof(float)) * (size_t)(rows * K);
+}
 /* bf16 x [rows,K] row-major -> out blocked (padding zeroed), and back */
 void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out);
 void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x);

@@ -254,8 +254,8 @@ kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     kiln_status st = load_model(o, out);
     if (st || (*out)->exec.cache_root) return st;
     /* packages live beside the weights by default */
-    const char *root = o->cache_root && *o->cache_root ? o->cache_root : getenv("KILN_CACHE_DIR");
-    if (root && *root && !((*out)->exec.cache_root = kb_strdup(root))) {
+    const char *root = kcache_root(o->cache_root);
+    if (root && !((*out)->exec.cache_root = kb_strdup(root))) {
         kiln_model_free(*out);
         *out = NULL;
         return KILN_ERR_NOMEM;
@@ -303,9 +303,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     char qtag[64];
     km_quant_tag(&cp, qtag, sizeof qtag);
     double t0 = kb_now();
-    const char *root = o->cache_root;
-    if (!root || !*root) root = getenv("KILN_CACHE_DIR");
-    if (root && !*root) root = NULL;
+    const char *root = kcache_root(o->cache_root);
     kiln_status st;
 
     if (!root && cp.fsdp > 1) /* every rank fails here alike: no barrier to match */
