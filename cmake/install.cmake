@@ -82,5 +82,10 @@ if(KILN_HAVE_MPI)
   endforeach()
 endif()
 string(STRIP "${KILN_PC_LIBS_PRIVATE}" KILN_PC_LIBS_PRIVATE)
+# relocatable: the prefix relative to the .pc file's own folder (lib/pkgconfig
+# -> ../.., lib/x86_64-linux-gnu/pkgconfig -> ../../..), so that
+# `cmake --install --prefix P` and a moved prefix both work
+file(RELATIVE_PATH KILN_PC_UP "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+string(REGEX REPLACE "/$" "" KILN_PC_UP "${KILN_PC_UP}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/kiln.pc.in ${PROJECT_BINARY_DIR}/kiln.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/kiln.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
