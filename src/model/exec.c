@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const k_steps[KM_MAX_STEPS] = {"dynamic", "fixed", "planned", "eager"};
+static const char *const k_steps[KM_MAX_STEPS] = {[KM_STEP_DYNAMIC] = "dynamic", [KM_STEP_FIXED] = "fixed",
+                                                  [KM_STEP_PLANNED] = "planned", [KM_STEP_EAGER] = "eager"};
 #define DEFAULT_CHAIN "dynamic,fixed,planned,eager"
 enum { SYM_BATCH, SYM_H, SYM_W, SYM_CTX, N_SYMS };
 static const char *const k_sym_names[N_SYMS] = {"batch", "h_tok", "w_tok", "ctx_len"};
@@ -492,7 +493,7 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     char reason[1024] = "";
     char *root = NULL, *famdir = NULL;
     int need_pkg = 0;
-    for (int i = 0; i < m->exec.n_steps; i++) need_pkg |= m->exec.chain[i] <= 1;
+    for (int i = 0; i < m->exec.n_steps; i++) need_pkg |= m->exec.chain[i] < KM_STEP_PLANNED;
     if (need_pkg && (root = package_root(m))) famdir = kb_path_join(root, family(m));
     kiln_status st = KILN_ERR_UNSUPPORTED;
     m->exec.last = NULL;
@@ -505,18 +506,18 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
         int64_t s[KX_MAX_SYMS];
         kx_package *p = NULL;
         unsigned long mark = kb_deferred_mark(); /* a kernel that could not do its work fails this step */
-        if (step <= 1 && !shape_ok) {
+        if (step < KM_STEP_PLANNED && !shape_ok) {
             snprintf(reason, sizeof reason, "the shape is invalid");
             continue;
         }
-        if (step <= 1 && !famdir) {
+        if (step < KM_STEP_PLANNED && !famdir) {
             snprintf(reason, sizeof reason, "no package folder (set KILN_PACKAGE_DIR or KILN_CACHE_DIR)");
             st = KILN_ERR_UNSUPPORTED;
-        } else if (step == 0) {
+        } else if (step == KM_STEP_DYNAMIC) {
             p = find_package(m, famdir, 0, (const int64_t(*)[4])sh, s, reason, sizeof reason, &had);
             st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
             warn = p != NULL;
-        } else if (step == 1) {
+        } else if (step == KM_STEP_FIXED) {
             p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason, &had);
             if (!p && m->exec.fixed_fail[0]) { /* failed before: said once, not again */
                 snprintf(reason, sizeof reason, "%s", m->exec.fixed_fail);
@@ -537,7 +538,7 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
             }
             st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
             warn |= p != NULL;
-        } else if (step == 2) {
+        } else if (step == KM_STEP_PLANNED) {
             st = run_planned(m, a, in, out);
         } else {
             st = run_eager(m, a, in, out);
@@ -547,8 +548,8 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
             m->exec.last = k_steps[step];
             break;
         }
-        if (p || step >= 2) snprintf(reason, sizeof reason, "%s", kiln_last_error());
-        if (had || p || step >= 2) { /* a package there but not usable, or a step that failed */
+        if (p || step >= KM_STEP_PLANNED) snprintf(reason, sizeof reason, "%s", kiln_last_error());
+        if (had || p || step >= KM_STEP_PLANNED) { /* a package there but not usable, or a step that failed */
             size_t l = strlen(m->exec.note);
             snprintf(m->exec.note + l, sizeof m->exec.note - l, "%s%s: %s", l ? "; " : "", k_steps[step], reason);
         }

@@ -45,8 +45,9 @@ typedef struct km_compute {
 
 struct kx_package;
 
-enum { KM_EXEC_DYNAMIC = 1, KM_EXEC_FIXED = 2, KM_EXEC_PLANNED = 4, KM_EXEC_EAGER = 8 };
-#define KM_MAX_STEPS 4
+/* the steps of the execution chain, in their default order; a step is a
+ * package step when it is below KM_STEP_PLANNED */
+enum { KM_STEP_DYNAMIC, KM_STEP_FIXED, KM_STEP_PLANNED, KM_STEP_EAGER, KM_MAX_STEPS };
 
 /* How forwards run (src/model/exec.c): the fallback chain, the packages
  * opened so far (manifests only until first used) and the planned
