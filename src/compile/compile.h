@@ -154,8 +154,6 @@ void kx_rt_init(kx_rt *rt, const kk_backend *be, const kg_dist *dist);
  * manifest plan's SHA-256) is compiled in for the loader to check. Malloc'd. */
 kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const char *digest, char **src, int *n_kinds);
 
-#endif
-
 /* ---- packages ------------------------------------------------------------- */
 
 /* What the host binds a weight name to (the model's side of binding). */
@@ -227,3 +225,5 @@ kiln_status kx_package_verify(const char *dir);
 const char *kx_package_summary(const kx_package *p);
 /* Does this machine have a CPU feature named as in manifests ("amx")? */
 int kx_cpu_has(const char *feature);
+
+#endif
