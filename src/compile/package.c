@@ -2,9 +2,12 @@
  * C source, the shared object built from it, and manifest.json (format
  * version, kiln version, CPU features, compiler and flags, symbols and
  * ranges, guards, inputs, the memory plan, every weight's name, dtype,
- * shape and layout, the SHA-256 of the shared object). Published
- * atomically (staging folder, then rename); opened lazily. docs/package.md
- * describes the format. */
+ * shape and layout, the SHA-256 of the shared object) with its signature
+ * under this user's key. Published atomically (a private staging folder,
+ * then rename) with no group/other write whatever the umask; opened lazily,
+ * and only through trusted folders (the trust section below). The manifest
+ * parser is manifest.c. docs/package.md describes the format and the trust
+ * model. */
 #define _GNU_SOURCE
 #include "base/base.h"
 #include "compile/compile.h"
