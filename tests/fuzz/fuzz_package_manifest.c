@@ -7,7 +7,12 @@
  *     tests/fuzz/fuzz_package_manifest.c src/compile/manifest.c src/compile/expr.c src/base/fs.c \
  *     src/base/error.c src/base/mem.c src/base/sha256.c src/base/log.c src/tensor/dtype.c \
  *     $(pkg-config --cflags --libs libcjson) -lm -lpthread -o fuzz_package_manifest
- *   ./fuzz_package_manifest tests/fuzz/corpus/package_manifest
+ *   ./fuzz_package_manifest -dict=tests/fuzz/package_manifest.dict CORPUS tests/fuzz/corpus/package_manifest
+ *
+ * Seeds: real-*.json are manifests of compiled test packages (sd35-tiny
+ * and sd3-tiny: fixed, dynamic w_tok, all four symbols dynamic, whole
+ * graph); small*.json are hand-made small ones that parse, for runs with a
+ * small -max_len.
  *
  * A manifest that parses also has its digest taken and every input
  * dimension printed and solved at the symbols' largest values, as a load
