@@ -1,13 +1,14 @@
 # kiln - the two commands of the README, and their parts.
 #   make demo   install what is missing, build, run the demo on the embedded default
 #   make test   build, run the whole suite, then again under ASan + UBSan
+#   make check  the edit loop: release build, the suite without the slow tests, no sanitizers
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 DEMO_DIR ?= kiln-demo
 
-.PHONY: all deps build demo test test-release test-asan asan bench clean
+.PHONY: all deps build demo test test-release test-asan asan check bench clean
 
 all: build
 
@@ -22,6 +23,9 @@ demo: build
 	$(BUILD)/kiln demo --dir $(DEMO_DIR)
 
 test: test-release test-asan
+
+check: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE slow
 
 test-release: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "compile/compile.h"
 #include "golden_util.h"
+#include "codegen_util.h"
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
@@ -188,16 +189,24 @@ TEST(outside_the_range_falls_back) {
     size_t len = 0;
     snprintf(path, sizeof path, "%s/model.c", r.path);
     CHECK_OK(kb_read_file(path, &code, &len));
-    CHECK(code && strstr(code, "rt->linear_gate_add(") && !strstr(code, "rt->gate_add("));
-    /* and the joint attention reads the image and context streams in place: no concatenation is left */
-    CHECK(code && strstr(code, "rt->attention_joint(") && !strstr(code, "rt->concat_rows("));
-    /* the last block asks with the image tokens alone (its context output is dropped): no context queries */
-    int image_only = 0;
-    for (const char *at = code; at && (at = strstr(at, "rt->attention_joint(")); at++) {
-        const char *arg = at + strlen("rt->attention_joint(");
-        for (int comma = 0; comma < 3 && arg; comma++) arg = strchr(arg, ',') ? strchr(arg, ',') + 1 : NULL;
-        image_only += arg && !strncmp(arg, " 0,", 3);
+    static gen_call calls[4096];
+    int nc = code ? gen_calls(code, calls, 4096) : 0, gate_fold = 0, gate_adds = 0, joint = 0, concats = 0, image_only = 0;
+    for (int i = 0; i < nc; i++) {
+        const gen_call *c = &calls[i];
+        gate_fold += !strcmp(c->op, "linear") && strcmp(c->ip[1], "0LL");
+        gate_adds += !strcmp(c->op, "gate_add");
+        concats += !strcmp(c->op, "concat_tokens");
+        /* a joint attention (ip[1]); the last block asks with the image tokens alone (its context output is
+         * dropped): no context queries, src[3] absent */
+        if (!strcmp(c->op, "attention") && strcmp(c->ip[1], "0LL")) {
+            joint++;
+            image_only += c->absent[3];
+        }
     }
+    CHECK_MSG(nc > 0 && gate_fold && !gate_adds, "%d calls, %d linears with a gate_add folded in, %d gate_adds", nc,
+              gate_fold, gate_adds);
+    /* and the joint attention reads the image and context streams in place: no concatenation is left */
+    CHECK_MSG(joint && !concats, "%d joint attentions, %d concatenations", joint, concats);
     CHECK_MSG(image_only == 1, "%d joint attentions with image queries only, want 1 (the last block)", image_only);
     free(code);
     inputs in;

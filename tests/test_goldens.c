@@ -3,6 +3,7 @@
  * L2 error of diffusers' float64 results (f32; looser for bf16 and the
  * quantized schemes, see k_modes). */
 #include "golden_util.h"
+#include "codegen_util.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/kernels.h"
 
@@ -72,19 +73,21 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
         /* (a machine with no bf16 backend computes in f32: nothing is planned in bf16) */
         const kk_backend *be16 = kk_fast(KILN_BF16);
         int qk_norm = kiln_model_config(m)->qk_norm_rms, want = be16 && be16->attention_joint_bf16 && !qk_norm;
-        int bf16_in = strstr(src, "rt->attention_joint_bf16(") != NULL;
+        static gen_call calls[4096];
+        int nc = gen_calls(src, calls, 4096), bf16_in = 0, segs = 0, pairs = 0;
+        for (int i = 0; i < nc; i++) {
+            const gen_call *c = &calls[i];
+            bf16_in |= !strcmp(c->op, "attention") && c->fmt[1] != 0;      /* k in bf16 rows */
+            segs |= !strcmp(c->op, "linear") && strcmp(c->ip[3], "0LL");   /* x after a blocked segment's rows */
+            pairs += !strcmp(c->op, "slice_tokens") && c->fmt[6] != 0;    /* token slices of bf16 rows */
+        }
         CHECK_MSG(bf16_in == want, "package %s: attention with bf16 q, k, v %s, with%s qk-norm, %s bf16 backend", r.path,
                   bf16_in ? "planned" : "not planned", qk_norm ? "" : "out", be16 ? "a" : "no");
         /* and its output goes on blocked by token segment where the AMX GEMM
          * reads that layout, each GEMM reading its segment in place (the
          * context's after the image tokens' rows); elsewhere in bf16 rows,
          * through token slices that move pairs */
-        int blocked = want && kk_amx_ready(), pairs = 0;
-        int segs = strstr(src, "(const void *)((const unsigned short *)") != NULL;
-        for (const char *at = src; (at = strstr(at, "rt->slice_rows(")); at++) {
-            const char *end = strstr(at, ");");
-            pairs += end && end - at > 2 && !strncmp(end - 2, "/2", 2);
-        }
+        int blocked = want && kk_amx_ready();
         CHECK_MSG(segs == blocked && !pairs == !(want && !blocked),
                   "package %s: %s GEMM reading a token segment in place, %d token slices of bf16 rows, with%s "
                   "qk-norm, %s bf16 backend, %s AMX", r.path, segs ? "a" : "no", pairs, qk_norm ? "" : "out",

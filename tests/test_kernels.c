@@ -280,10 +280,6 @@ static void f16_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, con
 }
 
 TEST(f16_attention_matches_reference) {
-    if (!kk_f16_ready()) {
-        fprintf(stderr, "  (no AVX512-FP16 on this CPU: the fp16 attention is not tested here)\n");
-        return;
-    }
     const kk_backend be = {.name = "f16-attention", .attention = f16_attention, .attention_joint = f16_attention_joint,
                            .attention_joint_bf16 = f16_attention_joint_bf16};
     /* tiles of 6 queries and panels of 64 keys, partial ones; one query; more work items (192
@@ -692,8 +688,14 @@ TEST(packed_layouts_are_stable) {
         /* the fp16 GEMM's layout where it runs (gemm_f16.c), else oneDNN's */
         CHECK(kk_f16_ready() ? !strcmp(a, "f16p64") && na == kk_f16_packed_bytes(17, 45) : !strncmp(a, "dnnl-", 5));
         CHECK(!kk_f16_ready() || strstr(kk_fast_isa(), "-f16p64") != NULL);
-        return;
     }
+}
+
+/* AMX only (test_kernels amx): kiln's bf16 layout amx32 */
+TEST(amx_layouts) {
+    char a[40];
+    size_t na;
+    CHECK_OK(kk_fast_layout(17, 45, KILN_BF16, a, &na));
     CHECK(!strcmp(a, "amx32") && na == 32 * 64 * 2);
     CHECK(strstr(kk_fast_isa(), "-amx32") != NULL);
     float *w = rnd(51, 17 * 45, 1), *back = rnd(52, 17 * 45, 0);
@@ -782,10 +784,6 @@ static void check_f16_gemm(int64_t rows, int64_t K, int64_t N, int x_fmt, int y_
 }
 
 TEST(f16_gemm_matches_reference) {
-    if (!kk_f16_ready()) {
-        fprintf(stderr, "  (no AVX512-FP16 on this CPU: the fp16 GEMM is not tested here)\n");
-        return;
-    }
     /* rows x K x N: rows no multiple of the 6-row tile, odd K (a padded pair), N no multiple of 64, K
      * past one 128-input fp16 chunk (several, with a short last one), one row, past one work item */
     int64_t shapes[][3] = {{1, 7, 5}, {7, 33, 70}, {13, 300, 130}, {50, 1537, 64}, {200, 1536, 200}};
@@ -919,19 +917,38 @@ TEST(quant_layouts) {
     CHECK(s[0] == 1.0f && (q[0] | q[1] | (q[2] & 0x7f) | q[3]) == 0);
 }
 
-int main(void) {
+/* Groups, one CTest test each, so that a kernel this CPU cannot run shows as
+ * skipped (exit TEST_SKIPPED) instead of passing without running:
+ *   test_kernels       every kernel this machine runs, against the reference
+ *   test_kernels f16   the fp16 GEMM and attention (AVX512-FP16)
+ *   test_kernels amx   the AMX layouts (AMX) */
+int main(int argc, char **argv) {
+    const char *group = argc > 1 ? argv[1] : "";
+    if (!strcmp(group, "f16")) {
+        if (!kk_f16_ready()) return test_skip("no AVX512-FP16 on this CPU: the fp16 GEMM and attention cannot run here");
+        RUN(f16_attention_matches_reference);
+        RUN(f16_gemm_matches_reference);
+        return TEST_SUMMARY();
+    }
+    if (!strcmp(group, "amx")) {
+        if (!kk_amx_ready() || !kk_fast(KILN_BF16)) return test_skip("no AMX on this CPU: kiln's AMX kernels cannot run here");
+        RUN(amx_layouts);
+        return TEST_SUMMARY();
+    }
+    if (*group) {
+        fprintf(stderr, "test_kernels: unknown group '%s' (none, f16 or amx)\n", group);
+        return 2;
+    }
     RUN(linear_matches_reference);
     RUN(attention_matches_reference);
     RUN(attention_joint_matches_reference);
     RUN(attention_rising_scores);
-    RUN(f16_attention_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);
     RUN(an_add_folds_into_the_linear);
     RUN(attention_segments_go_blocked_to_the_gemms);
     RUN(packed_layouts_are_stable);
-    RUN(f16_gemm_matches_reference);
     RUN(quant_linear_matches_dequantized_reference);
     RUN(quant_layouts);
     return TEST_SUMMARY();

@@ -83,160 +83,44 @@ static void ref(sb *b, const refs *r, kg_id id) {
 static void dim(sb *b, const kx_export *x, kg_id id, int k) { expr_c(b, &x->dim[id][k]); }
 static void ipar(sb *b, const kx_export *x, kg_id id, int k) { expr_c(b, &x->ip[id][k]); }
 
-/* product of dims [from, to) of a node */
-static void dims_prod(sb *b, const kx_export *x, kg_id id, int from, int to) {
-    if (from >= to) out(b, "1LL");
-    for (int k = from; k < to; k++) {
-        if (k > from) out(b, "*");
-        dim(b, x, id, k);
-    }
-}
-
-/* a linear's x: the second token segment of an attention's blocked output
- * starts after the first's iparam[3] rows (kg_plan_bf16), as
- * kk_blocked_elems counts them */
-static void linear_x(sb *b, const kx_export *x, kg_id i, const refs *r) {
+/* One node as a call of its op's runner through the runtime table
+ * (ops.def, ops.c): the same kg_call the eager and planned executors make,
+ * with every shape and parameter an expression in S. The op's meaning lives
+ * only in its runner; this function knows none. */
+static void emit_node(sb *b, const kx_export *x, kg_id i, const refs *r) {
     const kg_node *n = &x->g.nodes[i];
-    kg_id s0 = n->src[0];
-    if (!n->iparam[3]) {
-        ref(b, r, s0);
-        return;
+    out(b, "    /* %d %s */ {\n        const kg_call c = {.op = %d, .src = {", i, kg_op_name(n->op), (int)n->op);
+    for (int s = 0; s < KG_MAX_SRC; s++) {
+        if (s) out(b, ", ");
+        ref(b, r, n->src[s]);
     }
-    out(b, "(const void *)((const unsigned short *)"), ref(b, r, s0), out(b, " + (("), ipar(b, x, i, 3);
-    out(b, "+31)/32*32)*(("), dim(b, x, s0, x->g.nodes[s0].ndim - 1), out(b, "+31)/32*32))");
-}
-
-static void emit_node(sb *b, const kx_export *x, const kx_plan *p, kg_id i, const refs *r) {
-    const kg_node *n = &x->g.nodes[i];
-    const kg_node *nodes = x->g.nodes;
-    kg_id s0 = n->src[0], s1 = n->src[1], s2 = n->src[2];
-    int nd = n->ndim;
-#define A(k) ref(b, r, n->src[k])
-#define Y() ref(b, r, i)
-#define C out(b, ", ")
-    out(b, "    /* %d %s */ ", i, kg_op_name(n->op));
-    switch (n->op) {
-    case KG_LINEAR: {
-        if (n->iparam[1]) { /* a gate_add folded in: res + gate * (x W^T + b); no gate: an add */
-            out(b, "rt->linear_gate_add("), linear_x(b, x, i, r), out(b, ", %d, (const struct kk_weight *)", nodes[s0].out_bf16), A(1), C;
-            if (s2 >= 0) A(2);
+    out(b, "}, .y = "), ref(b, r, i), out(b, ",\n            .sh = {");
+    for (int s = 0; s <= KG_MAX_SRC; s++) {
+        kg_id id = s < KG_MAX_SRC ? n->src[s] : i;
+        out(b, "%s{", s ? ", " : "");
+        for (int k = 0; k < 4; k++) {
+            if (k) out(b, ", ");
+            if (id >= 0 && k < x->g.nodes[id].ndim) dim(b, x, id, k);
             else out(b, "0");
-            C, A(3), C;
-            if (n->src[4] >= 0) out(b, "(const float *)"), A(4), out(b, " + "), ipar(b, x, i, 2), C, dim(b, x, n->src[4], 1), C;
-            else out(b, "0, 0LL, ");
-            Y(), C, dim(b, x, i, 0), C, dim(b, x, i, 1), out(b, ");\n");
-            break;
         }
-        int io = nodes[s0].out_bf16 || n->out_bf16;
-        out(b, io ? "rt->linear_io(" : "rt->linear(");
-        linear_x(b, x, i, r), C;
-        if (io) out(b, "%d, ", nodes[s0].out_bf16);
-        out(b, "(const struct kk_weight *)"), A(1), C;
-        if (s2 >= 0) A(2);
-        else out(b, "0");
-        C, Y(), C;
-        if (io) out(b, "%d, ", n->out_bf16);
-        dims_prod(b, x, i, 0, nd - 1), out(b, ", %d);\n", (int)n->iparam[0]);
-        break;
+        out(b, "}");
     }
-    case KG_LN_MODULATE:
-    case KG_MODULATE:
-    case KG_GATE_ADD: {
-        const char *fn = n->op == KG_GATE_ADD ? "gate_add" : n->op == KG_MODULATE ? "modulate" : "layernorm_modulate";
-        out(b, "rt->%s%s(", fn, n->out_bf16 ? "_bf16" : "");
-        A(0), C, A(1), C, A(2), C, Y(), C, dim(b, x, i, 0), C, dim(b, x, i, 1), C, dim(b, x, i, 2);
-        if (n->op == KG_LN_MODULATE) out(b, ", %af", (double)n->fparam);
-        if (n->out_bf16) out(b, ", %d", n->out_bf16);
-        out(b, ");\n");
-        break;
+    out(b, "},\n            .nd = {");
+    for (int s = 0; s <= KG_MAX_SRC; s++) {
+        kg_id id = s < KG_MAX_SRC ? n->src[s] : i;
+        out(b, "%s%d", s ? ", " : "", id >= 0 ? x->g.nodes[id].ndim : 0);
     }
-    case KG_ADD:
-        out(b, "rt->add_bcast("), A(0), C, A(1), C, Y(), C, dims_prod(b, x, i, 0, nd), C;
-        dims_prod(b, x, s1, 0, nodes[s1].ndim), out(b, ");\n");
-        break;
-    case KG_SILU:
-    case KG_GELU_TANH:
-        out(b, "rt->%s(", n->op == KG_SILU ? "silu" : "gelu_tanh"), A(0), C, Y(), C, dims_prod(b, x, i, 0, nd);
-        out(b, ");\n");
-        break;
-    case KG_LAYERNORM:
-        out(b, "rt->layernorm("), A(0), C, Y(), C, dims_prod(b, x, i, 0, nd - 1), C, dim(b, x, i, nd - 1);
-        out(b, ", %af);\n", (double)n->fparam);
-        break;
-    case KG_RMSNORM_HEADS:
-        out(b, "rt->rmsnorm_heads("), A(0), C, A(1), C, Y(), C, dims_prod(b, x, i, 0, nd - 1), C, ipar(b, x, i, 0), C;
-        dim(b, x, i, nd - 1), out(b, "/"), ipar(b, x, i, 0), out(b, ", %af);\n", (double)n->fparam);
-        break;
-    case KG_SLICE_COLS:
-        out(b, "rt->slice_rows("), A(0), C, Y(), C, dim(b, x, i, 0), C, dim(b, x, s0, 1), C, ipar(b, x, i, 0), C;
-        ipar(b, x, i, 1), out(b, ");\n");
-        break;
-    case KG_CONCAT_TOKENS:
-        out(b, "rt->concat_rows("), A(0), C, dim(b, x, s0, 1), out(b, "*"), dim(b, x, i, 2), C, A(1), C;
-        dim(b, x, s1, 1), out(b, "*"), dim(b, x, i, 2), C, Y(), C, dim(b, x, i, 0), out(b, ");\n");
-        break;
-    case KG_SLICE_TOKENS: { /* bf16 rows (D even) move as pairs, in f32-sized units */
-        const char *half = n->out_bf16 ? "/2" : "";
-        out(b, "rt->slice_rows("), A(0), C, Y(), C, dim(b, x, i, 0), C, dim(b, x, s0, 1), out(b, "*"), dim(b, x, i, 2);
-        out(b, "%s, ", half), ipar(b, x, i, 0), out(b, "*"), dim(b, x, i, 2), out(b, "%s, ", half), ipar(b, x, i, 1);
-        out(b, "*"), dim(b, x, i, 2), out(b, "%s);\n", half);
-        break;
+    out(b, "}, .fmt = {");
+    for (int s = 0; s <= KG_MAX_SRC; s++) {
+        kg_id id = s < KG_MAX_SRC ? n->src[s] : i;
+        out(b, "%s%d", s ? ", " : "", id >= 0 ? x->g.nodes[id].out_bf16 : 0);
     }
-    case KG_ATTENTION:
-        if (nodes[s1].out_bf16) { /* q, k, v in bf16 rows; plain attention as one segment */
-            int j = (int)n->iparam[1];
-            out(b, "rt->attention_joint_bf16("), A(0), C, A(1), C, A(2), C;
-            if (j) A(3), C, A(4), C, A(5), C;
-            else out(b, "0, 0, 0, ");
-            Y(), out(b, ", %d, ", n->out_bf16), dim(b, x, i, 0), C, dim(b, x, s0, 1), C;
-            if (j) dim(b, x, n->src[4], 1);
-            else out(b, "0");
-            C, ipar(b, x, i, 0), C, dim(b, x, i, 2), out(b, "/"), ipar(b, x, i, 0), out(b, ");\n");
-            break;
-        }
-        if (n->iparam[1]) { /* joint: two token segments read in place */
-            out(b, "rt->attention_joint("), A(0), C, A(1), C, A(2), C, A(3), C, A(4), C, A(5), C, Y(), C;
-            dim(b, x, i, 0), C, dim(b, x, s0, 1), C, dim(b, x, n->src[4], 1), C, ipar(b, x, i, 0), C, dim(b, x, i, 2);
-            out(b, "/"), ipar(b, x, i, 0), out(b, ");\n");
-            break;
-        }
-        out(b, "rt->attention("), A(0), C, A(1), C, A(2), C, Y(), C, dim(b, x, i, 0), C, dim(b, x, i, 1), C;
-        dim(b, x, s1, 1), C, ipar(b, x, i, 0), C, dim(b, x, i, 2), out(b, "/"), ipar(b, x, i, 0), out(b, ");\n");
-        break;
-    case KG_PATCHIFY:
-        out(b, "rt->patchify("), A(0), C, Y(), C, dim(b, x, s0, 0), C, dim(b, x, s0, 1), C, dim(b, x, s0, 2), C;
-        dim(b, x, s0, 3), C, ipar(b, x, i, 0), out(b, ");\n");
-        break;
-    case KG_UNPATCHIFY:
-        out(b, "rt->unpatchify("), A(0), C, Y(), C, dim(b, x, i, 0), C, ipar(b, x, i, 0), C, ipar(b, x, i, 1), C;
-        ipar(b, x, i, 2), C, ipar(b, x, i, 3), out(b, ");\n");
-        break;
-    case KG_TIMESTEP_PROJ:
-        out(b, "rt->timestep_proj("), A(0), C, Y(), C, dim(b, x, i, 0), C, ipar(b, x, i, 0), out(b, ");\n");
-        break;
-    case KG_POS_CROP:
-        out(b, "rt->pos_crop("), A(0), C, Y(), C, ipar(b, x, i, 0), C, ipar(b, x, i, 1), C, ipar(b, x, i, 2), C;
-        dim(b, x, i, 2), out(b, ");\n");
-        break;
-    case KG_SHARD: /* the collectives of a parallel run: [B,N,D] in and out */
-    case KG_ALLGATHER:
-    case KG_ALLTOALL:
-    case KG_ALLREDUCE:
-    case KG_FSDP_GATHER:
-        out(b, "{\n        const int64_t ip[4] = {"), ipar(b, x, i, 0), C, ipar(b, x, i, 1), C, ipar(b, x, i, 2), C;
-        ipar(b, x, i, 3), out(b, "}, xs[3] = {"), dim(b, x, s0, 0), C, dim(b, x, s0, 1), C, dim(b, x, s0, 2);
-        out(b, "}, ys[3] = {"), dim(b, x, i, 0), C, dim(b, x, i, 1), C, dim(b, x, i, 2);
-        out(b, "};\n        rt->dist(rt->dist_ctx, %d, ip, xs, ys, ", (int)n->op), A(0), C, Y(), out(b, ");\n    }\n");
-        break;
-    case KG_INPUT:
-    case KG_WEIGHT:
-    case KG_ALIAS:
-    case KG_OP_COUNT: out(b, "\n"); break;
+    out(b, "},\n            .ip = {");
+    for (int k = 0; k < 4; k++) {
+        if (k) out(b, ", ");
+        ipar(b, x, i, k);
     }
-    (void)p;
-#undef A
-#undef Y
-#undef C
+    out(b, "}, .fp = %af};\n        rt->run[%d](rt->ctx, &c);\n    }\n", (double)n->fparam, (int)n->op);
 }
 
 static int runs(const kx_plan *p, kg_id i) { return p->place[i].kind == KX_ARENA || p->place[i].kind == KX_OUTPUT; }
@@ -282,20 +166,23 @@ static char *signature(const kx_export *x, const kx_plan *p, const kg_region *rg
     return b.s ? b.s : kb_strdup("");
 }
 
-#define KX_STR2(...) #__VA_ARGS__
-#define KX_STR(...) KX_STR2(__VA_ARGS__)
-#define KX_RT_DECL(name, ret, args) "    " #ret " (*" #name ")" #args ";\n"
+#define KX_CALL_DECL(type, name, dims) "    " #type " " #name #dims ";\n"
 
 kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const char *digest, char **src, int *n_kinds) {
     *src = NULL;
     *n_kinds = 0;
     const kg_graph *g = &x->g;
     sb b = {0};
-    out(&b, "/* Generated by kiln: the planned backbone graph (%d nodes, %s). Do not edit. */\n", g->n,
+    out(&b, "/* Generated by kiln: the planned graph (%d nodes, %s). Do not edit. */\n", g->n,
         regional ? "regional" : "whole graph");
-    out(&b, "#include <stdint.h>\n\nstruct kk_weight;\ntypedef struct kx_rt {\n    int abi;\n%s    const void *dist_ctx;\n} kx_rt;\n\n",
-        KX_RT_FUNCS(KX_RT_DECL));
+    /* the call and the runtime table, declared from the same definitions as the host's (graph.h, compile.h) */
+    out(&b, "#include <stdint.h>\n\n#define KG_MAX_SRC %d\nstruct kg_ctx;\ntypedef struct kg_call {\n%s} kg_call;\n", KG_MAX_SRC,
+        KG_CALL_FIELDS(KX_CALL_DECL));
+    out(&b, "typedef struct kx_rt {\n    int abi;\n    const struct kg_ctx *ctx;\n"
+            "    void (*run[%d])(const struct kg_ctx *, const kg_call *);\n} kx_rt;\n\n", KG_OP_COUNT);
     out(&b, "int kiln_pkg_abi(void) { return %d; }\n", KX_ABI);
+    out(&b, "/* the op table this code indexes (ops.def) */\nconst char *kiln_pkg_ops(void) { return \"%s\"; }\n",
+        kg_op_table_names());
     out(&b, "/* SHA-256 of the manifest's plan this code was generated for */\n");
     out(&b, "const char *kiln_pkg_digest(void) { return \"%s\"; }\n\n", digest);
 
@@ -331,7 +218,7 @@ kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const
         out(&b, "/* block kind %d (first: layer %d) */\nstatic void block_%d(const kx_rt *rt, const int64_t *S, void *const *P, "
                 "const int32_t *m) {\n    (void)S;\n", *n_kinds, rg->layer, r);
         for (int i = rg->start; i < rg->end; i++)
-            if (runs(p, i)) emit_node(&b, x, p, i, &rf);
+            if (runs(p, i)) emit_node(&b, x, i, &rf);
         out(&b, "}\n\n");
         ++*n_kinds;
     }
@@ -352,7 +239,7 @@ kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const
             i = g->regions[r].end;
             continue;
         }
-        if (runs(p, i)) emit_node(&b, x, p, i, &direct);
+        if (runs(p, i)) emit_node(&b, x, i, &direct);
         i++;
     }
     out(&b, "    return 0;\n}\n");

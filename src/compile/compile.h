@@ -24,7 +24,7 @@
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
 #define KX_FORMAT_VERSION 1
-#define KX_ABI 9
+#define KX_ABI 10 /* 10: ops called through the op table (kg_call), kiln_pkg_ops */
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {
@@ -103,48 +103,18 @@ kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend
 
 /* ---- runtime ABI of generated code ------------------------------------- */
 
-/* Every function a package calls, in ABI order (stringified into the
- * generated source, so host and package share this one definition):
- * the backend's kernels (kk_backend fields of the same names), then the
- * layout kernels every executor shares (kk_<name>). */
-#define KX_RT_FUNCS(X) KX_RT_BACKEND(X) KX_RT_LAYOUT(X) KX_RT_HOST(X)
-/* the collectives of a parallel run: kg_run_dist_op with rt->dist_ctx */
-#define KX_RT_HOST(X) X(dist, void, (const void *, int, const int64_t *, const int64_t *, const int64_t *, const float *, float *))
-#define KX_RT_BACKEND(X)                                                                                       \
-    X(linear, void, (const float *, const struct kk_weight *, const float *, float *, int64_t, int))           \
-    X(linear_io, void, (const void *, int, const struct kk_weight *, const float *, void *, int, int64_t, int)) \
-    X(linear_gate_add, void, (const void *, int, const struct kk_weight *, const float *, const float *, const float *, int64_t, float *, int64_t, int64_t)) \
-    X(silu, void, (const float *, float *, int64_t))                                                             \
-    X(gelu_tanh, void, (const float *, float *, int64_t))                                                        \
-    X(layernorm, void, (const float *, float *, int64_t, int64_t, float))                                        \
-    X(layernorm_modulate, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, float)) \
-    X(layernorm_modulate_bf16, void, (const float *, const float *, const float *, uint16_t *, int64_t, int64_t, int64_t, float, int)) \
-    X(rmsnorm_heads, void, (const float *, const float *, float *, int64_t, int64_t, int64_t, float))           \
-    X(modulate, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t))       \
-    X(modulate_bf16, void, (const float *, const float *, const float *, uint16_t *, int64_t, int64_t, int64_t, int)) \
-    X(gate_add, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t))       \
-    X(attention, void, (const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
-    X(attention_joint, void, (const float *, const float *, const float *, const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
-    X(attention_joint_bf16, void, (const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, void *, int, int64_t, int64_t, int64_t, int64_t, int64_t))
-#define KX_RT_LAYOUT(X)                                                                                        \
-    X(patchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                   \
-    X(unpatchify, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t))                 \
-    X(timestep_proj, void, (const float *, float *, int64_t, int64_t))                                         \
-    X(pos_crop, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t))                            \
-    X(add_bcast, void, (const float *, const float *, float *, int64_t, int64_t))                              \
-    X(slice_rows, void, (const float *, float *, int64_t, int64_t, int64_t, int64_t))                          \
-    X(concat_rows, void, (const float *, int64_t, const float *, int64_t, float *, int64_t))
-
-#define KX_RT_FIELD(name, ret, args) ret(*name) args;
+/* What a package calls: every op's runner (ops.c), indexed by op number,
+ * with the context (backend, collectives) they run in. Generated code
+ * declares the same struct (codegen.c); kiln_pkg_ops() in the package names
+ * the op table it was generated against, and the loader refuses another. */
 typedef struct kx_rt {
     int abi;
-    KX_RT_FUNCS(KX_RT_FIELD)
-    const void *dist_ctx; /* the kg_dist of a parallel run, or NULL */
+    const kg_ctx *ctx;
+    kg_run_fn run[KG_OP_COUNT];
 } kx_rt;
 
-/* The table for a backend (kernels), the shared layout kernels, and the
- * collectives of dist (NULL: a single process). */
-void kx_rt_init(kx_rt *rt, const kk_backend *be, const kg_dist *dist);
+/* The table for a context (its backend and, in a parallel run, its dist). */
+void kx_rt_init(kx_rt *rt, const kg_ctx *ctx);
 
 /* ---- code generation ------------------------------------------------------ */
 

@@ -35,22 +35,11 @@
 #define PKG_LOG "build.log"
 #define PKG_CFLAGS "-O2 -fPIC -shared"
 
-static void rt_dist(const void *ctx, int op, const int64_t *ip, const int64_t *xs, const int64_t *ys, const float *x,
-                    float *y) {
-    kg_run_dist_op(ctx, op, ip, xs, ys, x, y);
-}
-
-void kx_rt_init(kx_rt *rt, const kk_backend *be, const kg_dist *dist) {
+void kx_rt_init(kx_rt *rt, const kg_ctx *ctx) {
     memset(rt, 0, sizeof *rt);
     rt->abi = KX_ABI;
-    rt->dist = rt_dist;
-    rt->dist_ctx = dist;
-#define KX_RT_FROM_BACKEND(name, ret, args) rt->name = be->name;
-#define KX_RT_FROM_LAYOUT(name, ret, args) rt->name = kk_##name;
-    KX_RT_BACKEND(KX_RT_FROM_BACKEND)
-    KX_RT_LAYOUT(KX_RT_FROM_LAYOUT)
-#undef KX_RT_FROM_BACKEND
-#undef KX_RT_FROM_LAYOUT
+    rt->ctx = ctx;
+    for (int i = 0; i < KG_OP_COUNT; i++) rt->run[i] = kg_ops[i].run;
 }
 
 int kx_cpu_has(const char *feature) { return kk_cpu_has(feature); }
@@ -66,6 +55,7 @@ struct kx_package {
     char *load_err;
     void *dl;
     int (*fwd)(const kx_rt *, const int64_t *, void *const *);
+    kg_ctx ctx;
     kx_rt rt;
     void **P;
     void *arena;
@@ -387,13 +377,16 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
         st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: cannot load %s: %s", p->dir, PKG_LIB, dlerror());
     if (fd >= 0) close(fd);
     int (*abi)(void) = NULL;
-    const char *(*digest)(void) = NULL;
+    const char *(*digest)(void) = NULL, *(*ops)(void) = NULL;
     if (!st) {
         *(void **)&abi = dlsym(p->dl, "kiln_pkg_abi");
         *(void **)&digest = dlsym(p->dl, "kiln_pkg_digest");
+        *(void **)&ops = dlsym(p->dl, "kiln_pkg_ops");
         *(void **)&p->fwd = dlsym(p->dl, "kiln_pkg_forward");
-        if (!abi || !digest || !p->fwd || abi() != KX_ABI)
+        if (!abi || !digest || !ops || !p->fwd || abi() != KX_ABI)
             st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: %s does not export the kiln ABI %d", p->dir, PKG_LIB, KX_ABI);
+        else if (strcmp(ops(), kg_op_table_names()))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: built against another op table (ops.def) than this kiln's", p->dir);
     }
     if (!st) {
         if (strcmp(want, digest()))
@@ -406,7 +399,8 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
     if (!st && p->m->arena_bytes && !(p->arena = kb_alloc_aligned(p->m->arena_bytes)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->m->arena_bytes);
     if (!st) {
-        kx_rt_init(&p->rt, be, dist);
+        p->ctx = (kg_ctx){be, dist};
+        kx_rt_init(&p->rt, &p->ctx);
         for (int i = 0; i < p->m->n_nodes; i++)
             if (p->m->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->m->place[i].at;
     }
@@ -568,10 +562,12 @@ static char *manifest_text(const kx_compile_req *r, const kx_export *x, const kx
         cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->place[i].at));
         cJSON_AddItemToArray(pl, e);
     }
-    /* a weight that a linear reads as its W is bound to its GEMM view, any other to its f32 data */
+    /* a weight an op reads as its GEMM weight (ops.def gemm_src) is bound to its GEMM view, any other to its f32 data */
     char *as_w = calloc((size_t)x->g.n + 1, 1);
-    for (int i = 0; as_w && i < x->g.n; i++)
-        if (x->g.nodes[i].op == KG_LINEAR) as_w[x->g.nodes[i].src[1]] = 1;
+    for (int i = 0; as_w && i < x->g.n; i++) {
+        int gs = kg_ops[x->g.nodes[i].op].gemm_src;
+        if (gs >= 0 && x->g.nodes[i].src[gs] >= 0) as_w[x->g.nodes[i].src[gs]] = 1;
+    }
     cJSON *ws = cJSON_AddArrayToObject(m, "weights");
     for (int k = 0; as_w && k < p->n_weights; k++) {
         const kg_node *n = &x->g.nodes[p->weights[k]];

@@ -1,7 +1,7 @@
 /* eager.c - run a graph one node at a time through a backend's kernels,
  * allocating each intermediate when made and freeing it after its last use.
- * kg_exec_node (one node, given its buffers) is shared with the planned
- * executor in src/compile/. */
+ * kg_exec_node (one node, given its buffers, through its op's runner in
+ * ops.c) is shared with the planned executor in src/compile/. */
 #include "base/base.h"
 #include "graph/graph.h"
 #include "kernels/kernels.h"
@@ -10,95 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* one node through its op's runner (ops.c): the same function every executor calls */
 static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {
-    const float *a = n->src[0] >= 0 ? buf[n->src[0]] : NULL;
-    const float *b = n->src[1] >= 0 ? buf[n->src[1]] : NULL;
-    const float *c = n->src[2] >= 0 ? buf[n->src[2]] : NULL;
-    const kg_node *A = n->src[0] >= 0 ? &g->nodes[n->src[0]] : NULL;
-    const int64_t *ip = n->iparam;
-    int64_t numel = kg_numel(n);
-    switch (n->op) {
-    case KG_INPUT:
-    case KG_WEIGHT:
-    case KG_OP_COUNT:
-        break;
-    case KG_LINEAR: {
-        int64_t M = n->shape[n->ndim - 1];
-        (void)b;
-        /* the second token segment of an attention's blocked output, after the first's ip[3] rows */
-        if (ip[3]) a = (const float *)((const uint16_t *)a + kk_blocked_elems(ip[3], A->shape[A->ndim - 1]));
-        if (ip[1]) /* res + gate * (x W^T + b), [B,N,M]; no gate: res + (x W^T + b) */
-            be->linear_gate_add(a, A->out_bf16, g->nodes[n->src[1]].kw, c, buf[n->src[3]],
-                                n->src[4] >= 0 ? buf[n->src[4]] + ip[2] : NULL,
-                                n->src[4] >= 0 ? g->nodes[n->src[4]].shape[1] : 0, y, n->shape[0], n->shape[1]);
-        else if (A->out_bf16 || n->out_bf16)
-            be->linear_io(a, A->out_bf16, g->nodes[n->src[1]].kw, c, y, n->out_bf16, numel / (M ? M : 1), (int)ip[0]);
-        else
-            be->linear(a, g->nodes[n->src[1]].kw, c, y, numel / (M ? M : 1), (int)ip[0]);
-        break;
-    }
-    case KG_LN_MODULATE:
-        if (n->out_bf16)
-            be->layernorm_modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2], n->fparam,
-                                        n->out_bf16);
-        else
-            be->layernorm_modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2], n->fparam);
-        break;
-    case KG_ALIAS: break; /* never live: kg_fuse points its consumers at the producer */
-    case KG_ADD: kk_add_bcast(a, b, y, numel, kg_numel(&g->nodes[n->src[1]])); break;
-    case KG_SILU: be->silu(a, y, numel); break;
-    case KG_GELU_TANH: be->gelu_tanh(a, y, numel); break;
-    case KG_LAYERNORM: {
-        int64_t D = n->shape[n->ndim - 1];
-        be->layernorm(a, y, numel / (D ? D : 1), D, n->fparam);
-        break;
-    }
-    case KG_RMSNORM_HEADS: {
-        int64_t D = n->shape[n->ndim - 1], H = ip[0];
-        be->rmsnorm_heads(a, b, y, numel / (D ? D : 1), H, D / H, n->fparam);
-        break;
-    }
-    case KG_MODULATE:
-        if (n->out_bf16) be->modulate_bf16(a, b, c, (uint16_t *)y, n->shape[0], n->shape[1], n->shape[2], n->out_bf16);
-        else be->modulate(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]);
-        break;
-    case KG_GATE_ADD: be->gate_add(a, b, c, y, n->shape[0], n->shape[1], n->shape[2]); break;
-    case KG_SLICE_COLS: kk_slice_rows(a, y, n->shape[0], A->shape[1], ip[0], ip[1]); break;
-    case KG_CONCAT_TOKENS: {
-        int64_t D = n->shape[2];
-        kk_concat_rows(a, A->shape[1] * D, b, g->nodes[n->src[1]].shape[1] * D, y, n->shape[0]);
-        break;
-    }
-    case KG_SLICE_TOKENS: { /* bf16 rows (kg_plan_bf16: D even) move as pairs, in f32-sized units */
-        int64_t D = n->out_bf16 ? n->shape[2] / 2 : n->shape[2];
-        kk_slice_rows(a, y, n->shape[0], A->shape[1] * D, ip[0] * D, ip[1] * D);
-        break;
-    }
-    case KG_ATTENTION: {
-        const kg_node *K = &g->nodes[n->src[1]];
-        if (K->out_bf16) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
-            be->attention_joint_bf16((const uint16_t *)a, (const uint16_t *)b, (const uint16_t *)c,
-                                     ip[1] && n->src[3] >= 0 ? (const uint16_t *)buf[n->src[3]] : NULL,
-                                     ip[1] ? (const uint16_t *)buf[n->src[4]] : NULL,
-                                     ip[1] ? (const uint16_t *)buf[n->src[5]] : NULL, y, n->out_bf16, n->shape[0],
-                                     A->shape[1], ip[1] ? g->nodes[n->src[4]].shape[1] : 0, ip[0], n->shape[2] / ip[0]);
-        else if (ip[1]) /* joint: q, k, v of two token segments, read in place */
-            be->attention_joint(a, b, c, n->src[3] >= 0 ? buf[n->src[3]] : NULL, buf[n->src[4]], buf[n->src[5]], y,
-                                n->shape[0], A->shape[1], g->nodes[n->src[4]].shape[1], ip[0], n->shape[2] / ip[0]);
-        else
-            be->attention(a, b, c, y, n->shape[0], n->shape[1], K->shape[1], ip[0], n->shape[2] / ip[0]);
-        break;
-    }
-    case KG_PATCHIFY: kk_patchify(a, y, A->shape[0], A->shape[1], A->shape[2], A->shape[3], ip[0]); break;
-    case KG_UNPATCHIFY: kk_unpatchify(a, y, n->shape[0], ip[0], ip[1], ip[2], ip[3]); break;
-    case KG_TIMESTEP_PROJ: kk_timestep_proj(a, y, n->shape[0], ip[0]); break;
-    case KG_POS_CROP: kk_pos_crop(a, y, ip[0], ip[1], ip[2], n->shape[2]); break;
-    case KG_SHARD:
-    case KG_ALLGATHER:
-    case KG_ALLTOALL:
-    case KG_ALLREDUCE:
-    case KG_FSDP_GATHER: kg_run_dist(g, n, a, y); break;
-    }
+    kg_run_fn run = kg_ops[n->op].run;
+    if (!run) return; /* inputs, weights, aliases: nothing to run */
+    kg_call c;
+    kg_call_of(g, n, buf, y, &c);
+    const kg_ctx x = {be, g->dist};
+    run(&x, &c);
 }
 
 void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {

@@ -6,15 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_op_names[KG_OP_COUNT] = {
-    "input", "weight", "linear", "add", "silu", "gelu_tanh", "layernorm", "rmsnorm_heads",
-    "modulate", "gate_add", "slice_cols", "concat_tokens", "slice_tokens", "attention",
-    "patchify", "unpatchify", "timestep_proj", "pos_crop", "layernorm_modulate", "alias",
-    "shard", "allgather", "alltoall", "allreduce", "fsdp_gather",
-};
-
-const char *kg_op_name(kg_op op) { return op < KG_OP_COUNT ? k_op_names[op] : "?"; }
-
 void kg_init(kg_graph *g, kg_resolver resolve, void *user) {
     memset(g, 0, sizeof *g);
     g->resolve = resolve;

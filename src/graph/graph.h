@@ -14,51 +14,59 @@
 
 typedef int kg_id; /* index into g->nodes; -1 = none */
 
+/* The ops: one table, ops.def (each op's meaning, its parameters and the
+ * function every executor runs it with). */
 typedef enum kg_op {
-    KG_INPUT,          /* name, shape; iparam[0] = input slot */
-    KG_WEIGHT,         /* name, shape; data bound by the resolver */
-    KG_LINEAR,         /* x [..,K] . W[M,K]^T + b[M] -> [..,M]; W may be [M, a, b, ..];
-                        * iparam[0] = KK_ACT_* applied after (set by kg_fuse);
-                        * iparam[1] = 1: a gate_add folded in by kg_fuse, the output is
-                        * res [B,N,M] + gate [B,M] * (x W^T + b), src[3] = res, src[4] = gate:
-                        * columns iparam[2] .. +M of the rows of src[4] (a [B,E] tensor);
-                        * src[4] = -1: an add folded in, res + (x W^T + b) with res
-                        * [1,N,M] (a table made from weights) for every batch entry */
-    KG_ADD,            /* a + b; b may have batch 1 (broadcast over dim 0) */
-    KG_SILU,
-    KG_GELU_TANH,
-    KG_LAYERNORM,      /* over the last dim, no affine; fparam = eps */
-    KG_RMSNORM_HEADS,  /* x [B,N,H*Dh] per head * w[Dh]; iparam[0] = H; fparam = eps */
-    KG_MODULATE,       /* x [B,N,D] * (1 + scale[B,D]) + shift[B,D]; src = x, shift, scale */
-    KG_GATE_ADD,       /* res [B,N,D] + gate[B,D] * y [B,N,D]; src = res, gate, y */
-    KG_SLICE_COLS,     /* x [B,E] -> [B,len]; iparam = off, len */
-    KG_CONCAT_TOKENS,  /* [B,N1,D] ++ [B,N2,D] -> [B,N1+N2,D] */
-    KG_SLICE_TOKENS,   /* [B,N,D] -> [B,len,D]; iparam = off, len */
-    KG_ATTENTION,      /* q [B,Nq,H*Dh], k,v [B,Nk,H*Dh] -> [B,Nq,H*Dh]; iparam[0] = H;
-                        * iparam[1] = 1: joint (set by kg_fuse): the concat_tokens making q, k, v
-                        * folded in, src = q, k, v of the first segment, then of the second;
-                        * src[3] = -1 when only the first segment's tokens are queries */
-    KG_PATCHIFY,       /* [B,C,H,W] -> [B,(H/p)(W/p),C*p*p]; iparam[0] = p */
-    KG_UNPATCHIFY,     /* [B,h*w,p*p*C] -> [B,C,h*p,w*p]; iparam = p, h, w, C */
-    KG_TIMESTEP_PROJ,  /* t [B] -> [B,dim] (cos | sin); iparam[0] = dim */
-    KG_POS_CROP,       /* table [1,M*M,D] -> [1,h*w,D] centre crop; iparam = M, h, w */
-    /* made by kg_fuse, never by the model: */
-    KG_LN_MODULATE,    /* layernorm(x) * (1 + scale) + shift; src = x, shift, scale; fparam = eps */
-    KG_ALIAS,          /* an op folded into its producer src0; kg_fuse rewires its consumers,
-                        * so executors never run it */
-    /* parallel runs (graph_dist.c); group = a kd_group of src/dist/dist.h: */
-    KG_SHARD,          /* this rank's part of x along dim 1 or 2; iparam = dim, parts, index */
-    KG_ALLGATHER,      /* inverse of shard: concat every member's x along dim; iparam = dim, group, parts */
-    KG_ALLTOALL,       /* Ulysses: iparam[0] = to_heads: 1 [B,n,D] -> [B,n*p,D/p] (every token,
-                        * this rank's heads), 0 the inverse; iparam = to_heads, group, parts */
-    KG_ALLREDUCE,      /* sum over the group (after a row-parallel linear); iparam[1] = group */
-    KG_FSDP_GATHER,    /* x passed through, after gathering the weights of block iparam[0] */
+#define KG_OP(id, name, gemm_src, run) KG_##id,
+#include "graph/ops.def"
+#undef KG_OP
     KG_OP_COUNT
 } kg_op;
 
 const char *kg_op_name(kg_op op);
 
 #define KG_MAX_SRC 6 /* sources of a node: 3; 5 for a linear with a gate_add folded in, 6 for a joint attention */
+
+/* One op call, as every executor makes it (eager and planned from a node's
+ * concrete shapes, compiled packages from the shapes' expressions): the
+ * data of each source (a kk_weight for the source an op reads as a GEMM
+ * weight, ops.def's gemm_src; NULL when absent), the output, the shapes and
+ * formats (KK_FMT_*) of the sources and of the output (index KG_Y), the
+ * integer and float parameters. Declared by an X-macro so that generated C
+ * declares exactly the same struct (codegen.c). */
+#define KG_Y KG_MAX_SRC
+#define KG_CALL_FIELDS(X)                                                          \
+    X(int, op, )                                                                   \
+    X(const void *, src, [KG_MAX_SRC])                                             \
+    X(void *, y, )                                                                 \
+    X(int64_t, sh, [KG_MAX_SRC + 1][4])                                            \
+    X(int, nd, [KG_MAX_SRC + 1])                                                   \
+    X(int, fmt, [KG_MAX_SRC + 1])                                                  \
+    X(int64_t, ip, [4])                                                            \
+    X(float, fp, )
+#define KG_CALL_FIELD(type, name, dims) type name dims;
+typedef struct kg_call {
+    KG_CALL_FIELDS(KG_CALL_FIELD)
+} kg_call;
+
+/* What an op runs with besides its call: the backend's kernels and, in a
+ * parallel run, the collectives' context. */
+struct kg_dist;
+typedef struct kg_ctx {
+    const kk_backend *be;
+    const struct kg_dist *dist;
+} kg_ctx;
+typedef void (*kg_run_fn)(const kg_ctx *x, const kg_call *c);
+
+/* A row of ops.def */
+typedef struct kg_op_info {
+    const char *name;
+    int gemm_src;
+    kg_run_fn run;
+} kg_op_info;
+extern const kg_op_info kg_ops[KG_OP_COUNT];
+/* "input,weight,linear,...": the table's names in order (the packages' ABI) */
+const char *kg_op_table_names(void);
 
 typedef struct kg_node {
     kg_op op;
@@ -87,11 +95,12 @@ typedef struct kg_region {
 
 /* What the collective ops of a parallel run need (graph_dist.c). */
 struct kd_mesh;
-typedef struct kg_dist {
+struct kg_dist {
     const struct kd_mesh *mesh;
     void (*fsdp_gather)(void *user, int block); /* fills the weights of a block */
     void *user;
-} kg_dist;
+};
+typedef struct kg_dist kg_dist;
 
 typedef struct kg_graph {
     kg_node *nodes;
@@ -140,10 +149,8 @@ kg_id kg_allgather(kg_graph *g, kg_id x, int dim, int group, int parts);
 kg_id kg_alltoall(kg_graph *g, kg_id x, int to_heads, int group, int parts);
 kg_id kg_allreduce(kg_graph *g, kg_id x, int group);
 kg_id kg_fsdp_gather(kg_graph *g, kg_id x, int block);
-/* run one of the ops above (the executors call it) */
-void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y);
-/* the same with explicit operands: op (KG_*), its iparam, the [B,N,D] shapes
- * of x and y (compiled packages call this through their runtime table) */
+/* run one of the ops above: op (KG_*), its iparam, the [B,N,D] shapes of x
+ * and y (ops.c's kg_run_dist_node calls it for every executor) */
 void kg_run_dist_op(const kg_dist *d, int op, const int64_t *ip, const int64_t *xs, const int64_t *ys, const float *x,
                     float *y);
 /* append a node (shape checked by the caller; graph_dist.c's builders use it) */
@@ -162,6 +169,11 @@ void kg_fuse(kg_graph *g);
 void kg_plan_bf16(kg_graph *g, const kk_backend *be);
 /* The bytes of a node's output in its format (out_bf16). */
 size_t kg_out_bytes(const kg_node *n);
+
+/* The call node n makes: buf[j] holds node j's data (a weight node's buf
+ * is its f32 data; the source ops.def names gemm_src gets the node's
+ * kk_weight instead), y its output. */
+void kg_call_of(const kg_graph *g, const kg_node *n, float *const *buf, void *y, kg_call *c);
 
 /* ---- executors ---------------------------------------------------------- */
 /* Run every node in order with the backend's kernels. inputs[slot] point to

@@ -1,7 +1,7 @@
 /* graph_dist.c - the ops of parallel runs: shard, all-gather, all-to-all
  * (Ulysses), all-reduce and the FSDP weight gather. The model definition
  * places them (sd3_forward.c with a parallel context); every executor runs
- * them through kg_run_dist, which calls src/dist. Shapes are [B, N, D]. */
+ * them through ops.c's runner, which calls kg_run_dist_op and src/dist. Shapes are [B, N, D]. */
 #include "base/base.h"
 #include "dist/dist.h"
 #include "graph/graph.h"
@@ -108,10 +108,6 @@ static void put_part(const float *src, float *y, const int64_t *s, int dim, int 
         int64_t d = D / parts;
         for (int64_t r = 0; r < B * N; r++) memcpy(y + r * D + (int64_t)j * d, src + r * d, sizeof(float) * (size_t)d);
     }
-}
-
-void kg_run_dist(const kg_graph *g, const kg_node *n, const float *x, float *y) {
-    kg_run_dist_op(g->dist, n->op, n->iparam, g->nodes[n->src[0]].shape, n->shape, x, y);
 }
 
 void kg_run_dist_op(const kg_dist *d, int op, const int64_t *ip, const int64_t *xs, const int64_t *ys, const float *x,

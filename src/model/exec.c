@@ -308,7 +308,7 @@ static kiln_status parse_dims(const char *dims, kx_sym *syms) {
     return KILN_OK;
 }
 
-kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *res) {
+kiln_status km_compile(kiln_model *m, const kiln_compile_opts *o, double quality_rel_l2, kiln_compile_result *res) {
     if (!m || !o || !res) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_compile: model, options and result are required");
     memset(res, 0, sizeof *res);
     const kiln_config *c = &m->cfg;
@@ -334,22 +334,9 @@ kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile
     }
     if (o->package_dir && (st = kiln_model_set_package_dir(m, o->package_dir))) return st;
     double t0 = kb_now();
-    /* a quantized backbone is published only after the quality gate */
-    res->quality_rel_l2 = -1;
-    if (m->compute.quant && !(o->force && !o->quality_base)) {
-        if (!o->quality_base)
-            return kb_fail(KILN_ERR_INVALID_ARG, "compile: a %s backbone needs the quality gate first: pass its "
-                                                 "unquantized twin (quality_base) or force", kiln_quant_name(m->compute.quant));
-        kiln_quality_opts qo = kiln_quality_defaults();
-        if (o->max_rel_l2 > 0) qo.max_rel_l2 = o->max_rel_l2;
-        kiln_quality_report rep;
-        if ((st = kiln_quality_check(o->quality_base, m, &qo, &rep))) return kb_wrap(st, "compile: the quality gate");
-        res->quality_rel_l2 = rep.rel_l2;
-        if (!rep.pass && !o->force)
-            return kb_fail(KILN_ERR_RANGE, "compile: the %s backbone's final latents differ from the unquantized ones by "
-                                           "%.2f%% relative L2 (gate %.2f%%); not published (force to publish anyway)",
-                           kiln_quant_name(m->compute.quant), 100 * rep.rel_l2, 100 * rep.max_rel_l2);
-    }
+    /* a quantized backbone is published only after the quality gate, which
+     * the caller runs (kiln_compile in src/sample/quality.c) */
+    res->quality_rel_l2 = quality_rel_l2;
     kx_compile_info info;
     pthread_mutex_lock(&m->exec.lock);
     st = compile_syms(m, syms, !o->whole_graph, o->capture ? &cap : NULL, res->quality_rel_l2, &info);

@@ -103,6 +103,10 @@ kiln_status km_from_cache(struct kcache_entry *e, km_compute cp, kiln_model **ou
 kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out);
 /* The cache key's layout part for a compute choice ("" for the reference). */
 const char *km_compute_layout(km_compute cp);
+/* kiln_compile without the quality gate, which its caller runs first
+ * (kiln_compile, src/sample/quality.c); quality_rel_l2 is the gate's
+ * result to record (-1: not measured). */
+kiln_status km_compile(kiln_model *m, const kiln_compile_opts *o, double quality_rel_l2, kiln_compile_result *res);
 /* Set up / tear down a model's execution state (exec.c). */
 void km_exec_init(kiln_model *m);
 void km_exec_free(kiln_model *m);

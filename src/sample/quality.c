@@ -3,6 +3,7 @@
  * quantized twin, every step's latents compared (kiln_quality_check). */
 #include "base/base.h"
 #include "kiln.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -142,4 +143,30 @@ kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_q
     free(cond);
     out->pass = !st && out->rel_l2 <= out->max_rel_l2;
     return st;
+}
+
+/* kiln_compile: a quantized backbone is compiled and published only after
+ * the quality gate passes against its unquantized twin. The gate is this
+ * layer's decision (it samples); the model layer compiles (km_compile). */
+kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *res) {
+    if (!m || !o || !res) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_compile: model, options and result are required");
+    double rel = -1;
+    kiln_quant q = m->compute.quant;
+    if (q && !(o->force && !o->quality_base)) {
+        if (!o->quality_base)
+            return kb_fail(KILN_ERR_INVALID_ARG, "compile: a %s backbone needs the quality gate first: pass its "
+                                                 "unquantized twin (quality_base) or force", kiln_quant_name(q));
+        kiln_quality_opts qo = kiln_quality_defaults();
+        if (o->max_rel_l2 > 0) qo.max_rel_l2 = o->max_rel_l2;
+        kiln_quality_report rep;
+        kiln_status st = kiln_quality_check(o->quality_base, m, &qo, &rep);
+        if (st) return kb_wrap(st, "compile: the quality gate");
+        rel = rep.rel_l2;
+        if (!rep.pass && !o->force)
+            return kb_fail(KILN_ERR_RANGE, "compile: the %s backbone's final latents differ from the unquantized ones by "
+                                           "%.2f%% relative L2 (gate %.2f%%); not published (--force, or "
+                                           "kiln_compile_opts.force, publishes anyway)",
+                           kiln_quant_name(q), 100 * rep.rel_l2, 100 * rep.max_rel_l2);
+    }
+    return km_compile(m, o, rel, res);
 }

@@ -18,7 +18,7 @@
  * and O / l is the output. The N x N matrix is never formed; parallel over
  * batch x heads x chunks of queries. */
 #include "kernels/cpu/attn_f16.h"
-#include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/attn_rows.h"
 #include "kernels/cpu/gemm_f16.h"
 
 #include <omp.h>

@@ -11,6 +11,7 @@
  * (target_clones). */
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_f16.h"
@@ -1313,31 +1314,11 @@ const kk_backend *kk_fast(kiln_dtype dt) {
 }
 
 /* CPU feature tags, weakest first, as oneDNN's ISA levels */
-static const struct {
-    const char *tag;
-    dnnl_cpu_isa_t isa;
-} k_isa_tags[] = {{"sse41", dnnl_cpu_isa_sse41},
-                  {"avx2", dnnl_cpu_isa_avx2},
-                  {"avx512", dnnl_cpu_isa_avx512_core},
-                  {"avx512vnni", dnnl_cpu_isa_avx512_core_vnni},
-                  {"avx512bf16", dnnl_cpu_isa_avx512_core_bf16},
-                  {"amx", dnnl_cpu_isa_avx512_core_amx}};
-
-int kk_cpu_has(const char *feature) {
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    for (size_t i = 0; i < sizeof k_isa_tags / sizeof *k_isa_tags; i++)
-        if (!strcmp(feature, k_isa_tags[i].tag)) return isa >= k_isa_tags[i].isa;
-    return 0; /* a feature this build does not know is a feature it cannot promise */
-}
-
 const char *kk_fast_isa(void) {
     static char name[48];
     if (!engine()) return "none";
     const dnnl_version_t *v = dnnl_version();
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    const char *tag = "sse41";
-    for (size_t i = 0; i < sizeof k_isa_tags / sizeof *k_isa_tags; i++)
-        if (isa >= k_isa_tags[i].isa) tag = k_isa_tags[i].tag;
+    const char *tag = kk_cpu_isa_tag();
     /* bf16 and fp8 weights in kiln's AMX layout where it runs (amx32); bf16 ones in
      * the fp16 GEMM's (f16p64) where that runs; else oneDNN's */
     snprintf(name, sizeof name, "%s-dnnl%d.%d%s", tag, v->major, v->minor,

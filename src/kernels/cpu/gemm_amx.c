@@ -40,17 +40,6 @@
 #define SB 2048   /* bytes per step of a block: 32 inputs in bf16, 64 in s8 */
 #define TAIL 1 /* items per thread at the end of a GEMM that are split into pieces (tail_pieces) */
 
-int kk_amx_ready(void) {
-    static int ready = -1;
-    int r = __atomic_load_n(&ready, __ATOMIC_RELAXED);
-    if (r < 0) {
-        /* Linux hands out AMX state only on request (ARCH_REQ_XCOMP_PERM for XTILEDATA) */
-        r = kk_cpu_has("amx") && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-        __atomic_store_n(&ready, r, __ATOMIC_RELAXED);
-    }
-    return r;
-}
-
 static int64_t up32(int64_t n) { return (n + 31) / 32; }
 static int64_t up64(int64_t n) { return (n + 63) / 64; }
 

@@ -43,18 +43,6 @@
 #define NP (16 * NV)        /* outputs per panel */
 #define ABLOCK (8 << 20) /* bytes of packed x per work item (L3) */
 
-int kk_f16_ready(void) {
-    static int ready = -1;
-    int r = __atomic_load_n(&ready, __ATOMIC_RELAXED);
-    if (r < 0) {
-        const char *e = getenv("KILN_F16");
-        __builtin_cpu_init();
-        r = !(e && !strcmp(e, "0")) && __builtin_cpu_supports("avx512fp16") && __builtin_cpu_supports("avx512bf16");
-        __atomic_store_n(&ready, r, __ATOMIC_RELAXED);
-    }
-    return r;
-}
-
 static int64_t panels(int64_t N) { return (N + NP - 1) / NP; }
 static int64_t pairs(int64_t K) { return (K + 1) / 2; }
 

@@ -4,14 +4,13 @@
 #ifndef KILN_GEMM_F16_H
 #define KILN_GEMM_F16_H
 
-#include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/epilogue.h"
+#include "kernels/cpu/simd.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when this CPU has AVX512-FP16 (and AVX512-BF16, for the epilogue's
- * bf16 outputs) and KILN_F16 is not 0; checked once. */
-int kk_f16_ready(void);
 
 /* The f16p64 layout of W [N outputs, K inputs]: panels of 64 outputs, each
  * [K/2 input pairs][64 outputs x 2] fp16 (an output's two inputs side by
@@ -29,7 +28,7 @@ void kk_f16_unpack(const void *packed, int64_t N, int64_t K, float *out);
  * its row scales, a row of x per thread). */
 size_t kk_f16_work_bytes(int64_t rows, int64_t K, int threads);
 
-/* y [rows,N] = the epilogue e of x [rows,K] . W^T (gemm_amx.h's
+/* y [rows,N] = the epilogue e of x [rows,K] . W^T (epilogue.h's
  * kk_amx_epilogue, e->scales included), x f32 or bf16 rows (x_fmt
  * KK_FMT_F32 / KK_FMT_BF16), y f32 or bf16 rows; on `threads` threads;
  * work holds kk_f16_work_bytes(rows, K, threads). Returns 0 (and does nothing)

@@ -1,0 +1,166 @@
+/* ops.c - what each op of ops.def does: one function per op, run on a
+ * kg_call by every executor (eager and planned through kg_exec_node,
+ * compiled packages through their runtime table). Shapes come from the call
+ * (the sources' at c->sh[s], the output's at c->sh[KG_Y]), so the same code
+ * serves a concrete graph and a package's symbolic one. */
+#include "base/base.h"
+#include "graph/graph.h"
+#include "kernels/kernels.h"
+
+#include <string.h>
+
+static int64_t numel_of(const kg_call *c, int s) {
+    int64_t e = 1;
+    for (int i = 0; i < c->nd[s]; i++) e *= c->sh[s][i];
+    return e;
+}
+static int64_t last_dim(const kg_call *c, int s) { return c->nd[s] ? c->sh[s][c->nd[s] - 1] : 1; }
+#define F(k) ((const float *)c->src[k])
+#define Y ((float *)c->y)
+#define YS c->sh[KG_Y]
+
+static void kg_run_linear(const kg_ctx *x, const kg_call *c) {
+    const kk_backend *be = x->be;
+    const kk_weight *w = c->src[1];
+    int64_t M = last_dim(c, KG_Y), numel = numel_of(c, KG_Y), rows = numel / (M ? M : 1);
+    const void *a = c->src[0];
+    /* the second token segment of an attention's blocked output, after the first's ip[3] rows */
+    if (c->ip[3]) a = (const uint16_t *)a + kk_blocked_elems(c->ip[3], last_dim(c, 0));
+    if (c->ip[1]) /* res + gate * (x W^T + b), [B,N,M]; no gate: res + (x W^T + b) */
+        be->linear_gate_add(a, c->fmt[0], w, F(2), F(3), c->src[4] ? F(4) + c->ip[2] : NULL,
+                            c->src[4] ? c->sh[4][1] : 0, Y, YS[0], YS[1]);
+    else if (c->fmt[0] || c->fmt[KG_Y])
+        be->linear_io(a, c->fmt[0], w, F(2), c->y, c->fmt[KG_Y], rows, (int)c->ip[0]);
+    else
+        be->linear(a, w, F(2), Y, rows, (int)c->ip[0]);
+}
+
+static void kg_run_layernorm_modulate(const kg_ctx *x, const kg_call *c) {
+    if (c->fmt[KG_Y])
+        x->be->layernorm_modulate_bf16(F(0), F(1), F(2), c->y, YS[0], YS[1], YS[2], c->fp, c->fmt[KG_Y]);
+    else
+        x->be->layernorm_modulate(F(0), F(1), F(2), Y, YS[0], YS[1], YS[2], c->fp);
+}
+
+static void kg_run_add(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_add_bcast(F(0), F(1), Y, numel_of(c, KG_Y), numel_of(c, 1));
+}
+
+static void kg_run_silu(const kg_ctx *x, const kg_call *c) { x->be->silu(F(0), Y, numel_of(c, KG_Y)); }
+static void kg_run_gelu_tanh(const kg_ctx *x, const kg_call *c) { x->be->gelu_tanh(F(0), Y, numel_of(c, KG_Y)); }
+
+static void kg_run_layernorm(const kg_ctx *x, const kg_call *c) {
+    int64_t D = last_dim(c, KG_Y);
+    x->be->layernorm(F(0), Y, numel_of(c, KG_Y) / (D ? D : 1), D, c->fp);
+}
+
+static void kg_run_rmsnorm_heads(const kg_ctx *x, const kg_call *c) {
+    int64_t D = last_dim(c, KG_Y), H = c->ip[0];
+    x->be->rmsnorm_heads(F(0), F(1), Y, numel_of(c, KG_Y) / (D ? D : 1), H, D / H, c->fp);
+}
+
+static void kg_run_modulate(const kg_ctx *x, const kg_call *c) {
+    if (c->fmt[KG_Y]) x->be->modulate_bf16(F(0), F(1), F(2), c->y, YS[0], YS[1], YS[2], c->fmt[KG_Y]);
+    else x->be->modulate(F(0), F(1), F(2), Y, YS[0], YS[1], YS[2]);
+}
+
+static void kg_run_gate_add(const kg_ctx *x, const kg_call *c) {
+    x->be->gate_add(F(0), F(1), F(2), Y, YS[0], YS[1], YS[2]);
+}
+
+static void kg_run_slice_cols(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_slice_rows(F(0), Y, YS[0], c->sh[0][1], c->ip[0], c->ip[1]);
+}
+
+static void kg_run_concat_tokens(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    int64_t D = YS[2];
+    kk_concat_rows(F(0), c->sh[0][1] * D, F(1), c->sh[1][1] * D, Y, YS[0]);
+}
+
+static void kg_run_slice_tokens(const kg_ctx *x, const kg_call *c) {
+    (void)x; /* bf16 rows (kg_plan_bf16: D even) move as pairs, in f32-sized units */
+    int64_t D = c->fmt[KG_Y] ? YS[2] / 2 : YS[2];
+    kk_slice_rows(F(0), Y, YS[0], c->sh[0][1] * D, c->ip[0] * D, c->ip[1] * D);
+}
+
+static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
+    const kk_backend *be = x->be;
+    int64_t H = c->ip[0], Dh = YS[2] / H;
+    int joint = c->ip[1] != 0;
+    if (c->fmt[1]) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
+        be->attention_joint_bf16(c->src[0], c->src[1], c->src[2], joint ? c->src[3] : NULL, joint ? c->src[4] : NULL,
+                                 joint ? c->src[5] : NULL, c->y, c->fmt[KG_Y], YS[0], c->sh[0][1],
+                                 joint ? c->sh[4][1] : 0, H, Dh);
+    else if (joint) /* joint: q, k, v of two token segments, read in place */
+        be->attention_joint(F(0), F(1), F(2), F(3), F(4), F(5), Y, YS[0], c->sh[0][1], c->sh[4][1], H, Dh);
+    else
+        be->attention(F(0), F(1), F(2), Y, YS[0], YS[1], c->sh[1][1], H, Dh);
+}
+
+static void kg_run_patchify(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_patchify(F(0), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], c->ip[0]);
+}
+
+static void kg_run_unpatchify(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unpatchify(F(0), Y, YS[0], c->ip[0], c->ip[1], c->ip[2], c->ip[3]);
+}
+
+static void kg_run_timestep_proj(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_timestep_proj(F(0), Y, YS[0], c->ip[0]);
+}
+
+static void kg_run_pos_crop(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_pos_crop(F(0), Y, c->ip[0], c->ip[1], c->ip[2], YS[2]);
+}
+
+/* the collectives (graph_dist.c), [B,N,D] in and out */
+static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
+    kg_run_dist_op(x->dist, c->op, c->ip, c->sh[0], c->sh[KG_Y], F(0), Y);
+}
+
+const kg_op_info kg_ops[KG_OP_COUNT] = {
+#define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
+#include "graph/ops.def"
+#undef KG_OP
+};
+
+const char *kg_op_name(kg_op op) { return (unsigned)op < KG_OP_COUNT ? kg_ops[op].name : "?"; }
+
+const char *kg_op_table_names(void) {
+    static const char names[] =
+#define KG_OP(id, name, gemm_src, run) name ","
+#include "graph/ops.def"
+#undef KG_OP
+        "";
+    return names;
+}
+
+/* ---- a node's call ------------------------------------------------------------ */
+
+void kg_call_of(const kg_graph *g, const kg_node *n, float *const *buf, void *y, kg_call *c) {
+    memset(c, 0, sizeof *c);
+    c->op = n->op;
+    int gs = kg_ops[n->op].gemm_src;
+    for (int s = 0; s < KG_MAX_SRC; s++) {
+        kg_id id = n->src[s];
+        if (id < 0) continue;
+        const kg_node *p = &g->nodes[id];
+        c->src[s] = s == gs ? (const void *)p->kw : (const void *)buf[id];
+        c->nd[s] = p->ndim;
+        c->fmt[s] = p->out_bf16;
+        memcpy(c->sh[s], p->shape, sizeof c->sh[s]);
+    }
+    c->y = y;
+    c->nd[KG_Y] = n->ndim;
+    c->fmt[KG_Y] = n->out_bf16;
+    memcpy(c->sh[KG_Y], n->shape, sizeof c->sh[KG_Y]);
+    memcpy(c->ip, n->iparam, sizeof c->ip);
+    c->fp = n->fparam;
+}

@@ -1,0 +1,15 @@
+/* cpu.h - CPU feature detection for the kernels (cpu.c). */
+#ifndef KILN_CPU_H
+#define KILN_CPU_H
+
+/* 1 when this CPU has AMX-BF16 and Linux granted this process the tile
+ * state (ARCH_REQ_XCOMP_PERM); checked once. */
+int kk_amx_ready(void);
+/* 1 when this CPU has AVX512-FP16 (and AVX512-BF16, for the epilogue's
+ * bf16 outputs) and KILN_F16 is not 0; checked once. */
+int kk_f16_ready(void);
+
+/* The best feature tag of kk_cpu_has (kernels.h) this CPU has: "avx512bf16", "amx", ... */
+const char *kk_cpu_isa_tag(void);
+
+#endif
