@@ -370,6 +370,35 @@ kiln_quality_opts kiln_quality_defaults(void);
 kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_quality_opts *o,
                                kiln_quality_report *out);
 
+/* ---- tokenizers (src/pipeline/tokenizer*.c) ---------------------------- */
+
+/* The CLIP (byte-level BPE) and T5 (Unigram) tokenizers of a diffusers
+ * pipeline, exact to Hugging Face `tokenizers`. A tokenizer is immutable
+ * once open: kiln_tokenize may run on several threads at once. */
+typedef struct kiln_tokenizer kiln_tokenizer;
+typedef enum kiln_tokenizer_kind { KILN_TOKENIZER_CLIP = 1, KILN_TOKENIZER_T5 = 2 } kiln_tokenizer_kind;
+
+/* A `tokenizer*` folder: tokenizer.json when it has one (a "BPE" model is
+ * CLIP, "Unigram" T5), else CLIP's vocab.json + merges.txt, else T5's
+ * spiece.model; added tokens and the pad token from tokenizer_config.json /
+ * special_tokens_map.json. */
+kiln_status kiln_tokenizer_open(const char *folder, kiln_tokenizer **out);
+void kiln_tokenizer_free(kiln_tokenizer *t);
+kiln_tokenizer_kind kiln_tokenizer_get_kind(const kiln_tokenizer *t);
+/* The pipeline's length: 77 for CLIP, 256 for T5 (SD3's max_sequence_length) */
+int kiln_tokenizer_max_length(const kiln_tokenizer *t);
+int64_t kiln_tokenizer_pad_id(const kiln_tokenizer *t);
+
+/* Tokenize a NUL-terminated UTF-8 prompt as the pipelines call the tokenizer
+ * (padding="max_length", truncation=True, special tokens): CLIP
+ * [bos] + ids[:max_length-2] + [eos], T5 ids[:max_length-1] + [</s>], then the
+ * pad id up to max_length (<= 0: kiln_tokenizer_max_length). ids (and mask,
+ * when not NULL: 1 on real tokens, 0 on padding) hold max_length entries;
+ * *n_tokens (may be NULL) gets the count before truncation, specials
+ * included. Invalid UTF-8 is KILN_ERR_INVALID_ARG naming the byte offset. */
+kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *utf8, int max_length, int64_t *ids,
+                          int64_t *mask, int *n_tokens);
+
 /* ---- seeded models ---------------------------------------------------- */
 
 /* The embedded default of `kiln demo`: a tiny SD3.5-style model (RMS qk-norm,

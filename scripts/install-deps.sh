@@ -10,6 +10,7 @@ packages=(
   libcjson-dev      # JSON: safetensors headers, config.json, manifests
   libxxhash-dev     # checksums of the weight cache
   libpng-dev        # latent previews
+  libutf8proc-dev   # Unicode data of the tokenizers (NFC, categories, grapheme clusters)
   libdnnl-dev       # oneDNN: GEMM and attention of the fast backend
   libopenmpi-dev    # MPI: tensor, sequence and CFG parallel runs (optional at build time)
   openmpi-bin       # mpirun, for the multi-rank tests

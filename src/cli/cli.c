@@ -2,10 +2,12 @@
 #include "cli.h"
 
 #include "base/base.h"
+#include "cache/cache.h"
 #include "tensor/dtype.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -294,6 +296,15 @@ void cli_model_name(const char *path, char *buf, size_t cap) {
     }
     buf[j] = 0;
     if (!j || buf[0] == '.') snprintf(buf, cap, "model");
+    /* two checkpoints in folders of one name (/a/m, /b/m, or names that
+     * sanitize alike) must not share a name, or each would take the other's
+     * caches for superseded ones: a short hash of the absolute path, m-3f2a91 */
+    char real[PATH_MAX];
+    const char *abs = realpath(path, real) ? real : path;
+    unsigned h = (unsigned)(kcache_hash_bytes(abs, strlen(abs), 0x6e616d65) & 0xffffff);
+    size_t l = strlen(buf);
+    if (l > 90) l = 90; /* a key folder's name is at most 100 characters */
+    if (cap > 8) snprintf(buf + (l + 8 < cap ? l : cap - 8), 8, "-%06x", h);
 }
 
 int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q) {

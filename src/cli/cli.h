@@ -19,6 +19,7 @@ int cmd_make(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_package(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -70,8 +71,9 @@ extern const char cli_common_help[];
 /* Open MODEL through the load flow: with a cache root, map or build the
  * cache; without one, convert (kiln_load_model prints a hint). */
 kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out);
-/* The cache folder name derived from a MODEL path ("sd3-medium" for
- * .../sd3-medium/transformer or sd3-medium.safetensors). */
+/* The cache folder name derived from a MODEL path: its name plus a short
+ * hash of its absolute path ("sd3-medium-3f2a91" for .../sd3-medium/transformer
+ * or sd3-medium.safetensors), so two folders of one name never collide. */
 void cli_model_name(const char *path, char *buf, size_t cap);
 
 /* A named f32 copy of a tensor in f with ndim dims; NULL and a message

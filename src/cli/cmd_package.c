@@ -2,6 +2,7 @@
  * under the package folder (root/<family>/<dims>-<hash>). */
 #include "base/base.h"
 #include "cli.h"
+#include "cache/cache.h"
 #include "compile/compile.h"
 
 #include <dirent.h>
@@ -95,11 +96,7 @@ int cmd_package(int argc, char **argv) {
         }
     }
     if (!sub) return cli_usage_error("package", k_usage, "a subcommand is required (ls, verify, rm)");
-    char *root = NULL;
-    if (!dir || !*dir) dir = getenv("KILN_PACKAGE_DIR");
-    if (!cache || !*cache) cache = getenv("KILN_CACHE_DIR");
-    if (dir && *dir) root = kb_strdup(dir);
-    else if (cache && *cache) root = kb_path_join(cache, "packages");
+    char *root = kcache_package_root(dir, cache);
     if (!root) return cli_error("package", "no package folder: pass --package-dir DIR or set KILN_PACKAGE_DIR or KILN_CACHE_DIR");
     /* the names after the subcommand */
     const char *names[256];

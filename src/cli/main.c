@@ -1,6 +1,7 @@
 /* main.c - the kiln command: dispatch to subcommands. */
 #include "cli.h"
 
+#include <signal.h>
 #include <string.h>
 
 static const struct {
@@ -15,6 +16,7 @@ static const struct {
     {"compile", cmd_compile, "compile the backbone into a weightless package with dynamic dimensions"},
     {"package", cmd_package, "list, verify and remove compiled packages"},
     {"quality", cmd_quality, "the quality gate of a quantized backbone: bf16 vs int8/fp8 on one sampler request"},
+    {"tokenize", cmd_tokenize, "token ids of a prompt from a pipeline's CLIP / T5 tokenizers, padded as the pipeline pads"},
     {"make-model", cmd_make, "write a seeded model of any SD3 config (and inputs) for trials and benchmarks"},
     {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
 };
@@ -34,6 +36,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* over the file size limit (ulimit -f) a write fails with EFBIG and a
+     * message, instead of SIGXFSZ killing kiln without one */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -75,7 +75,7 @@ void kx_package_close(kx_package *p) {
     if (p->dl) dlclose(p->dl);
     kx_manifest_free(p->m);
     free(p->P);
-    kb_free_aligned(p->arena);
+    kk_buf_free(p->ctx.be, p->arena);
     free(p->load_err);
     free(p->dir);
     free(p);
@@ -368,6 +368,7 @@ static void *dlopen_fd(int *fd, const char *digest) {
 
 kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user) {
     if (p->loaded) return p->load_st ? kb_fail(p->load_st, "%s", p->load_err ? p->load_err : "package failed to load") : KILN_OK;
+    p->ctx = (kg_ctx){be, dist}; /* the arena comes from this backend */
     /* load the descriptor that was checked and hashed: the path is never opened again */
     int fd = -1;
     char want[65];
@@ -396,10 +397,9 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
     if (!st && !(p->P = calloc((size_t)p->m->n_nodes + 1, sizeof *p->P)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
     if (!st) st = bind_weights(p, weight, user);
-    if (!st && p->m->arena_bytes && !(p->arena = kb_alloc_aligned(p->m->arena_bytes)))
+    if (!st && p->m->arena_bytes && !(p->arena = kk_buf_alloc(be, p->m->arena_bytes)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->m->arena_bytes);
     if (!st) {
-        p->ctx = (kg_ctx){be, dist};
         kx_rt_init(&p->rt, &p->ctx);
         for (int i = 0; i < p->m->n_nodes; i++)
             if (p->m->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->m->place[i].at;

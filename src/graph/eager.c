@@ -95,7 +95,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             continue;
         }
         /* bf16 buffers are half the size; kg_plan_bf16 never marks outputs */
-        float *y = out_slot[i] >= 0 ? outputs[out_slot[i]] : kb_alloc_aligned(kg_out_bytes(nd));
+        float *y = out_slot[i] >= 0 ? outputs[out_slot[i]] : kk_buf_alloc(be, kg_out_bytes(nd));
         if (!y) {
             st = KILN_ERR_NOMEM;
             break;
@@ -108,7 +108,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
             if (src < 0 || last_use[src] != i) continue;
             kg_op sop = g->nodes[src].op;
             if (sop != KG_INPUT && sop != KG_WEIGHT && out_slot[src] < 0 && buf[src]) {
-                kb_free_aligned(buf[src]);
+                kk_buf_free(be, buf[src]);
                 buf[src] = NULL;
             }
         }
@@ -116,7 +116,7 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     /* anything still owned (error paths, nodes without consumers) */
     for (int i = 0; i < n; i++) {
         kg_op op = g->nodes[i].op;
-        if (buf[i] && op != KG_INPUT && op != KG_WEIGHT && out_slot[i] < 0) kb_free_aligned(buf[i]);
+        if (buf[i] && op != KG_INPUT && op != KG_WEIGHT && out_slot[i] < 0) kk_buf_free(be, buf[i]);
     }
     free(buf);
     free(last_use);

@@ -122,14 +122,38 @@ kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b) {
     return push(g, KG_LINEAR, X->ndim, shape, x, w, b);
 }
 
-kg_id kg_add(kg_graph *g, kg_id a, kg_id b) {
+/* b broadcasts to a (numpy rules, right-aligned: each of b's dims 1 or a's) */
+static int broadcasts(const kg_node *A, const kg_node *Bn) {
+    if (Bn->ndim > A->ndim) return 0;
+    for (int i = 1; i <= Bn->ndim; i++) {
+        int64_t b = Bn->shape[Bn->ndim - i], a = A->shape[A->ndim - i];
+        if (b != a && b != 1) return 0;
+    }
+    return 1;
+}
+
+static kg_id binary(kg_graph *g, kg_op op, kg_id a, kg_id b) {
     if (!ok(g, a, b, -1) || b < 0) return -1;
     const kg_node *A = node(g, a), *Bn = node(g, b);
-    int same = A->ndim == Bn->ndim;
-    for (int i = 1; same && i < A->ndim; i++) same = A->shape[i] == Bn->shape[i];
-    if (!same || (Bn->shape[0] != A->shape[0] && Bn->shape[0] != 1))
-        return fail(g, KILN_ERR_SHAPE, "add: shapes do not match");
-    return push(g, KG_ADD, A->ndim, A->shape, a, b, -1);
+    if (!broadcasts(A, Bn)) {
+        char as[64], bs[64];
+        kg_shape_str(A, as, sizeof as);
+        kg_shape_str(Bn, bs, sizeof bs);
+        return fail(g, KILN_ERR_SHAPE, "%s: %s does not broadcast to %s", kg_op_name(op), bs, as);
+    }
+    return push(g, op, A->ndim, A->shape, a, b, -1);
+}
+
+kg_id kg_add(kg_graph *g, kg_id a, kg_id b) { return binary(g, KG_ADD, a, b); }
+kg_id kg_mul(kg_graph *g, kg_id a, kg_id b) { return binary(g, KG_MUL, a, b); }
+
+void kg_shape_str(const kg_node *n, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = 0;
+    len += (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < n->ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)n->shape[i]);
+    if (len < cap) snprintf(buf + len, cap - len, "]");
 }
 
 static kg_id unary(kg_graph *g, kg_op op, kg_id x) {
@@ -138,10 +162,50 @@ static kg_id unary(kg_graph *g, kg_op op, kg_id x) {
 }
 
 kg_id kg_silu(kg_graph *g, kg_id x) { return unary(g, KG_SILU, x); }
+kg_id kg_gelu(kg_graph *g, kg_id x) { return unary(g, KG_GELU, x); }
+kg_id kg_quick_gelu(kg_graph *g, kg_id x) { return unary(g, KG_QUICK_GELU, x); }
+
+kg_id kg_gather(kg_graph *g, kg_id table, kg_id ids) {
+    if (!ok(g, table, ids, -1) || ids < 0) return -1;
+    const kg_node *T = node(g, table), *I = node(g, ids);
+    if (T->ndim != 2 || I->ndim < 1 || I->ndim > 3) {
+        char ts[64], is[64];
+        kg_shape_str(T, ts, sizeof ts);
+        kg_shape_str(I, is, sizeof is);
+        return fail(g, KILN_ERR_SHAPE, "gather: table %s must be [V, D] and ids %s have 1 to 3 dims", ts, is);
+    }
+    int64_t shape[4] = {0};
+    memcpy(shape, I->shape, sizeof(int64_t) * (size_t)I->ndim);
+    shape[I->ndim] = T->shape[1];
+    return push(g, KG_GATHER, I->ndim + 1, shape, table, ids, -1);
+}
 kg_id kg_gelu_tanh(kg_graph *g, kg_id x) { return unary(g, KG_GELU_TANH, x); }
 
-kg_id kg_layernorm(kg_graph *g, kg_id x, float eps) {
-    kg_id id = unary(g, KG_LAYERNORM, x);
+kg_id kg_layernorm(kg_graph *g, kg_id x, float eps) { return kg_layernorm_affine(g, x, -1, -1, eps); }
+
+/* w and b (each optional) are [D] of x's last dim */
+static int is_row_vec(const kg_graph *g, kg_id v, int64_t D) {
+    return v < 0 || (g->nodes[v].ndim == 1 && g->nodes[v].shape[0] == D);
+}
+
+kg_id kg_layernorm_affine(kg_graph *g, kg_id x, kg_id w, kg_id b, float eps) {
+    if (!ok(g, x, w, b)) return -1;
+    const kg_node *X = node(g, x);
+    int64_t D = X->ndim ? X->shape[X->ndim - 1] : 0;
+    if (!is_row_vec(g, w, D) || !is_row_vec(g, b, D))
+        return fail(g, KILN_ERR_SHAPE, "layernorm: weight and bias must be [%lld], the input's last dimension", (long long)D);
+    kg_id id = push(g, KG_LAYERNORM, X->ndim, X->shape, x, w, b);
+    if (id >= 0) g->nodes[id].fparam = eps;
+    return id;
+}
+
+kg_id kg_rmsnorm(kg_graph *g, kg_id x, kg_id w, float eps) {
+    if (!ok(g, x, w, -1)) return -1;
+    const kg_node *X = node(g, x);
+    int64_t D = X->ndim ? X->shape[X->ndim - 1] : 0;
+    if (!is_row_vec(g, w, D))
+        return fail(g, KILN_ERR_SHAPE, "rmsnorm: weight must be [%lld], the input's last dimension", (long long)D);
+    kg_id id = push(g, KG_RMSNORM, X->ndim, X->shape, x, w, -1);
     if (id >= 0) g->nodes[id].fparam = eps;
     return id;
 }
@@ -221,6 +285,43 @@ kg_id kg_slice_tokens(kg_graph *g, kg_id x, int64_t off, int64_t len) {
     return id;
 }
 
+kg_id kg_slice(kg_graph *g, kg_id x, int axis, int64_t off, int64_t len) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    if (axis < 0 || axis >= X->ndim || off < 0 || len < 0 || off + len > X->shape[axis])
+        return fail(g, KILN_ERR_SHAPE, "slice: [%lld, %lld) of axis %d outside its %lld", (long long)off,
+                    (long long)(off + len), axis, (long long)(axis >= 0 && axis < X->ndim ? X->shape[axis] : -1));
+    int64_t shape[4];
+    memcpy(shape, X->shape, sizeof shape);
+    shape[axis] = len;
+    kg_id id = push(g, KG_SLICE, X->ndim, shape, x, -1, -1);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = axis;
+        g->nodes[id].iparam[1] = off;
+        g->nodes[id].iparam[2] = len;
+    }
+    return id;
+}
+
+kg_id kg_concat(kg_graph *g, kg_id a, kg_id b, int axis) {
+    if (!ok(g, a, b, -1) || b < 0) return -1;
+    const kg_node *A = node(g, a), *Bn = node(g, b);
+    int same = A->ndim == Bn->ndim && axis >= 0 && axis < A->ndim;
+    for (int i = 0; same && i < A->ndim; i++) same = i == axis || A->shape[i] == Bn->shape[i];
+    if (!same) {
+        char as[64], bs[64];
+        kg_shape_str(A, as, sizeof as);
+        kg_shape_str(Bn, bs, sizeof bs);
+        return fail(g, KILN_ERR_SHAPE, "concat: %s and %s differ outside axis %d", as, bs, axis);
+    }
+    int64_t shape[4];
+    memcpy(shape, A->shape, sizeof shape);
+    shape[axis] += Bn->shape[axis];
+    kg_id id = push(g, KG_CONCAT, A->ndim, shape, a, b, -1);
+    if (id >= 0) g->nodes[id].iparam[0] = axis;
+    return id;
+}
+
 kg_id kg_attention(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads) {
     if (!ok(g, q, k, v) || k < 0 || v < 0) return -1;
     const kg_node *Q = node(g, q), *K = node(g, k), *V = node(g, v);
@@ -231,6 +332,33 @@ kg_id kg_attention(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads) {
     kg_id id = push(g, KG_ATTENTION, 3, Q->shape, q, k, v);
     if (id >= 0) g->nodes[id].iparam[0] = heads;
     return id;
+}
+
+kg_id kg_attention_ex(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads, float scale, kg_id bias, int causal) {
+    kg_id id = kg_attention(g, q, k, v, heads);
+    if (id < 0) return -1;
+    if (bias >= 0) {
+        const kg_node *Bn = node(g, bias), *Q = node(g, q), *K = node(g, k);
+        int64_t want[4] = {Q->shape[0], heads, Q->shape[1], K->shape[1]};
+        int fits = Bn->ndim == 4;
+        for (int d = 0; fits && d < 4; d++) fits = Bn->shape[d] == want[d] || (d < 2 && Bn->shape[d] == 1);
+        if (!fits) {
+            char bs[64];
+            kg_shape_str(Bn, bs, sizeof bs);
+            return fail(g, KILN_ERR_SHAPE, "attention: bias %s is not [%lld or 1, %d or 1, %lld, %lld]", bs,
+                        (long long)want[0], heads, (long long)want[2], (long long)want[3]);
+        }
+        g->nodes[id].src[3] = bias;
+        g->nodes[id].iparam[2] = 1;
+    }
+    g->nodes[id].fparam = scale;
+    g->nodes[id].iparam[3] = causal != 0;
+    return id;
+}
+
+/* an attention of the plain form (no scale, bias or mask): the fast kernels' */
+static int plain_attention(const kg_node *n) {
+    return n->op == KG_ATTENTION && n->fparam == 0 && !n->iparam[2] && !n->iparam[3];
 }
 
 kg_id kg_patchify(kg_graph *g, kg_id x, int p) {
@@ -363,7 +491,7 @@ void kg_fuse(kg_graph *g) {
             n->op = KG_ALIAS;
             /* consumers read the linear directly; the alias is left dead */
             alias_to(g, i, s0);
-        } else if (n->op == KG_MODULATE && p->op == KG_LAYERNORM) {
+        } else if (n->op == KG_MODULATE && p->op == KG_LAYERNORM && p->src[1] < 0 && p->src[2] < 0) {
             n->op = KG_LN_MODULATE;
             n->fparam = p->fparam;
             n->src[0] = p->src[0];
@@ -377,7 +505,7 @@ void kg_fuse(kg_graph *g) {
      * the image tokens ask): then src[3] is -1 */
     for (int i = 0; i < g->n; i++) {
         kg_node *n = &g->nodes[i];
-        if (n->op != KG_ATTENTION || n->iparam[1]) continue;
+        if (!plain_attention(n) || n->iparam[1]) continue;
         const kg_node *k = &g->nodes[n->src[1]];
         int q_joint = g->nodes[n->src[0]].op == KG_CONCAT_TOKENS, ok = k->op == KG_CONCAT_TOKENS;
         for (int s = q_joint ? 0 : 1; s < 3 && ok; s++) {
@@ -576,7 +704,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
         for (int o = 0; o < g->n_outputs; o++) used[g->outputs[o]] = 2;
         for (int i = 0; i < g->n; i++) {
             const kg_node *n = &g->nodes[i];
-            if (!live[i] || n->op != KG_ATTENTION) continue;
+            if (!live[i] || !plain_attention(n)) continue;
             int all = 1, ns = n->iparam[1] ? 6 : 3;
             for (int s = 0; s < ns && all; s++) {
                 kg_id src = n->src[s];
@@ -592,7 +720,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
          * bf16 rows on */
         for (int i = 0; i < g->n; i++) {
             kg_node *n = &g->nodes[i];
-            if (!live[i] || n->op != KG_ATTENTION || g->nodes[n->src[1]].out_bf16 != KK_FMT_BF16 ||
+            if (!live[i] || !plain_attention(n) || g->nodes[n->src[1]].out_bf16 != KK_FMT_BF16 ||
                 !read_by_bf16_gemms(g, live, i, 1))
                 continue;
             n->out_bf16 = KK_FMT_BF16;
@@ -609,8 +737,6 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
 
 size_t kg_out_bytes(const kg_node *n) {
     int64_t numel = kg_numel(n), K = n->ndim ? n->shape[n->ndim - 1] : 1;
-    /* an attention's two token segments are blocked apart: up to one block more */
-    if (n->out_bf16 == KK_FMT_BLOCKED)
-        return sizeof(uint16_t) * kk_blocked_elems((K ? numel / K : 0) + (n->op == KG_ATTENTION ? 32 : 0), K);
-    return (n->out_bf16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)numel;
+    /* the format's size is the backend's rule; an attention's output may hold two token segments */
+    return kk_act_bytes(n->out_bf16, K ? numel / K : 0, K, n->op == KG_ATTENTION ? 2 : 1);
 }

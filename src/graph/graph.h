@@ -123,10 +123,20 @@ int64_t kg_numel(const kg_node *n);
 kg_id kg_input(kg_graph *g, const char *name, int ndim, const int64_t *shape);
 kg_id kg_weight(kg_graph *g, const char *name);
 kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b /* -1: no bias */);
+/* a + b and a * b, b broadcast to a's shape (numpy rules, right-aligned) */
 kg_id kg_add(kg_graph *g, kg_id a, kg_id b);
+kg_id kg_mul(kg_graph *g, kg_id a, kg_id b);
 kg_id kg_silu(kg_graph *g, kg_id x);
 kg_id kg_gelu_tanh(kg_graph *g, kg_id x);
+kg_id kg_gelu(kg_graph *g, kg_id x);       /* exact (erf) */
+kg_id kg_quick_gelu(kg_graph *g, kg_id x); /* x * sigmoid(1.702 x) */
+/* table [V, D] rows by ids [...] (integers as f32) -> [..., D] */
+kg_id kg_gather(kg_graph *g, kg_id table, kg_id ids);
 kg_id kg_layernorm(kg_graph *g, kg_id x, float eps);
+/* layernorm with an affine weight w [D] and bias b [D], each optional (-1) */
+kg_id kg_layernorm_affine(kg_graph *g, kg_id x, kg_id w, kg_id b, float eps);
+/* RMS norm over the last dim, * w [D] when w >= 0 */
+kg_id kg_rmsnorm(kg_graph *g, kg_id x, kg_id w, float eps);
 kg_id kg_rmsnorm_heads(kg_graph *g, kg_id x, kg_id w, int heads, float eps);
 kg_id kg_modulate(kg_graph *g, kg_id x, kg_id shift, kg_id scale);
 kg_id kg_gate_add(kg_graph *g, kg_id res, kg_id gate, kg_id y);
@@ -134,6 +144,14 @@ kg_id kg_slice_cols(kg_graph *g, kg_id x, int64_t off, int64_t len);
 kg_id kg_concat_tokens(kg_graph *g, kg_id a, kg_id b);
 kg_id kg_slice_tokens(kg_graph *g, kg_id x, int64_t off, int64_t len);
 kg_id kg_attention(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads);
+/* the general form: scale of q k^T (0: 1/sqrt(Dh)), an additive bias
+ * [B or 1, heads or 1, Nq, Nk] (-1: none), causal (query i sees keys <= i) */
+kg_id kg_attention_ex(kg_graph *g, kg_id q, kg_id k, kg_id v, int heads, float scale, kg_id bias, int causal);
+/* slice and concat along any axis */
+kg_id kg_slice(kg_graph *g, kg_id x, int axis, int64_t off, int64_t len);
+kg_id kg_concat(kg_graph *g, kg_id a, kg_id b, int axis);
+/* "[2, 77, 768]" */
+void kg_shape_str(const kg_node *n, char *buf, size_t cap);
 kg_id kg_patchify(kg_graph *g, kg_id x, int p);
 kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c);
 kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim);

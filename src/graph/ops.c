@@ -7,6 +7,7 @@
 #include "graph/graph.h"
 #include "kernels/kernels.h"
 
+#include <math.h>
 #include <string.h>
 
 static int64_t numel_of(const kg_call *c, int s) {
@@ -42,17 +43,66 @@ static void kg_run_layernorm_modulate(const kg_ctx *x, const kg_call *c) {
         x->be->layernorm_modulate(F(0), F(1), F(2), Y, YS[0], YS[1], YS[2], c->fp);
 }
 
+/* the shapes of sources 0 and 1 and of y right-aligned to 4 dims; 1 when b
+ * is a's trailing dims after leading 1s (kk_add_bcast's b[i % nb] form) */
+static int bcast_shapes(const kg_call *c, int64_t as[4], int64_t bs[4], int64_t ys[4]) {
+    for (int d = 0; d < 4; d++) {
+        int ia = d - (4 - c->nd[0]), ib = d - (4 - c->nd[1]), iy = d - (4 - c->nd[KG_Y]);
+        as[d] = ia >= 0 ? c->sh[0][ia] : 1;
+        bs[d] = ib >= 0 ? c->sh[1][ib] : 1;
+        ys[d] = iy >= 0 ? c->sh[KG_Y][iy] : 1;
+    }
+    int d = 0;
+    while (d < 4 && bs[d] == 1) d++;
+    for (int k = d; k < 4; k++)
+        if (bs[k] != ys[k]) return 0;
+    for (int k = 0; k < 4; k++)
+        if (as[k] != ys[k]) return 0;
+    return 1;
+}
+
 static void kg_run_add(const kg_ctx *x, const kg_call *c) {
     (void)x;
-    kk_add_bcast(F(0), F(1), Y, numel_of(c, KG_Y), numel_of(c, 1));
+    int64_t as[4], bs[4], ys[4];
+    if (bcast_shapes(c, as, bs, ys)) kk_add_bcast(F(0), F(1), Y, numel_of(c, KG_Y), numel_of(c, 1));
+    else kk_binary_bcast(KK_BIN_ADD, F(0), as, F(1), bs, Y, ys);
+}
+
+static void kg_run_mul(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    int64_t as[4], bs[4], ys[4];
+    bcast_shapes(c, as, bs, ys);
+    kk_binary_bcast(KK_BIN_MUL, F(0), as, F(1), bs, Y, ys);
 }
 
 static void kg_run_silu(const kg_ctx *x, const kg_call *c) { x->be->silu(F(0), Y, numel_of(c, KG_Y)); }
 static void kg_run_gelu_tanh(const kg_ctx *x, const kg_call *c) { x->be->gelu_tanh(F(0), Y, numel_of(c, KG_Y)); }
 
+static void kg_run_gelu(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
+}
+
+static void kg_run_quick_gelu(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
+}
+
+static void kg_run_gather(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_gather_rows(F(0), c->sh[0][0], c->sh[0][1], F(1), numel_of(c, 1), Y);
+}
+
 static void kg_run_layernorm(const kg_ctx *x, const kg_call *c) {
+    int64_t D = last_dim(c, KG_Y), rows = numel_of(c, KG_Y) / (D ? D : 1);
+    x->be->layernorm(F(0), Y, rows, D, c->fp);
+    if (c->src[1] || c->src[2]) kk_affine_rows(Y, F(1), F(2), rows, D);
+}
+
+static void kg_run_rmsnorm(const kg_ctx *x, const kg_call *c) {
+    (void)x;
     int64_t D = last_dim(c, KG_Y);
-    x->be->layernorm(F(0), Y, numel_of(c, KG_Y) / (D ? D : 1), D, c->fp);
+    kk_rmsnorm_rows(F(0), F(1), Y, numel_of(c, KG_Y) / (D ? D : 1), D, c->fp);
 }
 
 static void kg_run_rmsnorm_heads(const kg_ctx *x, const kg_call *c) {
@@ -86,10 +136,40 @@ static void kg_run_slice_tokens(const kg_ctx *x, const kg_call *c) {
     kk_slice_rows(F(0), Y, YS[0], c->sh[0][1] * D, c->ip[0] * D, c->ip[1] * D);
 }
 
+/* x [outer, n, inner] by the axis of a call's source s */
+static void around_axis(const kg_call *c, int s, int axis, int64_t *outer, int64_t *inner) {
+    *outer = *inner = 1;
+    for (int d = 0; d < axis; d++) *outer *= c->sh[s][d];
+    for (int d = axis + 1; d < c->nd[s]; d++) *inner *= c->sh[s][d];
+}
+
+static void kg_run_slice(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    int64_t outer, inner, axis = c->ip[0];
+    around_axis(c, 0, (int)axis, &outer, &inner);
+    kk_slice_rows(F(0), Y, outer, c->sh[0][axis] * inner, c->ip[1] * inner, c->ip[2] * inner);
+}
+
+static void kg_run_concat(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    int64_t outer, inner, axis = c->ip[0];
+    around_axis(c, 0, (int)axis, &outer, &inner);
+    kk_concat_rows(F(0), c->sh[0][axis] * inner, F(1), c->sh[1][axis] * inner, Y, outer);
+}
+
 static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
     const kk_backend *be = x->be;
     int64_t H = c->ip[0], Dh = YS[2] / H;
     int joint = c->ip[1] != 0;
+    if (!joint && (c->fp != 0 || c->ip[2] || c->ip[3])) { /* the general form */
+        int64_t bs[4] = {1, 1, 1, 1};
+        if (c->ip[2])
+            for (int d = 0; d < 4; d++) bs[d] = d - (4 - c->nd[3]) >= 0 ? c->sh[3][d - (4 - c->nd[3])] : 1;
+        float scale = c->fp != 0 ? c->fp : 1.0f / sqrtf((float)Dh);
+        kk_attention_general(F(0), F(1), F(2), c->ip[2] ? F(3) : NULL, bs, Y, YS[0], YS[1], c->sh[1][1], H, Dh,
+                             scale, (int)c->ip[3]);
+        return;
+    }
     if (c->fmt[1]) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
         be->attention_joint_bf16(c->src[0], c->src[1], c->src[2], joint ? c->src[3] : NULL, joint ? c->src[4] : NULL,
                                  joint ? c->src[5] : NULL, c->y, c->fmt[KG_Y], YS[0], c->sh[0][1],

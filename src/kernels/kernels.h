@@ -57,6 +57,13 @@ static inline size_t kk_blocked_elems(int64_t rows, int64_t K) {
 static inline size_t kk_blocked_index(int64_t r, int64_t k, int64_t K) {
     return (size_t)(((r / 32) * ((K + 31) / 32) + k / 32) * 1024 + (r % 32) / 16 * 512 + (r % 16) * 32 + k % 32);
 }
+/* The bytes of an activation [rows, K] in format fmt (KK_FMT_*) held as up
+ * to `segments` token segments apart (each blocked one padded on its own):
+ * what executors allocate for it. */
+static inline size_t kk_act_bytes(int fmt, int64_t rows, int64_t K, int segments) {
+    if (fmt == KK_FMT_BLOCKED) return sizeof(uint16_t) * kk_blocked_elems(rows + 32 * (segments > 1 ? segments - 1 : 0), K);
+    return (fmt ? sizeof(uint16_t) : sizeof(float)) * (size_t)(rows * K);
+}
 /* bf16 x [rows,K] row-major -> out blocked (padding zeroed), and back */
 void kk_block_rows(const uint16_t *x, int64_t rows, int64_t K, uint16_t *out);
 void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x);
@@ -136,7 +143,33 @@ typedef struct kk_backend {
     /* Optional: 1 when linear_io and linear_gate_add on w read KK_FMT_BLOCKED
      * x (and linear_io writes it) with no conversion (kg_plan_bf16 asks) */
     int (*blocked_io)(const kk_weight *w);
+
+    /* ---- memory: the backend owns activation memory; executors get every
+     * buffer through kk_buf_alloc / kk_buf_free and move inputs and outputs
+     * with kk_copy_*, so a device backend plugs in without touching them.
+     * NULL: host memory (kb_alloc_aligned, 64-byte aligned) and memcpy. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*to_host)(void *host, const void *dev, size_t bytes);
+    void (*from_host)(void *dev, const void *host, size_t bytes);
+    /* Optional: 1 when the backend runs op (a kg_op of ops.def) with its
+     * output in format fmt (KK_FMT_*); NULL: every op, in every format its
+     * slots take (the CPU backends) */
+    int (*supports)(int op, int fmt);
+    /* Optional: the packed layout this backend's linears want for W [M,K]
+     * in dt, and the packing (kk_fast_layout / kk_fast_pack for the CPU's
+     * fast backends; NULL: f32 row-major weights, the reference) */
+    kiln_status (*pack_layout)(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
+    kiln_status (*pack)(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
 } kk_backend;
+
+/* A backend's memory (host memory where it has none of its own). */
+void *kk_buf_alloc(const kk_backend *be, size_t bytes);
+void kk_buf_free(const kk_backend *be, void *p);
+void kk_copy_to_host(const kk_backend *be, void *host, const void *buf, size_t bytes);
+void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t bytes);
+/* Whether be runs op with its output in fmt (kk_backend.supports). */
+int kk_supports(const kk_backend *be, int op, int fmt);
 
 /* Data movement shared by every executor (src/kernels/layout.c). */
 /* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p] */
@@ -153,6 +186,29 @@ void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t n
 void kk_slice_rows(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
 /* y [rows, na+nb] = a [rows,na] ++ b [rows,nb] */
 void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
+/* General forms, f32, shared by every backend (layout.c): */
+enum { KK_BIN_ADD = 0, KK_BIN_MUL = 1 };
+/* y = a op b with numpy broadcasting: shapes right-aligned to 4 dims (a
+ * dim of 1 in a or b repeats), ys the broadcast shape */
+void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
+                     const int64_t ys[4]);
+enum { KK_UN_GELU = 0, KK_UN_QUICK_GELU = 1 };
+/* y [n] = exact GELU (erf) or quick GELU (x * sigmoid(1.702 x)) of x */
+void kk_unary(int op, const float *x, float *y, int64_t n);
+/* y [n, D] = table [V, D] rows ids [n] (integers as f32); an id outside
+ * [0, V) gives a zero row and a deferred failure (kb_defer_failure) */
+void kk_gather_rows(const float *table, int64_t V, int64_t D, const float *ids, int64_t n, float *y);
+/* y [rows,D] = y * w [D] + b [D] in place (either may be NULL) */
+void kk_affine_rows(float *y, const float *w, const float *b, int64_t rows, int64_t D);
+/* y [rows,D] = x / sqrt(mean(x^2) + eps) * w [D] (w NULL: 1), the mean
+ * square summed in double and taken in f32 */
+void kk_rmsnorm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t D, float eps);
+/* o [B,Nq,H*Dh] = softmax(scale * q k^T + bias) v per batch and head, with
+ * bias [Bb,Hb,Nq,Nk] (Bb 1 or B, Hb 1 or H; NULL: none) and, causal, key j
+ * only for query i >= j; double sums, a key whose score is -inf adds nothing
+ * (a row of such keys gives 0) */
+void kk_attention_general(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
+                          float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale, int causal);
 /* linear_gate_add as be's linear (linear_io for bf16 x, x_fmt a KK_FMT_*)
  * and then its gate_add over y, one batch entry (gate row) at a time (with
  * gate NULL, y + res [N,M] for each): for GEMMs without the epilogue */

@@ -1,6 +1,7 @@
 /* layout.c - the data-movement kernels every executor shares (eager, the
  * planned executor and compiled packages call these same functions, so
  * they compute bit for bit the same thing). */
+#include "base/base.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 
@@ -150,4 +151,142 @@ void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < K; k += 32)
             memcpy(x + r * K + k, in + kk_blocked_index(r, k, K), sizeof *x * (size_t)(K - k < 32 ? K - k : 32));
+}
+
+/* ---- general forms (ops.def: add and mul with broadcasting, affine norms,
+ * attention with a scale, bias and causal mask): f32, the same on every
+ * backend; the families that need them call them where the fast forms
+ * above do not apply ---- */
+
+void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
+                     const int64_t ys[4]) {
+    /* shapes right-aligned to 4 dims; a dim of 1 in a or b is broadcast */
+    int64_t ast[4], bst[4], sa = 1, sb = 1;
+    for (int d = 3; d >= 0; d--) {
+        ast[d] = as[d] == 1 ? 0 : sa;
+        bst[d] = bs[d] == 1 ? 0 : sb;
+        sa *= as[d];
+        sb *= bs[d];
+    }
+#pragma omp parallel for collapse(2) schedule(static) if (ys[0] * ys[1] * ys[2] * ys[3] > 2 * PIECE)
+    for (int64_t i0 = 0; i0 < ys[0]; i0++)
+        for (int64_t i1 = 0; i1 < ys[1]; i1++)
+            for (int64_t i2 = 0; i2 < ys[2]; i2++) {
+                const float *ar = a + i0 * ast[0] + i1 * ast[1] + i2 * ast[2];
+                const float *br = b + i0 * bst[0] + i1 * bst[1] + i2 * bst[2];
+                float *yr = y + ((i0 * ys[1] + i1) * ys[2] + i2) * ys[3];
+                for (int64_t i3 = 0; i3 < ys[3]; i3++) {
+                    float u = ar[i3 * ast[3]], v = br[i3 * bst[3]];
+                    yr[i3] = op == KK_BIN_MUL ? u * v : u + v;
+                }
+            }
+}
+
+void kk_affine_rows(float *y, const float *w, const float *b, int64_t rows, int64_t D) {
+#pragma omp parallel for schedule(static) if (rows * D > 2 * PIECE)
+    for (int64_t r = 0; r < rows; r++) {
+        float *yr = y + r * D;
+        if (w)
+            for (int64_t j = 0; j < D; j++) yr[j] *= w[j];
+        if (b)
+            for (int64_t j = 0; j < D; j++) yr[j] += b[j];
+    }
+}
+
+void kk_rmsnorm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t D, float eps) {
+#pragma omp parallel for schedule(static) if (rows * D > 2 * PIECE)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * D;
+        float *yr = y + r * D;
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++) ss += (double)xr[j] * xr[j];
+        /* the mean square in f32, as T5's and diffusers' RMS norms take it */
+        float inv = 1.0f / sqrtf((float)(ss / (double)(D ? D : 1)) + eps);
+        for (int64_t j = 0; j < D; j++) yr[j] = xr[j] * inv * (w ? w[j] : 1.0f);
+    }
+}
+
+void kk_attention_general(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
+                          float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale,
+                          int causal) {
+    int64_t D = H * Dh;
+    /* bias [Bb, Hb, Nq, Nk] with Bb in {1, B} and Hb in {1, H} */
+    int64_t sbb = bias && bs[0] > 1 ? bs[1] * Nq * Nk : 0, sbh = bias && bs[1] > 1 ? Nq * Nk : 0;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Nq; i++) {
+                const float *qr = q + (b * Nq + i) * D + h * Dh;
+                const float *br = bias ? bias + b * sbb + h * sbh + i * Nk : NULL;
+                int64_t nk = causal && i + 1 < Nk ? i + 1 : Nk;
+                double m = -INFINITY, sum = 0, acc[512];
+                double *ac = Dh <= 512 ? acc : NULL;
+                float *orow = o + (b * Nq + i) * D + h * Dh;
+                if (!ac) { /* heads wider than 512: two passes, no scratch */
+                    memset(orow, 0, sizeof(float) * (size_t)Dh);
+                }
+                for (int64_t d = 0; d < Dh && ac; d++) ac[d] = 0;
+                for (int64_t j = 0; j < nk; j++) {
+                    const float *kr = k + (b * Nk + j) * D + h * Dh;
+                    double s = 0;
+                    for (int64_t d = 0; d < Dh; d++) s += (double)qr[d] * kr[d];
+                    s = s * scale + (br ? br[j] : 0);
+                    if (s == -INFINITY) continue;
+                    double mn = s > m ? s : m, c = exp(m - mn), e = exp(s - mn);
+                    const float *vr = v + (b * Nk + j) * D + h * Dh;
+                    sum = sum * c + e;
+                    if (ac)
+                        for (int64_t d = 0; d < Dh; d++) ac[d] = ac[d] * c + e * vr[d];
+                    else
+                        for (int64_t d = 0; d < Dh; d++) orow[d] = (float)(orow[d] * c + e * vr[d]);
+                    m = mn;
+                }
+                for (int64_t d = 0; d < Dh; d++)
+                    orow[d] = sum > 0 ? (float)((ac ? ac[d] : orow[d]) / sum) : 0.0f;
+            }
+}
+
+/* ---- a backend's memory ------------------------------------------------------ */
+
+void *kk_buf_alloc(const kk_backend *be, size_t bytes) { return be && be->alloc ? be->alloc(bytes) : kb_alloc_aligned(bytes); }
+
+void kk_buf_free(const kk_backend *be, void *p) {
+    if (be && be->free) be->free(p);
+    else kb_free_aligned(p);
+}
+
+void kk_copy_to_host(const kk_backend *be, void *host, const void *buf, size_t bytes) {
+    if (be && be->to_host) be->to_host(host, buf, bytes);
+    else if (bytes) memcpy(host, buf, bytes);
+}
+
+void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t bytes) {
+    if (be && be->from_host) be->from_host(buf, host, bytes);
+    else if (bytes) memcpy(buf, host, bytes);
+}
+
+int kk_supports(const kk_backend *be, int op, int fmt) { return !be->supports || be->supports(op, fmt); }
+
+void kk_unary(int op, const float *x, float *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 2 * PIECE)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = op == KK_UN_GELU ? (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)))
+                                : (float)(v / (1.0 + exp(-1.702 * (double)v)));
+    }
+}
+
+void kk_gather_rows(const float *table, int64_t V, int64_t D, const float *ids, int64_t n, float *y) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f = ids[i];
+        int64_t id = (int64_t)f;
+        if (!(f >= 0) || (float)id != f || id >= V) {
+            memset(y + i * D, 0, sizeof(float) * (size_t)D);
+            if (!bad++) kb_defer_failure(KILN_ERR_RANGE, "gather: index %g at %lld is outside the table's %lld rows", (double)f,
+                                         (long long)i, (long long)V);
+            continue;
+        }
+        memcpy(y + i * D, table + id * D, sizeof(float) * (size_t)D);
+    }
 }

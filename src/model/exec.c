@@ -50,7 +50,7 @@ void km_exec_free(kiln_model *m) {
     km_exec *x = &m->exec;
     for (int i = 0; i < x->n_pkgs; i++) kx_package_close(x->pkgs[i]);
     free(x->pkgs);
-    kb_free_aligned(x->arena);
+    kk_buf_free(m->backend, x->arena);
     kb_free_aligned(x->pos);
     free(x->package_dir);
     free(x->cache_root);
@@ -88,12 +88,7 @@ const char *kiln_model_last_exec(const kiln_model *m) { return m && m->exec.last
 
 /* the model's own setting, else $KILN_PACKAGE_DIR, else <cache root>/packages (malloc'd; NULL: none) */
 static char *package_root(const kiln_model *m) {
-    if (m->exec.package_dir) return kb_strdup(m->exec.package_dir);
-    const char *env = getenv("KILN_PACKAGE_DIR");
-    if (env && *env) return kb_strdup(env);
-    const char *root = m->exec.cache_root;
-    if (!root) root = getenv("KILN_CACHE_DIR");
-    return root && *root ? kb_path_join(root, "packages") : NULL;
+    return kcache_package_root(m->exec.package_dir, m->exec.cache_root);
 }
 
 /* Everything a package depends on except its dimensions: architecture,
@@ -441,9 +436,9 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
     kiln_status st = graph_for(m, a, &g, 1);
     if (!st) st = kx_plan_graph(&g, &plan);
     if (!st && plan.arena_bytes > m->exec.arena_bytes) { /* grows to the largest shape seen, then stays */
-        kb_free_aligned(m->exec.arena);
+        kk_buf_free(m->backend, m->exec.arena);
         m->exec.arena_bytes = 0;
-        if (!(m->exec.arena = kb_alloc_aligned(plan.arena_bytes)))
+        if (!(m->exec.arena = kk_buf_alloc(m->backend, plan.arena_bytes)))
             st = kb_fail(KILN_ERR_NOMEM, "planned executor: cannot allocate a %zu-byte arena", plan.arena_bytes);
         else m->exec.arena_bytes = plan.arena_bytes;
     }

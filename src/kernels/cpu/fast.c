@@ -1293,7 +1293,7 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
 #define FAST_COMMON                                                                         \
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
-    .modulate = fast_modulate, .gate_add = fast_gate_add
+    .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
                                       .attention_joint = attention_joint_f32,
