@@ -160,6 +160,10 @@ kiln_status kcache_list(const char *root, kcache_item **out, size_t *n) {
     size_t nm, nc, nk;
     char **models = subdirs(root, &nm);
     for (size_t i = 0; i < nm && !s; i++) {
+        /* <root>/packages is the compiled packages' default folder
+         * (docs/package.md), not a model: `kiln package` lists and verifies
+         * those, and `cache verify` would call every one corrupt */
+        if (!strcmp(models[i], "packages")) continue;
         char *md = kb_path_join(root, models[i]);
         char **comps = md ? subdirs(md, &nc) : NULL;
         for (size_t j = 0; md && j < nc && !s; j++) {

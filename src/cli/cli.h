@@ -89,7 +89,18 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
 /* Seeded conditioning under diffusers' pipeline names (prompt_embeds,
  * pooled_prompt_embeds and the negative_* pair), T tokens. */
 kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T, uint64_t seed);
-/* path with its .safetensors suffix replaced by .png (malloc'd) */
+/* The files of --output X: the latents go to X, or to STEM.safetensors when
+ * X is STEM.png; the preview to STEM.png, where STEM is X without a final
+ * .safetensors or .png (so x.png and x.safetensors both give x.png, never
+ * x.png.png). Both malloc'd. */
 char *cli_preview_path(const char *path);
+char *cli_latents_path(const char *output);
+/* --output's folder exists and is writable, and the path is no folder:
+ * checked before any work. 0, or a message printed and 1. */
+int cli_check_output(const char *cmd, const char *path);
+/* Under a launcher that started several ranks (mpirun -np N) a command needs
+ * a parallel mode, or every rank would repeat the whole job and write the
+ * same files: INVALID_ARG saying so. cli_load_model calls it. */
+kiln_status cli_check_ranks(const cli_common *c);
 
 #endif

@@ -221,8 +221,12 @@ int cmd_cache(int argc, char **argv) {
         else rc = do_rm(root, all, nargs, args);
     } else if (!strcmp(sub, "gc")) {
         int64_t max;
-        if (!maxs || parse_size(maxs, &max)) {
+        if (!maxs) {
             rc = cli_usage_error("cache", k_usage, "gc needs --max-size SIZE (e.g. 20G, 500M, 4096)");
+        } else if (parse_size(maxs, &max)) {
+            rc = cli_usage_error("cache", k_usage,
+                                 "--max-size %s: expected a size in bytes with an optional K, M, G or T suffix "
+                                 "(e.g. 20G, 500M, 4096)", maxs);
         } else {
             int removed;
             int64_t freed;

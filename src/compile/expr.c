@@ -108,8 +108,14 @@ kiln_status kx_solve(const kx_sym *syms, int nsym, const kx_iospec *in, int n_in
         for (int d = 0; d < in[a].ndim; d++) {
             int64_t want = kx_eval(&in[a].dim[d], s);
             if (want != shape[a][d]) {
-                char es[64];
+                char es[64], num[32];
                 kx_expr_str(&in[a].dim[d], syms, nsym, es, sizeof es);
+                snprintf(num, sizeof num, "%lld", (long long)want);
+                /* a static dimension prints as its value: "needs 333", not "needs 333 = 333" */
+                if (!strcmp(es, num))
+                    return kb_fail(KILN_ERR_RANGE, "%s dimension %d is %lld, the package needs %lld (a static "
+                                   "dimension: compiled for that value only)", in[a].name, d, (long long)shape[a][d],
+                                   (long long)want);
                 return kb_fail(KILN_ERR_RANGE, "%s dimension %d is %lld, the package needs %s = %lld", in[a].name, d,
                                (long long)shape[a][d], es, (long long)want);
             }

@@ -211,6 +211,14 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     }
     if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (!st) st = check_tensors(c, spec, ns);
+    /* shapes alone cannot tell every architecture apart (the head count of a
+     * width, say): a guess that does not fit is the config's fault */
+    if (st && !c->config_json && (st == KILN_ERR_SHAPE || st == KILN_ERR_MISSING || st == KILN_ERR_UNEXPECTED)) {
+        char why[1536];
+        snprintf(why, sizeof why, "%s", kiln_last_error());
+        st = kb_fail(st, "%s (the architecture was inferred from the tensor shapes of this single file; pass "
+                         "its config.json: --config FILE, or the config_path option)", why);
+    }
     if (!st) st = load_weights(m, c, spec, ns);
     if (!st && cp.tp > 1) st = km_shard_tp(m, cp.tp, cp.tp_index);
     if (!st && !cp.reference) st = pack_linears(m, spec, ns);

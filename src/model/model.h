@@ -65,6 +65,14 @@ typedef struct km_exec {
     float *pos;
     int64_t pos_key[5];
     const char *last;          /* the step that ran the last forward */
+    /* why the last forward skipped a package it had ("dynamic: ctx_len ...
+     * outside the package's range"), "" when none was skipped
+     * (kiln_model_exec_note) */
+    char note[1024];
+    /* the first failure to compile a fixed-shape package (a read-only
+     * package folder, no compiler): later forwards do not try again, so it
+     * is warned about once, not on every step */
+    char fixed_fail[512];
     kg_dist dist;              /* on a mesh: what the collectives of every executor use */
     char family[256];          /* the package family folder (exec.c), made on first use */
     pthread_mutex_t lock;
