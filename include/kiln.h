@@ -1,11 +1,15 @@
 /*
  * kiln.h - the one public header of libkiln.
  *
+ *     kiln_load_opts lo = kiln_load_defaults();         // through the weight cache:
+ *     lo.model_name = "sd3"; lo.source = "sd3/transformer"; // converted once, then mapped
  *     kiln_model *m;
- *     if (kiln_model_open("sd3/transformer", NULL, &m) != KILN_OK)
+ *     if (kiln_load_model(&lo, &m) != KILN_OK)            // cache root: $KILN_CACHE_DIR
  *         fprintf(stderr, "%s\n", kiln_last_error());
  *     kiln_generate_opts o = kiln_generate_defaults();   // fill o.cond, o.latent_h/w ...
  *     kiln_generate(m, &o, latents);  kiln_model_free(m);
+ *
+ * Build: cc app.c $(pkg-config --cflags --libs kiln); docs/api.md, examples/embed.c.
  *
  * Every function that can fail returns a kiln_status and leaves a message for
  * kiln_last_error() (per thread). Bad input never aborts the process.
@@ -21,7 +25,16 @@
 extern "C" {
 #endif
 
-#define KILN_VERSION "0.1.0"
+/* What libkiln.so exports: the library is built with -fvisibility=hidden and
+ * only these declarations are visible (plus a linker version script that
+ * keeps kiln_* alone). */
+#if defined(__GNUC__)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
+#define KILN_VERSION "0.1.0" /* the header's version; kiln_version() gives the library's */
 #define KILN_MAX_DIMS 8
 
 typedef enum kiln_status {
@@ -43,9 +56,9 @@ typedef enum kiln_status {
 } kiln_status;
 
 /* The message of the last failure on this thread ("" if none). */
-const char *kiln_last_error(void);
+KILN_API const char *kiln_last_error(void);
 /* A stable short name for a status ("format", "missing", ...). */
-const char *kiln_status_name(kiln_status s);
+KILN_API const char *kiln_status_name(kiln_status s);
 
 /* Element types. The first ones are safetensors' names; kiln computes in f32. */
 typedef enum kiln_dtype {
@@ -57,8 +70,8 @@ typedef enum kiln_dtype {
     KILN_DTYPE_COUNT
 } kiln_dtype;
 
-const char *kiln_dtype_name(kiln_dtype t);  /* "F32", "BF16", ... */
-size_t kiln_dtype_size(kiln_dtype t);       /* bytes per element; 0 if invalid */
+KILN_API const char *kiln_dtype_name(kiln_dtype t);  /* "F32", "BF16", ... */
+KILN_API size_t kiln_dtype_size(kiln_dtype t);       /* bytes per element; 0 if invalid */
 
 /* ---- model ------------------------------------------------------------ */
 
@@ -72,7 +85,7 @@ size_t kiln_dtype_size(kiln_dtype t);       /* bytes per element; 0 if invalid *
  *                    computed as bf16
  * Needs the fast backend (not `reference`); FP8 needs a bf16 GEMM. */
 typedef enum kiln_quant { KILN_QUANT_NONE = 0, KILN_QUANT_INT8, KILN_QUANT_FP8 } kiln_quant;
-const char *kiln_quant_name(kiln_quant q); /* "none", "int8", "fp8" */
+KILN_API const char *kiln_quant_name(kiln_quant q); /* "none", "int8", "fp8" */
 
 /* Which linear layers a scheme quantizes, by layer name (the weight's name
  * without ".weight"): comma-separated fnmatch(3) patterns, "!" before one
@@ -119,9 +132,9 @@ typedef struct kiln_open_opts {
 /* Open a diffusers model folder (config.json + weights, sharded or not) or a
  * single safetensors checkpoint (diffusers names or the original SD3 names).
  * opts may be NULL. */
-kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out);
-void kiln_model_free(kiln_model *m);
-const kiln_config *kiln_model_config(const kiln_model *m);
+KILN_API kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out);
+KILN_API void kiln_model_free(kiln_model *m);
+KILN_API const kiln_config *kiln_model_config(const kiln_model *m);
 
 typedef struct kiln_model_info {
     int64_t n_params;
@@ -133,7 +146,7 @@ typedef struct kiln_model_info {
     int64_t n_quantized;             /* linear weights stored quantized */
     int64_t quantized_bytes;         /* their bytes (scales included) */
 } kiln_model_info;
-kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
+KILN_API kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
 
 /* One backbone call. Shapes: hidden [B,C,H,W], context [B,T,joint_attention_dim],
  * pooled [B,pooled_projection_dim], timestep [B] (0..1000); out [B,out_channels,H,W].
@@ -142,7 +155,7 @@ typedef struct kiln_forward_args {
     int batch, height, width, context_len;
     const float *hidden, *context, *pooled, *timestep;
 } kiln_forward_args;
-kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out);
+KILN_API kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out);
 
 /* ---- ahead-of-time compiled packages (docs/package.md) ------------------
  * kiln_compile exports the backbone with symbolic dimensions, generates C,
@@ -176,7 +189,7 @@ typedef struct kiln_compile_opts {
     double max_rel_l2;
     int force;
 } kiln_compile_opts;
-kiln_compile_opts kiln_compile_defaults(void);
+KILN_API kiln_compile_opts kiln_compile_defaults(void);
 
 typedef struct kiln_compile_result {
     char path[1024];   /* the package folder */
@@ -187,19 +200,24 @@ typedef struct kiln_compile_result {
     double capture_rel_err; /* with capture: relative L2 against eager */
     double quality_rel_l2;  /* quantized: the gate's final-latent error (-1: not measured) */
 } kiln_compile_result;
-kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *r);
+KILN_API kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kiln_compile_result *r);
 
 /* The execution chain, e.g. "dynamic,fixed,planned,eager" (the default, or
  * $KILN_EXEC) or "eager" to restore the op-by-op forward. */
-kiln_status kiln_model_set_exec(kiln_model *m, const char *chain);
+KILN_API kiln_status kiln_model_set_exec(kiln_model *m, const char *chain);
 /* The package folder to look in and publish to (NULL: the default). */
-kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir);
+KILN_API kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir);
 /* Read the manifests of this model's packages now (nothing is loaded or
  * run: safe in a parent before fork; each child loads and binds the shared
  * object on its first forward). *n receives how many are open. */
-kiln_status kiln_model_open_packages(kiln_model *m, int *n);
+KILN_API kiln_status kiln_model_open_packages(kiln_model *m, int *n);
 /* Which step ran the last forward: "dynamic", "fixed", "planned", "eager". */
-const char *kiln_model_last_exec(const kiln_model *m);
+KILN_API const char *kiln_model_last_exec(const kiln_model *m);
+/* Why the last forward did not run an earlier step of the chain that it had
+ * a package for, or whose step failed, e.g. "dynamic: ctx_len = 77 (from
+ * encoder_hidden_states dimension 1) is outside the package's range [333,
+ * 333]"; "" when nothing was skipped that way. */
+KILN_API const char *kiln_model_exec_note(const kiln_model *m);
 
 /* ---- the weight cache: convert once, map everywhere -------------------- */
 
@@ -254,7 +272,7 @@ typedef struct kiln_load_opts {
     const char *source_id;
 } kiln_load_opts;
 
-kiln_load_opts kiln_load_defaults(void);
+KILN_API kiln_load_opts kiln_load_defaults(void);
 
 /* The load flow. A model already loaded under the same key is returned again
  * (reference counted; kiln_model_free releases it). With a complete cache it
@@ -262,16 +280,16 @@ kiln_load_opts kiln_load_defaults(void);
  * and published atomically (unless no_create_cache). Errors: KILN_ERR_CACHE_MISSING
  * (no complete cache and no source; the message has the path looked at) and
  * KILN_ERR_INVALID_ARG (no cache root and no source: how to set one). */
-kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out);
+KILN_API kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out);
 
 /* Where a load found its weights: "hit", "miss", "rebuilt" or "no-cache". */
-const char *kiln_model_origin(const kiln_model *m);
+KILN_API const char *kiln_model_origin(const kiln_model *m);
 /* The cache folder the model was mapped from or published to ("" if none). */
-const char *kiln_model_cache_path(const kiln_model *m);
+KILN_API const char *kiln_model_cache_path(const kiln_model *m);
 
 /* Multi-process runs: called after the cache check and after the publish
  * (the default does nothing). A model on a mesh meets at MPI_Barrier instead. */
-void kiln_set_barrier(void (*fn)(void *user), void *user);
+KILN_API void kiln_set_barrier(void (*fn)(void *user), void *user);
 
 /* ---- parallel runs on a mesh of ranks (docs/distributed.md) ------------ */
 /* kiln_load_model with mesh_rows x mesh_cols > 1 (or parallel factors > 1,
@@ -282,15 +300,15 @@ void kiln_set_barrier(void (*fn)(void *user), void *user);
  * initialised on the first such load (and finalised at exit) unless the
  * caller did it first; a single process never touches MPI. */
 /* 1 when this build has MPI. */
-int kiln_dist_available(void);
+KILN_API int kiln_dist_available(void);
 /* This process's rank and the number of ranks: 0 and 1 unless MPI is
  * running (kiln_dist_init, or a load on a mesh, started it). */
-int kiln_dist_rank(void);
-int kiln_dist_size(void);
+KILN_API int kiln_dist_rank(void);
+KILN_API int kiln_dist_size(void);
 /* Start MPI now (e.g. to know the rank before loading). */
-kiln_status kiln_dist_init(void);
+KILN_API kiln_status kiln_dist_init(void);
 /* Bytes this rank has sent through collectives since the start. */
-uint64_t kiln_dist_bytes_sent(void);
+KILN_API uint64_t kiln_dist_bytes_sent(void);
 
 /* ---- sampler ---------------------------------------------------------- */
 
@@ -310,18 +328,18 @@ typedef struct kiln_generate_opts {
     void *user;
 } kiln_generate_opts;
 
-kiln_generate_opts kiln_generate_defaults(void);
+KILN_API kiln_generate_opts kiln_generate_defaults(void);
 /* out: [1, in_channels, latent_h, latent_w]. */
-kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out);
+KILN_API kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out);
 
 /* FlowMatchEulerDiscrete schedule exactly as diffusers computes it.
  * timesteps: steps values; sigmas: steps + 1 values (the last is 0). */
-kiln_status kiln_flow_schedule(int steps, double shift, int num_train_timesteps,
+KILN_API kiln_status kiln_flow_schedule(int steps, double shift, int num_train_timesteps,
                                double *timesteps, double *sigmas);
 
 /* Standard normal noise from a seed (counter-based, reproducible across
  * platforms and thread counts). */
-void kiln_noise(uint64_t seed, float *out, size_t n);
+KILN_API void kiln_noise(uint64_t seed, float *out, size_t n);
 
 /* ---- quality gate: a quantized model against its unquantized twin ---- */
 
@@ -362,13 +380,13 @@ typedef struct kiln_quality_report {
     int pass;                       /* rel_l2 <= max_rel_l2 (NaN fails) */
 } kiln_quality_report;
 
-kiln_quality_opts kiln_quality_defaults(void);
+KILN_API kiln_quality_opts kiln_quality_defaults(void);
 /* Run the same sampler request (same noise and conditioning) through base
  * (e.g. bf16) and quant (the same checkpoint with a kiln_quant scheme) at each
  * latent size, and compare every step's latents. KILN_OK whether or not the
  * gate passes (read out->pass); errors for models of different configs or bad
  * options. */
-kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_quality_opts *o,
+KILN_API kiln_status kiln_quality_check(kiln_model *base, kiln_model *quant, const kiln_quality_opts *o,
                                kiln_quality_report *out);
 
 /* ---- tokenizers (src/pipeline/tokenizer*.c) ---------------------------- */
@@ -383,12 +401,12 @@ typedef enum kiln_tokenizer_kind { KILN_TOKENIZER_CLIP = 1, KILN_TOKENIZER_T5 = 
  * CLIP, "Unigram" T5), else CLIP's vocab.json + merges.txt, else T5's
  * spiece.model; added tokens and the pad token from tokenizer_config.json /
  * special_tokens_map.json. */
-kiln_status kiln_tokenizer_open(const char *folder, kiln_tokenizer **out);
-void kiln_tokenizer_free(kiln_tokenizer *t);
-kiln_tokenizer_kind kiln_tokenizer_get_kind(const kiln_tokenizer *t);
+KILN_API kiln_status kiln_tokenizer_open(const char *folder, kiln_tokenizer **out);
+KILN_API void kiln_tokenizer_free(kiln_tokenizer *t);
+KILN_API kiln_tokenizer_kind kiln_tokenizer_get_kind(const kiln_tokenizer *t);
 /* The pipeline's length: 77 for CLIP, 256 for T5 (SD3's max_sequence_length) */
-int kiln_tokenizer_max_length(const kiln_tokenizer *t);
-int64_t kiln_tokenizer_pad_id(const kiln_tokenizer *t);
+KILN_API int kiln_tokenizer_max_length(const kiln_tokenizer *t);
+KILN_API int64_t kiln_tokenizer_pad_id(const kiln_tokenizer *t);
 
 /* Tokenize a NUL-terminated UTF-8 prompt as the pipelines call the tokenizer
  * (padding="max_length", truncation=True, special tokens): CLIP
@@ -397,40 +415,84 @@ int64_t kiln_tokenizer_pad_id(const kiln_tokenizer *t);
  * when not NULL: 1 on real tokens, 0 on padding) hold max_length entries;
  * *n_tokens (may be NULL) gets the count before truncation, specials
  * included. Invalid UTF-8 is KILN_ERR_INVALID_ARG naming the byte offset. */
-kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *utf8, int max_length, int64_t *ids,
+KILN_API kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *utf8, int max_length, int64_t *ids,
                           int64_t *mask, int *n_tokens);
 
 /* ---- seeded models ---------------------------------------------------- */
 
 /* The embedded default of `kiln demo`: a tiny SD3.5-style model (RMS qk-norm,
  * one dual-attention block, 16 latent channels, patch 2). */
-kiln_config kiln_config_demo(void);
+KILN_API kiln_config kiln_config_demo(void);
 
 /* Write a diffusers model folder (config.json + diffusion_pytorch_model
  * .safetensors) whose weights are seeded random values stored as dtype
  * (F32, F16 or BF16) and whose pos_embed is diffusers' 2-D sin-cos table.
  * The folder is created if needed; each file is written atomically. */
-kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uint64_t seed,
+KILN_API kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uint64_t seed,
                                     kiln_dtype dtype);
+
+/* ---- tensor files and images ------------------------------------------ */
+
+/* A named tensor, row-major. kiln_tensors_read gives KILN_F32 (from F32,
+ * F16, BF16, F64, F8_E4M3, F8_E5M2) or KILN_I64 (from the integer types and
+ * BOOL) values; kiln_tensors_write takes data of any dtype as stored. */
+typedef struct kiln_tensor {
+    const char *name;
+    kiln_dtype dtype;
+    int ndim;                      /* 0..KILN_MAX_DIMS (0: a scalar) */
+    int64_t shape[KILN_MAX_DIMS];
+    const void *data;              /* prod(shape) elements of dtype */
+} kiln_tensor;
+
+/* Every tensor of a safetensors file, in the file's order, as f32 or i64
+ * (above): *out is one allocation (names and data inside it), released with
+ * kiln_tensors_free; *n its count. The file is validated first (offsets,
+ * sizes, dtypes, overlaps): bad files give KILN_ERR_FORMAT, never a crash.
+ * For conditioning, latents and inputs; a model's weights go through
+ * kiln_load_model. */
+KILN_API kiln_status kiln_tensors_read(const char *path, kiln_tensor **out, size_t *n);
+KILN_API void kiln_tensors_free(kiln_tensor *t);
+/* The tensor named name among t[0..n), or NULL. */
+KILN_API const kiln_tensor *kiln_tensors_find(const kiln_tensor *t, size_t n, const char *name);
+/* Write n tensors to a safetensors file atomically (a temporary file in the
+ * same folder, fsync, rename: readers see the old file or the new one).
+ * KILN_ERR_INVALID_ARG names the tensor at fault (no name, a name given
+ * twice, an unknown dtype, a negative or overflowing shape, no data). */
+KILN_API kiln_status kiln_tensors_write(const char *path, size_t n, const kiln_tensor *t);
+
+/* Write an 8-bit RGB image rgb [height, width, 3] as a PNG, atomically.
+ * text: n_text key/value pairs (text[2i] key, 1..79 Latin-1 characters;
+ * text[2i+1] value) stored as tEXt chunks, e.g. {"Software", "kiln"};
+ * NULL when n_text is 0. */
+KILN_API kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int height, int width,
+                                    const char *const *text, size_t n_text);
+/* A look at a latent [C, H, W]: its first three channels (fewer are
+ * repeated), each stretched to 0..255 by its own min and max, into rgb
+ * [H, W, 3] (the preview `kiln generate` writes, before scaling up). */
+KILN_API kiln_status kiln_latent_to_rgb(const float *latent, int C, int H, int W, uint8_t *rgb);
 
 /* ---- runtime ---------------------------------------------------------- */
 
+/* The version of the library (KILN_VERSION when it was built), e.g. "0.1.0";
+ * compare with the header's KILN_VERSION to catch a mismatched libkiln.so. */
+KILN_API const char *kiln_version(void);
+
 typedef enum { KILN_LOG_QUIET = 0, KILN_LOG_ERROR, KILN_LOG_WARN, KILN_LOG_INFO, KILN_LOG_DEBUG } kiln_log_level;
-void kiln_set_log_level(kiln_log_level l);  /* default WARN, or $KILN_LOG */
+KILN_API void kiln_set_log_level(kiln_log_level l);  /* default WARN, or $KILN_LOG */
 /* Worker threads for the kernels (default: $KILN_THREADS, else all cores). */
-void kiln_set_threads(int n);
-int kiln_get_threads(void);
+KILN_API void kiln_set_threads(int n);
+KILN_API int kiln_get_threads(void);
 
 /* The kernels this machine runs for compute dtype dt (KILN_F32 or
  * KILN_BF16), in words, e.g. "kiln's fp16 GEMM and attention (AVX512-FP16,
  * no AMX); weight cache layouts avx512bf16-dnnl2.6-f16p64" (the layout
  * part of the cache key, for bf16); a static string. */
-const char *kiln_kernels(kiln_dtype dt);
+KILN_API const char *kiln_kernels(kiln_dtype dt);
 
 /* The timing ledger: per category seconds and counts, printed at exit with
  * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */
-void kiln_timings_print(void *file /* FILE* */);
-void kiln_timings_reset(void);
+KILN_API void kiln_timings_print(void *file /* FILE* */);
+KILN_API void kiln_timings_reset(void);
 
 #ifdef __cplusplus
 }

@@ -385,7 +385,10 @@ TEST(no_compiler) {
     kiln_model_free(m);
 }
 
-/* edit one package's manifest with f(cJSON) */
+/* edit one package's manifest with f(cJSON), and sign it again with this
+ * user's key: an edit without the key is refused at open, before anything
+ * in it is read (tests/test_package_trust.c); these cases test the checks
+ * behind the signature (the plan digest, the CPU features, the parser) */
 static void edit_manifest(const char *pkg, void (*f)(cJSON *)) {
     char path[1200];
     snprintf(path, sizeof path, "%s/manifest.json", pkg);
@@ -398,9 +401,14 @@ static void edit_manifest(const char *pkg, void (*f)(cJSON *)) {
     CHECK(m != NULL);
     if (!m) return;
     f(m);
-    char *out = cJSON_Print(m);
+    char *out = cJSON_Print(m), sig[65];
     fp = fopen(path, "wb");
     fputs(out, fp);
+    fclose(fp);
+    CHECK_OK(kb_sign(out, strlen(out), sig));
+    snprintf(path, sizeof path, "%s/signature", pkg);
+    fp = fopen(path, "wb");
+    fprintf(fp, "%s\n", sig);
     fclose(fp);
     free(out);
     cJSON_Delete(m);

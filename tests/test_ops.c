@@ -237,7 +237,53 @@ TEST(executors_take_memory_from_the_backend) {
     free(x), free(bias), free(o1), free(o2);
 }
 
+TEST(gather_and_gelus) {
+    enum { V = 11, E = 6, T = 5 };
+    float table[V * E], ids[2 * T] = {0, 3, 10, 3, 7, 1, 1, 2, 9, 4}, y[2 * T * E], y2[2 * T * E];
+    fill(table, V * E, 9);
+    kg_graph g;
+    kg_init(&g, NULL, NULL);
+    kg_id t = kg_input(&g, "table", 2, (int64_t[]){V, E}), i = kg_input(&g, "ids", 2, (int64_t[]){2, T});
+    kg_id e = kg_gather(&g, t, i);
+    kg_mark_output(&g, kg_quick_gelu(&g, kg_gelu(&g, e)));
+    CHECK_OK(g.status);
+    CHECK(g.nodes[e].ndim == 3 && g.nodes[e].shape[2] == E);
+    const float *in[2] = {table, ids};
+    float *out[1] = {y};
+    unsigned long mark = kb_deferred_mark();
+    CHECK_OK(kg_run_eager(&g, kk_reference(), in, out));
+    CHECK_OK(kb_deferred_since(mark));
+    double err = 0;
+    for (int r = 0; r < 2 * T; r++)
+        for (int k = 0; k < E; k++) {
+            double v = table[(int)ids[r] * E + k];
+            v = 0.5 * v * (1 + erf(v / sqrt(2.0)));
+            v = v / (1 + exp(-1.702 * v));
+            err = fmax(err, fabs(v - y[r * E + k]));
+        }
+    CHECK_MSG(err < 1e-6, "gather + gelu + quick_gelu: error %.3g", err);
+    kx_plan plan;
+    CHECK_OK(kx_plan_graph(&g, &plan));
+    void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+    out[0] = y2;
+    CHECK_OK(kx_run_planned(&g, &plan, kk_reference(), arena, NULL, in, out));
+    CHECK(!memcmp(y, y2, sizeof y));
+    /* an index outside the table fails the run */
+    ids[3] = 11;
+    mark = kb_deferred_mark();
+    CHECK_OK(kg_run_eager(&g, kk_reference(), in, out));
+    CHECK_FAILS(kb_deferred_since(mark), KILN_ERR_RANGE, "index 11 at 3 is outside the table's 11 rows");
+    kb_free_aligned(arena);
+    kx_plan_free(&plan);
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    t = kg_input(&g, "table", 1, (int64_t[]){V});
+    CHECK(kg_gather(&g, t, t) < 0 && strstr(kiln_last_error(), "must be [V, D]"));
+    kg_free(&g);
+}
+
 int main(void) {
+    RUN(gather_and_gelus);
     RUN(executors_take_memory_from_the_backend);
     RUN(general_ops_match_loops_on_every_path);
     RUN(general_ops_refuse_bad_shapes);

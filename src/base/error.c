@@ -94,3 +94,7 @@ const char *kiln_status_name(kiln_status s) {
     }
     return "unknown";
 }
+
+/* the library's own version, which a program compiled against another
+ * kiln.h can compare with its KILN_VERSION */
+const char *kiln_version(void) { return KILN_VERSION; }

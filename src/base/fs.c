@@ -36,8 +36,19 @@ char *kb_dirname(const char *path) {
 
 kiln_status kb_read_file(const char *path, char **out, size_t *len) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    /* regular files only: a FIFO would block forever, /dev/zero never end */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return kb_fail(KILN_ERR_IO, "%s is not a regular file", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    }
     size_t cap = 4096, n = 0;
     char *buf = kb_malloc(cap);
     if (!buf) {
@@ -154,7 +165,7 @@ static kiln_status io_status(int err) {
 kiln_status kb_map_file(const char *path, kb_map *m) {
     m->data = NULL;
     m->size = 0;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* O_NONBLOCK: a FIFO fails below, never blocks */
     if (fd < 0) return kb_fail(io_status(errno), "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

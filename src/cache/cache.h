@@ -8,7 +8,7 @@
  *           weights.bin     the tensors, 64-byte aligned, exactly as the kernels consume them
  *           manifest.json   written last: format, key inputs, config, per tensor name, dtype,
  *                           shape, layout, offset, bytes, xxh3-64; its first line carries the
- *                           xxh3-64 of the rest
+ *                           xxh3-64 of the rest and its HMAC-SHA256 under the trust key (kb_sign)
  * This layer knows files and tensors, not models: the load flow that
  * converts checkpoints lives in src/model/load.c. */
 #ifndef KILN_CACHE_H
@@ -17,10 +17,12 @@
 #include "base/base.h"
 #include "kiln.h"
 
-#define KCACHE_FORMAT_VERSION 1
+#define KCACHE_FORMAT_VERSION 2 /* 2: signed manifests, every key input recorded and compared */
 #define KCACHE_ALIGN 64
 #define KCACHE_MANIFEST "manifest.json"
 #define KCACHE_DATA "weights.bin"
+#define KCACHE_MAGIC "kiln-cache" /* a manifest's first word: a weight cache (packages say "kiln-package") */
+#define KCACHE_MANIFEST_MAX (64u << 20) /* bytes; a manifest lists a few thousand tensors at most */
 
 typedef struct kcache_key_inputs {
     const char *model, *component;
@@ -76,15 +78,53 @@ typedef struct kcache_entry {
     size_t n;
     char *config_json;
     char *key_json;
-    char *strings; /* owns names and layouts */
+    uint64_t data_bytes; /* the size weights.bin must have */
 } kcache_entry;
 
-/* Map a published cache at path and check it: manifest checksum and format,
- * data file size, every tensor range in the file and aligned; with verify,
- * every tensor's xxh3. KILN_ERR_CACHE_MISSING when there is no manifest,
- * KILN_ERR_CORRUPT (with the reason) when a check fails. */
+/* Map a published cache at path and check it: path a real folder (not a
+ * symlink), manifest and data regular files, manifest checksum, format and
+ * signature (kb_verify_sig: made by this user's trust key), every field
+ * (kcache_manifest_parse), data file size, every tensor range in the file
+ * and aligned; with verify, every tensor's xxh3. KILN_ERR_CACHE_MISSING when
+ * there is no manifest, KILN_ERR_CORRUPT (with the reason) when a check
+ * fails; another code (the trust key unreadable, out of memory) says
+ * nothing about the cache. */
 kiln_status kcache_open(const char *path, int verify, kcache_entry **out);
 void kcache_close(kcache_entry *e);
+
+/* What lies at path, without following a symlink: KILN_OK for a folder,
+ * KILN_ERR_CACHE_MISSING for nothing, KILN_ERR_CORRUPT (message) for a
+ * symlink or anything else in its place. */
+kiln_status kcache_check_dir(const char *path);
+
+/* The manifest's first line, "kiln-cache <format> xxh3:<16 hex> hmac:<64 hex>":
+ * split text into the header's fields and the body both digests cover,
+ * checking the xxh3 (not the signature). label names the cache in messages. */
+kiln_status kcache_manifest_split(const char *text, size_t len, const char *label, int *version, char sig[65],
+                                  const char **body, size_t *body_len);
+/* Parse a manifest body into e (key_json, config_json, data_bytes, tensors
+ * with name, dtype, shape, layout, offset, bytes, xxh3) checking every field
+ * before use: integers integral and in range, shape products and offset +
+ * bytes without overflow and inside data_bytes. Touches no file: the
+ * tensors' data stay NULL. e is zeroed first; free with kcache_close (also
+ * after a failure). This is what the libFuzzer harness
+ * tests/fuzz/fuzz_cache_manifest.c runs. */
+kiln_status kcache_manifest_parse(const char *body, size_t len, const char *label, kcache_entry *e);
+/* A hit needs the manifest's key to be the one asked for: every member of
+ * want_json (the load's key, as JSON) equal to the manifest's, and nothing
+ * else in the manifest, except the names in skip (NULL-terminated; members
+ * the caller cannot know, such as the source without one).
+ * KILN_ERR_CORRUPT naming the first field that differs and both values. */
+kiln_status kcache_check_key(const kcache_entry *e, const char *want_json, const char *const *skip);
+/* For `kiln cache verify`, which knows no load's key: the manifest's key
+ * must name the folder it sits in (rel "model/component/key", part this
+ * folder's "/host_coords_.../shard_..." under the key, or ""): model,
+ * component, content and part. KILN_ERR_CORRUPT naming the field. */
+kiln_status kcache_check_place(const kcache_entry *e, const char *rel, const char *part);
+/* The "source" recorded in the manifest under dir (malloc'd), read without
+ * checking the signature: for removing superseded caches and for listing.
+ * NULL when there is none. */
+char *kcache_manifest_source(const char *dir);
 
 /* Write tensors + manifest into a staging folder next to key->dir, fsync,
  * and rename into place. Call with the key's lock held. */
@@ -98,8 +138,10 @@ void kcache_unlock(int fd);
 
 /* Remove <dir>.staging.* leftovers of this key (call with the lock held). */
 void kcache_clean_staging(const kcache_key *key);
-/* Remove other folders of the group that share key->prefix (older content). */
-void kcache_remove_superseded(const kcache_key *key);
+/* Remove other folders of the group that share key->prefix (older content)
+ * and whose manifest names the same source (another checkpoint's caches
+ * under the same model name are not ours to remove). */
+void kcache_remove_superseded(const kcache_key *key, const char *source);
 /* Remove a cache folder: rename aside first so no reader sees half of it. */
 kiln_status kcache_remove(const char *dir);
 
@@ -119,9 +161,15 @@ typedef struct kcache_item {
     int64_t bytes;       /* all files */
     double last_used;    /* seconds since the epoch (folder mtime, touched on hits) */
     int complete;        /* has a manifest */
+    char source[1024];   /* the source its manifest names ("" when unknown) */
 } kcache_item;
 
-/* Every key folder under root (sorted by rel). */
+/* Every weight-cache key folder under root (sorted by rel): those holding a
+ * kiln-cache manifest (itself, or in its host_coords_* / shard_* folders),
+ * and manifest-less folders named like a key (<prefix>_c<12 hex>: an
+ * interrupted build). Anything else, such as a compiled package (a
+ * "kiln-package" manifest, <root>/packages), is not a cache: never listed,
+ * verified or removed. */
 kiln_status kcache_list(const char *root, kcache_item **out, size_t *n);
 /* Remove least recently used caches until the total is at most max_bytes. */
 kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed);

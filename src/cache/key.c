@@ -4,6 +4,9 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -120,7 +123,14 @@ static void hash_u64(hasher *h, uint64_t v) { XXH3_64bits_update(h->st, &v, size
  * length prefix + JSON header) of one file */
 static kiln_status hash_file(hasher *h, const char *path) {
     struct stat st;
-    if (stat(path, &st) != 0) return kb_fail(KILN_ERR_IO, "cannot stat %s", path);
+    /* regular files only, opened without blocking: a FIFO named config.json
+     * fails here at once instead of hanging the load */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return kb_fail(KILN_ERR_IO, "%s is not a regular file (a checkpoint's files and its config must be)", path);
+    }
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     XXH3_64bits_update(h->st, base, strlen(base) + 1);
@@ -129,8 +139,11 @@ static kiln_status hash_file(hasher *h, const char *path) {
     hash_u64(h, (uint64_t)st.st_mtim.tv_nsec);
     size_t len = strlen(path);
     int is_st = len > 12 && !strcmp(path + len - 12, ".safetensors");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kb_fail(KILN_ERR_IO, "cannot open %s", path);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return kb_fail(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    }
     size_t want = (size_t)st.st_size;
     if (is_st) {
         uint8_t n8[8];
@@ -156,6 +169,9 @@ static kiln_status hash_file(hasher *h, const char *path) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 kiln_status kcache_source_hash_path(const char *path, const char *config_path, uint64_t *out) {
+    struct stat pst;
+    if (stat(path, &pst) == 0 && !S_ISDIR(pst.st_mode) && !S_ISREG(pst.st_mode))
+        return kb_fail(KILN_ERR_IO, "%s is not a regular file or a folder", path);
     if (!kb_is_dir(path) && !kb_is_file(path)) return kb_fail(KILN_ERR_IO, "%s: no such file or folder", path);
     hasher h = {XXH3_createState()};
     if (!h.st) return kb_fail(KILN_ERR_NOMEM, "out of memory");

@@ -26,6 +26,54 @@ static int skip(const char *name) {
     return name[0] == '.' || strstr(name, ".lock") || strstr(name, ".staging.") || strstr(name, ".trash.");
 }
 
+/* What a folder under a component is, by content (the manifest's first
+ * word), not by name: 1 a weight cache with a manifest (in itself, or in its
+ * host_coords_* / shard_* folders; source filled from the first), 0 no
+ * manifest of any kind (an interrupted build, when named like a key), -1
+ * something else (a compiled package, whose manifest says "kiln-package"). */
+static int classify(const char *dir, int depth, char *source, size_t cap) {
+    char *man = kb_path_join(dir, KCACHE_MANIFEST);
+    int kind = 0;
+    struct stat st;
+    if (man && lstat(man, &st) == 0) {
+        char head[16] = "";
+        FILE *f = S_ISREG(st.st_mode) ? fopen(man, "rb") : NULL;
+        size_t got = f ? fread(head, 1, sizeof head - 1, f) : 0;
+        if (f) fclose(f);
+        head[got] = 0;
+        kind = !strncmp(head, KCACHE_MAGIC " ", strlen(KCACHE_MAGIC) + 1) ? 1 : -1;
+        if (kind == 1 && !*source) {
+            char *src = kcache_manifest_source(dir);
+            if (src) snprintf(source, cap, "%s", src);
+            free(src);
+        }
+    }
+    free(man);
+    if (kind || depth >= 2) return kind;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if ((strncmp(e->d_name, "host_coords_", 12) && strncmp(e->d_name, "shard_", 6)) || strchr(e->d_name, '.'))
+            continue;
+        char *sub = kb_path_join(dir, e->d_name);
+        int k = sub && kb_is_dir(sub) ? classify(sub, depth + 1, source, cap) : 0;
+        free(sub);
+        if (k < 0) kind = -1;
+        else if (k > 0 && kind == 0) kind = 1;
+    }
+    if (d) closedir(d);
+    return kind;
+}
+
+/* <prefix>_c<12 lowercase hex digits>: what kcache_key_make names a key folder */
+static int key_like(const char *name) {
+    size_t l = strlen(name);
+    if (l < 15 || strncmp(name + l - 14, "_c", 2)) return 0;
+    for (size_t i = l - 12; i < l; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f'))) return 0;
+    return 1;
+}
+
 static _Thread_local int64_t t_bytes;
 static _Thread_local int t_complete;
 
@@ -57,7 +105,9 @@ static kiln_status add_item(items *it, const char *root, const char *m, const ch
     snprintf(x->rel, sizeof x->rel, "%s/%s/%s", m, c, k);
     snprintf(x->dir, sizeof x->dir, "%s/%s", root, x->rel);
     struct stat st;
-    if (stat(x->dir, &st) != 0 || !S_ISDIR(st.st_mode)) return KILN_OK;
+    if (lstat(x->dir, &st) != 0 || !S_ISDIR(st.st_mode)) return KILN_OK;
+    int kind = classify(x->dir, 0, x->source, sizeof x->source);
+    if (kind < 0 || (kind == 0 && !key_like(k))) return KILN_OK; /* not a weight cache: not ours */
     t_bytes = 0;
     t_complete = 0;
     nftw(x->dir, size_cb, 16, FTW_PHYS);
@@ -110,6 +160,10 @@ kiln_status kcache_list(const char *root, kcache_item **out, size_t *n) {
     size_t nm, nc, nk;
     char **models = subdirs(root, &nm);
     for (size_t i = 0; i < nm && !s; i++) {
+        /* <root>/packages is the compiled packages' default folder
+         * (docs/package.md), not a model: `kiln package` lists and verifies
+         * those, and `cache verify` would call every one corrupt */
+        if (!strcmp(models[i], "packages")) continue;
         char *md = kb_path_join(root, models[i]);
         char **comps = md ? subdirs(md, &nc) : NULL;
         for (size_t j = 0; md && j < nc && !s; j++) {

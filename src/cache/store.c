@@ -9,6 +9,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -16,8 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
-
-#define MANIFEST_MAGIC "kiln-cache"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -27,6 +28,9 @@ static kiln_status write_all(int fd, const void *p, size_t n, const char *path) 
         ssize_t w = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
         if (w < 0) {
             if (errno == EINTR) continue;
+            if (errno == EFBIG)
+                return kb_fail(KILN_ERR_IO, "cannot write %s: %s (the process's file size limit, ulimit -f, is "
+                               "smaller than the cache)", path, strerror(errno));
             return kb_fail(KILN_ERR_IO, "cannot write %s: %s", path, strerror(errno));
         }
         b += w;
@@ -51,9 +55,19 @@ kiln_status kcache_remove(const char *dir) { return kb_remove_dir(dir); }
 
 static cJSON *json_u64(uint64_t v) { return cJSON_CreateNumber((double)v); }
 
+/* A write past the file size limit (ulimit -f) raises SIGXFSZ, which kills
+ * the process without a word; ignored, the write fails with EFBIG and the
+ * load reports it. Only where nobody installed a handler of their own. */
+static void ignore_sigxfsz(void) {
+    struct sigaction sa;
+    if (sigaction(SIGXFSZ, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) signal(SIGXFSZ, SIG_IGN);
+}
+
 kiln_status kcache_publish(const kcache_key *key, const char *key_json, const char *config_json,
                            const kcache_tensor *t, size_t n) {
     static int counter;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, ignore_sigxfsz);
     char *parent = kb_dirname(key->path);
     char *staging = kb_strfmt("%s.staging.%ld.%d", key->path, (long)getpid(),
                               __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
@@ -118,9 +132,15 @@ kiln_status kcache_publish(const kcache_key *key, const char *key_json, const ch
         s = kb_fail(KILN_ERR_NOMEM, "out of memory writing the manifest");
         goto done;
     }
-    /* first line: magic, format, and the checksum of everything after it */
-    manifest = kb_strfmt(MANIFEST_MAGIC " %d xxh3:%016llx\n%s\n", KCACHE_FORMAT_VERSION,
-                         (unsigned long long)XXH3_64bits(body, strlen(body)), body);
+    /* first line: magic, format, the checksum of everything after it (damage)
+     * and its HMAC under this user's trust key (a cache somebody else made) */
+    char sig[65];
+    if ((s = kb_sign(body, strlen(body), sig))) {
+        s = kb_wrap(s, "signing the manifest of %s", key->path);
+        goto done;
+    }
+    manifest = kb_strfmt(KCACHE_MAGIC " %d xxh3:%016llx hmac:%s\n%s\n", KCACHE_FORMAT_VERSION,
+                         (unsigned long long)XXH3_64bits(body, strlen(body)), sig, body);
     if (!manifest) {
         s = KILN_ERR_NOMEM;
         goto done;
@@ -151,47 +171,71 @@ done:
 
 /* ---- open ----------------------------------------------------------------------- */
 
-void kcache_close(kcache_entry *e) {
-    if (!e) return;
-    kb_unmap(&e->data);
-    for (size_t i = 0; i < e->n; i++) {
-        free((char *)e->t[i].name);
-        free((char *)e->t[i].layout);
+kiln_status kcache_check_dir(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return kb_fail(KILN_ERR_CACHE_MISSING, "no complete cache at %s", path);
+        return kb_fail(KILN_ERR_IO, "cannot look at %s: %s", path, strerror(errno));
     }
-    free(e->t);
-    free(e->config_json);
-    free(e->key_json);
-    free(e->path);
-    free(e);
+    if (S_ISLNK(st.st_mode))
+        return kb_fail(KILN_ERR_CORRUPT, "cache %s is a symbolic link (caches are never followed through links: "
+                       "it could point at another model's cache)", path);
+    if (!S_ISDIR(st.st_mode)) return kb_fail(KILN_ERR_CORRUPT, "cache %s is not a folder", path);
+    return KILN_OK;
 }
 
-static int json_u64_get(const cJSON *o, const char *key, uint64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
-        v->valuedouble != (double)(uint64_t)v->valuedouble)
-        return 0;
-    *out = (uint64_t)v->valuedouble;
-    return 1;
+/* The manifest's bytes: a regular file, not through a symlink, never a FIFO
+ * to block on. KILN_ERR_CACHE_MISSING when there is none. */
+static kiln_status read_manifest(const char *dir, char **text, size_t *len) {
+    *text = NULL;
+    *len = 0;
+    char *path = kb_path_join(dir, KCACHE_MANIFEST);
+    if (!path) return KILN_ERR_NOMEM;
+    kiln_status s = KILN_OK;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) {
+        if (errno == ENOENT) s = kb_fail(KILN_ERR_CACHE_MISSING, "no complete cache at %s", dir);
+        else if (errno == ELOOP) s = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: " KCACHE_MANIFEST " is a symbolic link", dir);
+        else if (errno == ENFILE || errno == EMFILE || errno == ENOMEM) s = kb_fail(KILN_ERR_NOMEM, "cannot open %s: %s", path, strerror(errno));
+        else s = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: cannot open " KCACHE_MANIFEST ": %s", dir, strerror(errno));
+    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        s = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: " KCACHE_MANIFEST " is not a regular file", dir);
+    } else if ((uint64_t)st.st_size > KCACHE_MANIFEST_MAX) {
+        s = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: " KCACHE_MANIFEST " holds %lld bytes (at most %u)", dir,
+                    (long long)st.st_size, KCACHE_MANIFEST_MAX);
+    } else if (!(*text = kb_malloc((size_t)st.st_size + 1))) {
+        s = KILN_ERR_NOMEM;
+    } else {
+        size_t n = 0;
+        while (n < (size_t)st.st_size) {
+            ssize_t got = read(fd, *text + n, (size_t)st.st_size - n);
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) break;
+            n += (size_t)got;
+        }
+        (*text)[n] = 0;
+        *len = n;
+    }
+    if (fd >= 0) close(fd);
+    if (s) {
+        free(*text);
+        *text = NULL;
+    }
+    free(path);
+    return s;
 }
 
 kiln_status kcache_open(const char *path, int verify, kcache_entry **out) {
     *out = NULL;
-    char *man_path = kb_path_join(path, KCACHE_MANIFEST);
-    if (!man_path) return KILN_ERR_NOMEM;
-    if (!kb_is_file(man_path)) {
-        free(man_path);
-        return kb_fail(KILN_ERR_CACHE_MISSING, "no complete cache at %s", path);
-    }
+    kiln_status s = kcache_check_dir(path);
+    if (s) return s;
     char *text = NULL;
     size_t len = 0;
-    kiln_status s = kb_read_file(man_path, &text, &len);
-    free(man_path);
-    if (s) return s;
+    if ((s = read_manifest(path, &text, &len))) return s;
     kcache_entry *e = kb_calloc(1, sizeof *e);
-    cJSON *root = NULL;
-    if (!e || !(e->path = kb_strdup(path))) {
+    if (!e) {
         free(text);
-        free(e);
         return KILN_ERR_NOMEM;
     }
 #define CORRUPT(...)                                                              \
@@ -201,92 +245,52 @@ kiln_status kcache_open(const char *path, int verify, kcache_entry **out) {
         s = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: %s", path, why_);     \
         goto done;                                                                \
     } while (0)
-    int version = 0;
-    unsigned long long want = 0;
-    char *nl = memchr(text, '\n', len);
-    if (!nl || sscanf(text, MANIFEST_MAGIC " %d xxh3:%16llx", &version, &want) != 2)
-        CORRUPT("manifest has no kiln-cache header line");
-    if (version != KCACHE_FORMAT_VERSION) CORRUPT("manifest format %d, this kiln reads %d", version, KCACHE_FORMAT_VERSION);
-    size_t body_len = len - (size_t)(nl + 1 - text);
-    if (body_len && nl[body_len] == '\n') body_len--; /* trailing newline */
-    if (XXH3_64bits(nl + 1, body_len) != want) CORRUPT("manifest checksum mismatch");
-    root = cJSON_ParseWithLength(nl + 1, body_len);
-    if (!root) CORRUPT("manifest is not valid JSON");
-    const cJSON *df = cJSON_GetObjectItemCaseSensitive(root, "data_file");
-    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
-    uint64_t data_bytes;
-    if (!cJSON_IsString(df) || strcmp(df->valuestring, KCACHE_DATA) || !cJSON_IsArray(tensors) ||
-        !json_u64_get(root, "data_bytes", &data_bytes))
-        CORRUPT("manifest lacks data_file, data_bytes or tensors");
-    e->config_json = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "config"));
-    e->key_json = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "key"));
+    int version;
+    char sig[65];
+    const char *body;
+    size_t body_len;
+    if ((s = kcache_manifest_split(text, len, path, &version, sig, &body, &body_len))) goto done;
+    /* the signature before anything in the body is believed: a manifest this
+     * user's key did not sign (copied from another user, edited by hand) is
+     * refused; one the key cannot be read to check says nothing about the cache */
+    if ((s = kb_verify_sig(body, body_len, sig))) {
+        if (s == KILN_ERR_CORRUPT)
+            s = kb_fail(KILN_ERR_CORRUPT, "cache %s is not trusted: its manifest's signature does not verify under "
+                        "this user's trust key (copied from another user or machine, or edited by hand)", path);
+        else
+            s = kb_wrap(s, "checking the signature of cache %s", path);
+        goto done;
+    }
+    if ((s = kcache_manifest_parse(body, body_len, path, e))) goto done;
+    if (!(e->path = kb_strdup(path))) {
+        s = KILN_ERR_NOMEM;
+        goto done;
+    }
     char *data_path = kb_path_join(path, KCACHE_DATA);
     if (!data_path) {
         s = KILN_ERR_NOMEM;
         goto done;
     }
+    struct stat dst;
+    if (lstat(data_path, &dst) == 0 && !S_ISREG(dst.st_mode)) {
+        free(data_path);
+        CORRUPT("%s is not a regular file%s", KCACHE_DATA, S_ISLNK(dst.st_mode) ? " (a symbolic link)" : "");
+    }
     s = kb_map_file(data_path, &e->data);
     free(data_path);
     if (s == KILN_ERR_NOMEM) goto done; /* out of memory says nothing about the cache: keep it */
     if (s) CORRUPT("%s", kiln_last_error());
-    if (e->data.size != data_bytes)
+    if (e->data.size != e->data_bytes)
         CORRUPT("%s holds %zu bytes, the manifest says %llu (truncated or overwritten)", KCACHE_DATA, e->data.size,
-                (unsigned long long)data_bytes);
-    int nt = cJSON_GetArraySize(tensors);
-    e->t = kb_calloc((size_t)(nt > 0 ? nt : 1), sizeof *e->t);
-    if (!e->t) {
-        s = KILN_ERR_NOMEM;
-        goto done;
-    }
-    const cJSON *it;
-    cJSON_ArrayForEach(it, tensors) {
-        kcache_tensor *t = &e->t[e->n];
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
-        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
-        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(it, "shape");
-        const cJSON *layout = cJSON_GetObjectItemCaseSensitive(it, "layout");
-        const cJSON *hash = cJSON_GetObjectItemCaseSensitive(it, "xxh3");
-        uint64_t off, bytes;
-        if (!cJSON_IsString(name) || !cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsString(layout) ||
-            !cJSON_IsString(hash) || !json_u64_get(it, "offset", &off) || !json_u64_get(it, "bytes", &bytes))
-            CORRUPT("tensor entry %zu is malformed", e->n);
-        t->name = kb_strdup(name->valuestring);
-        t->layout = kb_strdup(layout->valuestring);
-        e->n++;
-        if (!t->name || !t->layout) {
-            s = KILN_ERR_NOMEM;
-            goto done;
-        }
-        t->dtype = kt_dtype_from_name(dt->valuestring);
-        t->ndim = cJSON_GetArraySize(shape);
-        if (t->dtype == KILN_DTYPE_INVALID || t->ndim > 4) CORRUPT("tensor %s: bad dtype or rank", t->name);
-        uint64_t numel = 1;
-        for (int d = 0; d < t->ndim; d++) {
-            const cJSON *v = cJSON_GetArrayItem(shape, d);
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e12)
-                CORRUPT("tensor %s: bad shape", t->name);
-            t->shape[d] = (int64_t)v->valuedouble;
-            numel *= (uint64_t)t->shape[d];
-        }
-        /* packed layouts may pad; the model checks their size against the layout */
-        int rowmajor = !strcmp(t->layout, "rowmajor");
-        if (rowmajor ? numel * kiln_dtype_size(t->dtype) != bytes : numel * kiln_dtype_size(t->dtype) > bytes)
-            CORRUPT("tensor %s: %llu bytes do not match its shape", t->name, (unsigned long long)bytes);
-        if (off % KCACHE_ALIGN || off > data_bytes || bytes > data_bytes - off)
-            CORRUPT("tensor %s: range [%llu, +%llu) outside the data file or unaligned", t->name,
-                    (unsigned long long)off, (unsigned long long)bytes);
-        t->offset = off;
-        t->nbytes = (size_t)bytes;
-        t->data = e->data.data ? e->data.data + off : NULL;
-        unsigned long long h = 0;
-        if (sscanf(hash->valuestring, "%16llx", &h) != 1) CORRUPT("tensor %s: bad hash", t->name);
-        t->xxh3 = h;
+                (unsigned long long)e->data_bytes);
+    for (size_t i = 0; i < e->n; i++) { /* ranges checked by the parse against data_bytes */
+        kcache_tensor *t = &e->t[i];
+        t->data = e->data.data ? e->data.data + t->offset : NULL;
         if (verify && XXH3_64bits(t->data, t->nbytes) != t->xxh3)
             CORRUPT("tensor %s fails its xxh3 check (the data file was modified)", t->name);
     }
 #undef CORRUPT
 done:
-    cJSON_Delete(root);
     free(text);
     if (s) {
         kcache_close(e);
@@ -294,6 +298,30 @@ done:
     }
     *out = e;
     return KILN_OK;
+}
+
+kiln_status kcache_check_place(const kcache_entry *e, const char *rel, const char *part) {
+    char model[256] = "", comp[256] = "", name[400] = "";
+    const char *a = strchr(rel, '/'), *b = a ? strchr(a + 1, '/') : NULL;
+    if (!a || !b || a - rel >= (long)sizeof model || b - a - 1 >= (long)sizeof comp || strlen(b + 1) >= sizeof name)
+        return kb_fail(KILN_ERR_INVALID_ARG, "%s is not model/component/key", rel);
+    memcpy(model, rel, (size_t)(a - rel));
+    memcpy(comp, a + 1, (size_t)(b - a - 1));
+    snprintf(name, sizeof name, "%s", b + 1);
+    size_t nl = strlen(name);
+    const char *content = nl > 12 ? name + nl - 12 : name;
+    cJSON *k = cJSON_Parse(e->key_json ? e->key_json : "");
+    const char *fields[4][2] = {{"model", model}, {"component", comp}, {"content", content}, {"part", part ? part : ""}};
+    kiln_status s = KILN_OK;
+    for (int i = 0; i < 4 && !s; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(k, fields[i][0]);
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, fields[i][1]))
+            s = kb_fail(KILN_ERR_CORRUPT, "cache %s is not what its folder says: its %s is \"%.200s\", the folder "
+                        "says \"%s\" (another cache copied or linked here?)", e->path, fields[i][0],
+                        cJSON_IsString(v) ? v->valuestring : "(absent)", fields[i][1]);
+    }
+    cJSON_Delete(k);
+    return s;
 }
 
 /* ---- locks and cleanup ------------------------------------------------------------- */
@@ -340,10 +368,25 @@ static int is_hex(const char *s, size_t n) {
     return s[n] == 0;
 }
 
+/* Whether the cache at dir was made from source: its manifest's "source"
+ * (an absolute path, or a callback's source_id; format 1 kept the path as
+ * given, so that is resolved too). Unknown counts as another source. */
+static int same_source(const char *dir, const char *source) {
+    char *old = kcache_manifest_source(dir);
+    int same = 0;
+    if (old) {
+        char real[PATH_MAX];
+        same = !strcmp(old, source) || (realpath(old, real) && !strcmp(real, source));
+    }
+    free(old);
+    return same;
+}
+
 /* Remove entries of parent named base + mid + anything (or, with hex_tail,
- * base + mid + exactly 12 hex digits: another content hash of the key). */
+ * base + mid + exactly 12 hex digits: another content hash of the key; with
+ * source, only those whose manifest at <entry><part> names that source). */
 static void remove_matching(const char *parent, const char *base, const char *mid, const char *keep,
-                            int hex_tail) {
+                            int hex_tail, const char *source, const char *part) {
     DIR *d = opendir(parent);
     if (!d) return;
     size_t bl = strlen(base), ml = strlen(mid);
@@ -355,6 +398,15 @@ static void remove_matching(const char *parent, const char *base, const char *mi
         if (keep && !strcmp(e->d_name, keep)) continue;
         if (hex_tail && !is_hex(e->d_name + bl + ml, 12)) continue;
         if (strstr(e->d_name, ".lock") || strstr(e->d_name, ".trash.")) continue;
+        if (source) {
+            char *where = kb_strfmt("%s/%s%s", parent, e->d_name, part ? part : "");
+            int mine = where && same_source(where, source);
+            free(where);
+            if (!mine) {
+                kb_log(KILN_LOG_DEBUG, "keeping %s/%s: another source's cache under the same name", parent, e->d_name);
+                continue;
+            }
+        }
         char **nv = realloc(victims, (n + 1) * sizeof *nv);
         if (!nv) break;
         victims = nv;
@@ -374,7 +426,7 @@ static void remove_matching(const char *parent, const char *base, const char *mi
 void kcache_clean_staging(const kcache_key *key) {
     char *parent = kb_dirname(key->path);
     const char *base = strrchr(key->path, '/');
-    if (parent && base) remove_matching(parent, base + 1, ".staging.", NULL, 0);
+    if (parent && base) remove_matching(parent, base + 1, ".staging.", NULL, 0, NULL, NULL);
     /* trash of this key (<name>.trash.*, <name>.staging.*.trash.*) left by
      * processes killed while removing: all of it, and no other key's (whose
      * removal may be running now, under that key's lock) */
@@ -402,8 +454,9 @@ void kcache_clean_staging(const kcache_key *key) {
     free(parent);
 }
 
-void kcache_remove_superseded(const kcache_key *key) {
-    remove_matching(key->group, key->prefix, "_c", key->name, 1);
+void kcache_remove_superseded(const kcache_key *key, const char *source) {
+    if (!source || !*source) return; /* nothing says which caches are this source's */
+    remove_matching(key->group, key->prefix, "_c", key->name, 1, source, key->path + strlen(key->dir));
     /* staging and trash leftovers of superseded keys: only where nobody holds
      * that key's lock (a conversion of it may still be running) */
     DIR *d = opendir(key->group);

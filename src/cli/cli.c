@@ -2,11 +2,13 @@
 #include "cli.h"
 
 #include "base/base.h"
+#include "cache/cache.h"
 #include "model/model.h"
 #include "tensor/dtype.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -281,12 +283,63 @@ kiln_status cli_write_f32(const char *path, const char *name, const float *data,
     return st_write(path, &t, 1, meta, 1);
 }
 
-char *cli_preview_path(const char *path) {
+/* path without a final ".safetensors" or ".png" (its length) */
+static int stem_len(const char *path) {
     size_t n = strlen(path);
-    const char *ext = ".safetensors";
-    size_t e = strlen(ext);
-    if (n > e && !strcmp(path + n - e, ext)) return kb_strfmt("%.*s.png", (int)(n - e), path);
-    return kb_strfmt("%s.png", path);
+    const char *ext[] = {".safetensors", ".png"};
+    for (int i = 0; i < 2; i++) {
+        size_t e = strlen(ext[i]);
+        if (n > e && !strcmp(path + n - e, ext[i]) && path[n - e - 1] != '/') return (int)(n - e);
+    }
+    return (int)n;
+}
+
+char *cli_preview_path(const char *path) { return kb_strfmt("%.*s.png", stem_len(path), path); }
+
+char *cli_latents_path(const char *output) {
+    size_t n = strlen(output);
+    if ((size_t)stem_len(output) + 4 == n) return kb_strfmt("%.*s.safetensors", stem_len(output), output);
+    return kb_strdup(output);
+}
+
+int cli_check_output(const char *cmd, const char *path) {
+    if (!*path) return cli_error(cmd, "--output is empty");
+    if (kb_is_dir(path)) return cli_error(cmd, "--output %s is a folder; expected a file name", path);
+    char *dir = kb_dirname(path);
+    if (!dir) return cli_error(cmd, "out of memory");
+    int rc = 0;
+    if (!kb_is_dir(dir))
+        rc = cli_error(cmd, "--output %s: the folder %s does not exist (checked before any work; create it first)",
+                       path, dir);
+    else if (access(dir, W_OK | X_OK))
+        rc = cli_error(cmd, "--output %s: cannot write in %s: %s (checked before any work)", path, dir,
+                       strerror(errno));
+    free(dir);
+    return rc;
+}
+
+/* Launchers tell each rank how many there are; kiln's MPI is started only by
+ * a load on a mesh, so a plain `mpirun -np 2 kiln generate` never asks MPI. */
+static int launcher_ranks(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"};
+    for (int i = 0; i < 4; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1) return atoi(v);
+    }
+    return 1;
+}
+
+kiln_status cli_check_ranks(const cli_common *c) {
+    int n = launcher_ranks();
+    int par = c->mesh_rows * c->mesh_cols > 1 || c->parallel.tp.factor > 1 || c->parallel.sp.factor > 1 ||
+              c->parallel.cfg.factor > 1;
+    if (n > 1 && !par)
+        return kb_fail(KILN_ERR_INVALID_ARG,
+                       "this is one of %d MPI ranks (mpirun -np %d) but no parallel mode is set: every rank would run "
+                       "the whole job and write the same files; pass --tp N, --sp N, --cfgp N or --mesh RxC "
+                       "(docs/distributed.md), or run kiln without mpirun",
+                       n, n);
+    return KILN_OK;
 }
 
 void cli_model_name(const char *path, char *buf, size_t cap) {
@@ -313,6 +366,15 @@ void cli_model_name(const char *path, char *buf, size_t cap) {
     }
     buf[j] = 0;
     if (!j || buf[0] == '.') snprintf(buf, cap, "model");
+    /* two checkpoints in folders of one name (/a/m, /b/m, or names that
+     * sanitize alike) must not share a name, or each would take the other's
+     * caches for superseded ones: a short hash of the absolute path, m-3f2a91 */
+    char real[PATH_MAX];
+    const char *abs = realpath(path, real) ? real : path;
+    unsigned h = (unsigned)(kcache_hash_bytes(abs, strlen(abs), 0x6e616d65) & 0xffffff);
+    size_t l = strlen(buf);
+    if (l > 90) l = 90; /* a key folder's name is at most 100 characters */
+    if (cap > 8) snprintf(buf + (l + 8 < cap ? l : cap - 8), 8, "-%06x", h);
 }
 
 int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q) {
@@ -345,7 +407,18 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     o.reference = c->reference;
     o.quant = c->quant;
     o.quant_layers = c->quant_layers;
-    kiln_status st = kiln_load_model(&o, out);
+    kiln_status st = cli_check_ranks(c);
+    if (st) return st;
+    st = kiln_load_model(&o, out);
+    /* a cache root this user cannot write (the README's /var/cache/kiln as a
+     * non-root user): say what to do */
+    const char *root = o.cache_root ? o.cache_root : getenv("KILN_CACHE_DIR");
+    if (st == KILN_ERR_IO && root && *root && strstr(kiln_last_error(), strerror(EACCES))) {
+        char why[1536];
+        snprintf(why, sizeof why, "%s", kiln_last_error());
+        st = kb_fail(st, "%s (the cache root %s is not writable by this user: choose one that is, e.g. "
+                         "KILN_CACHE_DIR=$HOME/.cache/kiln, or --no-create-cache to only read it)", why, root);
+    }
     if (!st && c->exec) st = kiln_model_set_exec(*out, c->exec);
     if (!st && c->package_dir) st = kiln_model_set_package_dir(*out, c->package_dir);
     if (st && *out) {

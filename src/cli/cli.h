@@ -73,8 +73,9 @@ extern const char cli_common_help[];
 /* Open MODEL through the load flow: with a cache root, map or build the
  * cache; without one, convert (kiln_load_model prints a hint). */
 kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out);
-/* The cache folder name derived from a MODEL path ("sd3-medium" for
- * .../sd3-medium/transformer or sd3-medium.safetensors). */
+/* The cache folder name derived from a MODEL path: its name plus a short
+ * hash of its absolute path ("sd3-medium-3f2a91" for .../sd3-medium/transformer
+ * or sd3-medium.safetensors), so two folders of one name never collide. */
 void cli_model_name(const char *path, char *buf, size_t cap);
 
 /* A named f32 copy of a tensor in f with ndim dims; NULL and a message
@@ -91,7 +92,18 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
 /* Seeded conditioning under diffusers' pipeline names (prompt_embeds,
  * pooled_prompt_embeds and the negative_* pair), T tokens. */
 kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T, uint64_t seed);
-/* path with its .safetensors suffix replaced by .png (malloc'd) */
+/* The files of --output X: the latents go to X, or to STEM.safetensors when
+ * X is STEM.png; the preview to STEM.png, where STEM is X without a final
+ * .safetensors or .png (so x.png and x.safetensors both give x.png, never
+ * x.png.png). Both malloc'd. */
 char *cli_preview_path(const char *path);
+char *cli_latents_path(const char *output);
+/* --output's folder exists and is writable, and the path is no folder:
+ * checked before any work. 0, or a message printed and 1. */
+int cli_check_output(const char *cmd, const char *path);
+/* Under a launcher that started several ranks (mpirun -np N) a command needs
+ * a parallel mode, or every rank would repeat the whole job and write the
+ * same files: INVALID_ARG saying so. cli_load_model calls it. */
+kiln_status cli_check_ranks(const cli_common *c);
 
 #endif

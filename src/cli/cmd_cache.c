@@ -16,10 +16,12 @@ static const char k_usage[] =
 static int help(void) {
     printf("usage: %s\n\n"
            "  build MODEL       convert MODEL into the cache under its key (a hit does nothing)\n"
-           "  ls                every cache under the root: size, last use, key\n"
+           "  ls                every cache under the root: size, last use, key, source\n"
            "  verify [KEY...]   check every tensor's xxh3 (default: all caches); exit 1 if any is corrupt\n"
            "  rm KEY... | --all remove caches (KEY as printed by ls, or a folder path)\n"
            "  gc --max-size SIZE  remove least recently used caches until the total fits (e.g. 20G, 500M)\n\n"
+           "These act on weight caches only (manifests saying kiln-cache): compiled packages under the same\n"
+           "root (<root>/packages) are never listed, verified or removed; see kiln package.\n"
            "The root is --cache-dir DIR or KILN_CACHE_DIR. Layout and load flow: docs/cache.md.\n\n%s",
            k_usage, cli_common_help);
     return 0;
@@ -74,15 +76,15 @@ static int do_ls(const char *root) {
     kiln_status s = kcache_list(root, &v, &n);
     if (s) return cli_fail("cache ls", s);
     int64_t total = 0;
-    printf("%-10s  %-19s  %-8s  %s\n", "size", "last used", "state", "key (model/component/config)");
+    printf("%-10s  %-19s  %-8s  %s\n", "size", "last used", "state", "key (model/component/config)  <- source");
     for (size_t i = 0; i < n; i++) {
         char size[32], when[32];
         time_t t = (time_t)v[i].last_used;
         struct tm tm;
         localtime_r(&t, &tm);
         strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-        printf("%-10s  %-19s  %-8s  %s\n", kb_human_bytes((double)v[i].bytes, size, sizeof size), when,
-               v[i].complete ? "complete" : "partial", v[i].rel);
+        printf("%-10s  %-19s  %-8s  %s  <- %s\n", kb_human_bytes((double)v[i].bytes, size, sizeof size), when,
+               v[i].complete ? "complete" : "partial", v[i].rel, *v[i].source ? v[i].source : "(unknown)");
         total += v[i].bytes;
     }
     char size[32];
@@ -91,14 +93,16 @@ static int do_ls(const char *root) {
     return 0;
 }
 
-/* folders holding a manifest under a key folder: itself or its host_coords_* */
-static int verify_dir(const char *dir, const char *label) {
+/* folders holding a manifest under a key folder: itself or its host_coords_*
+ * and shard_* folders (rel: the key's model/component/name) */
+static int verify_dir(const char *dir, const char *label, const char *rel) {
     kcache_entry *e;
     char *man = kb_path_join(dir, KCACHE_MANIFEST);
     int bad = 0, found = 0;
     if (man && kb_is_file(man)) {
         found = 1;
         kiln_status s = kcache_open(dir, 1, &e);
+        if (!s && (s = kcache_check_place(e, rel, label + strlen(rel)))) kcache_close(e);
         if (s) {
             printf("CORRUPT  %s: %s\n", label, kiln_last_error());
             bad = 1;
@@ -109,15 +113,17 @@ static int verify_dir(const char *dir, const char *label) {
     }
     free(man);
     if (!found) {
-        /* host_coords_* sub-folders of a multi-host key */
+        /* host_coords_* and shard_* sub-folders of a key on a mesh */
         DIR *d = opendir(dir);
         struct dirent *de;
         while (d && (de = readdir(d))) {
-            if (strncmp(de->d_name, "host_coords_", 12) || strchr(de->d_name, '.')) continue;
+            if ((strncmp(de->d_name, "host_coords_", 12) && strncmp(de->d_name, "shard_", 6)) ||
+                strchr(de->d_name, '.'))
+                continue;
             char *sub = kb_path_join(dir, de->d_name), *lab = kb_strfmt("%s/%s", label, de->d_name);
             if (sub && lab) {
                 found = 1;
-                bad |= verify_dir(sub, lab);
+                bad |= verify_dir(sub, lab, rel);
             }
             free(sub);
             free(lab);
@@ -142,7 +148,7 @@ static int do_verify(const char *root, int nkeys, char **keys) {
         for (int k = 0; k < nkeys && !want; k++) want = !strcmp(keys[k], v[i].rel) || !strcmp(keys[k], v[i].dir);
         if (!want) continue;
         matched++;
-        bad |= verify_dir(v[i].dir, v[i].rel);
+        bad |= verify_dir(v[i].dir, v[i].rel, v[i].rel);
     }
     free(v);
     if (nkeys && matched < nkeys) return cli_error("cache verify", "no cache named %s under %s", keys[0], root);
@@ -215,8 +221,12 @@ int cmd_cache(int argc, char **argv) {
         else rc = do_rm(root, all, nargs, args);
     } else if (!strcmp(sub, "gc")) {
         int64_t max;
-        if (!maxs || parse_size(maxs, &max)) {
+        if (!maxs) {
             rc = cli_usage_error("cache", k_usage, "gc needs --max-size SIZE (e.g. 20G, 500M, 4096)");
+        } else if (parse_size(maxs, &max)) {
+            rc = cli_usage_error("cache", k_usage,
+                                 "--max-size %s: expected a size in bytes with an optional K, M, G or T suffix "
+                                 "(e.g. 20G, 500M, 4096)", maxs);
         } else {
             int removed;
             int64_t freed;

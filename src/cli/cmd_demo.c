@@ -132,10 +132,15 @@ int cmd_demo(int argc, char **argv) {
         if (rc) goto done;
     }
     const char *env_cache = getenv("KILN_CACHE_DIR");
-    printf("\nnext:  kiln info %s\n       kiln generate %s --cond %s --latent 32x64 --output out.safetensors\n", model,
-           model, cond);
-    if (env_cache && *env_cache) printf("       kiln package ls\n");
-    else printf("       kiln package ls --cache-dir %s/cache\n", dir);
+    /* the demo's cache and name, and a width inside the package's range
+     * (w_tok 16..24 = latent 32..48), so that the next run maps the weights
+     * and runs the compiled package */
+    char cache_opt[1100] = "";
+    if (!(env_cache && *env_cache)) snprintf(cache_opt, sizeof cache_opt, " --cache-dir %s/cache", dir);
+    printf("\nnext:  kiln info %s\n"
+           "       kiln generate %s --name %s%s --cond %s --latent 32x40 --guidance 5 --output %s/out.safetensors\n"
+           "       kiln package ls%s\n",
+           model, model, com.name, cache_opt, cond, dir, cache_opt);
 done:
     free(model);
     free(cond);

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "format/png.h"
 #include "model/model.h"
+#include "model/sd3.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +26,34 @@ static int help(void) {
            "  --guidance G     guidance scale (default 7.0; <= 1 samples the prompt alone)\n"
            "  --latent HxW     latent size (default: the config's sample_size square; pixels / 8)\n"
            "  --seed N         seed of kiln's noise generator (default 0)\n"
-           "  --noise FILE     start from `noise` [1, C, H, W] in FILE instead (sets the latent size)\n"
-           "  --output FILE    writes `latents` [1, C, H, W] (F32) and a PNG preview FILE.png\n"
+           "  --noise FILE     start from `noise` [1, C, H, W] in FILE instead (sets the latent size;\n"
+           "                   not with --seed)\n"
+           "  --output FILE    writes `latents` [1, C, H, W] (F32) to FILE and a PNG preview beside it:\n"
+           "                   x.safetensors -> x.png; x.png -> x.safetensors + x.png; other -> other.png\n"
            "  --quiet          no per-step progress\n%s",
            k_usage, cli_common_help);
     return 0;
+}
+
+static const char k_pixels_hint[] =
+    "\n  (--latent is the latent size, image pixels / 8: --latent 128x128 for a 1024x1024 image)";
+
+/* --latent HxW against MODEL's config.json (MODEL/config.json or --config),
+ * before anything loads: 1 (printed) when it cannot be sampled; 0 when it can
+ * or there is no config to read yet (a single file: checked after the load). */
+static int latent_hint(const char *cmd, const char *model, const cli_common *com, int h, int w) {
+    char *path = com->config ? kb_strdup(com->config) : kb_is_dir(model) ? kb_path_join(model, "config.json") : NULL;
+    char *json = NULL;
+    size_t len;
+    kiln_config cfg;
+    int rc = 0;
+    if (path && kb_is_file(path) && !kb_read_file(path, &json, &len) && !sd3_config_parse(json, &cfg) &&
+        sd3_check_latent(&cfg, h, w))
+        rc = cli_error(cmd, "%s%s", kiln_last_error(), k_pixels_hint);
+    kb_clear_error();
+    free(path);
+    free(json);
+    return rc;
 }
 
 typedef struct {
@@ -76,28 +100,34 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         return 0;
     }
     int64_t shape[4] = {1, c->in_channels, o->latent_h, o->latent_w};
-    char *png = cli_preview_path(output);
-    if (!png) {
+    char *png = cli_preview_path(output), *file = cli_latents_path(output);
+    if (!png || !file) {
         free(lat);
+        free(png);
+        free(file);
         return cli_error(cmd, "out of memory");
     }
-    s = cli_write_f32(output, "latents", lat, 4, shape);
+    s = cli_write_f32(file, "latents", lat, 4, shape);
     if (!s) s = kf_write_latent_png(png, lat, c->in_channels, o->latent_h, o->latent_w);
     free(lat);
-    if (s) {
-        free(png);
-        return cli_fail(cmd, s);
+    if (!s && !quiet) {
+        /* a step of the chain that was skipped (a package whose ranges miss
+         * this shape, say) is worth a line: it costs time on every step */
+        const char *why = kiln_model_exec_note(m);
+        fprintf(stderr, "%s: %.2f s (backbone: %s) -> %s (preview %s)\n", cmd, total, kiln_model_last_exec(m), file,
+                png);
+        if (*why) fprintf(stderr, "%s: backbone %s because %s\n", cmd, kiln_model_last_exec(m), why);
     }
-    if (!quiet) fprintf(stderr, "%s: %.2f s (backbone: %s) -> %s (preview %s)\n", cmd, total, kiln_model_last_exec(m), output, png);
     free(png);
-    return 0;
+    free(file);
+    return s ? cli_fail(cmd, s) : 0;
 }
 
 int cmd_generate(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *v;
     kiln_generate_opts o = kiln_generate_defaults();
-    int quiet = 0, hw_set = 0;
+    int quiet = 0, hw_set = 0, seed_set = 0;
     for (int i = 1; i < argc; i++) {
         int r;
         long l;
@@ -118,7 +148,10 @@ int cmd_generate(int argc, char **argv) {
             o.steps = (int)l;
         } else if ((r = cli_opt("generate", argc, argv, &i, "--shift", &v))) {
             if (r < 0 || cli_parse_double("generate", "--shift", v, &o.shift)) return 2;
-            if (o.shift <= 0) return cli_usage_error("generate", k_usage, "--shift must be positive");
+            if (o.shift <= 0)
+                return cli_usage_error("generate", k_usage,
+                                       "--shift %s: must be positive (it stretches the schedule toward high noise: "
+                                       "sigma' = shift sigma / (1 + (shift - 1) sigma); SD3 uses 3.0)", v);
         } else if ((r = cli_opt("generate", argc, argv, &i, "--guidance", &v))) {
             if (r < 0 || cli_parse_double("generate", "--guidance", v, &o.guidance)) return 2;
         } else if ((r = cli_opt("generate", argc, argv, &i, "--latent", &v))) {
@@ -126,6 +159,7 @@ int cmd_generate(int argc, char **argv) {
             hw_set = 1;
         } else if ((r = cli_opt("generate", argc, argv, &i, "--seed", &v))) {
             if (r < 0 || cli_parse_u64("generate", "--seed", v, &o.seed)) return 2;
+            seed_set = 1;
         } else if (argv[i][0] == '-') {
             return cli_usage_error("generate", k_usage, "unknown option %s", argv[i]);
         } else if (model) {
@@ -136,6 +170,19 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model || !cond || !output)
         return cli_usage_error("generate", k_usage, "MODEL, --cond and --output are required");
+    if (noise && seed_set)
+        return cli_usage_error("generate", k_usage,
+                               "--noise and --seed both set the starting noise: give one (--noise %s is used as is, "
+                               "the seed would be ignored)", noise);
+    char *latents_file = cli_latents_path(output), *png_file = cli_preview_path(output);
+    int bad_out = !latents_file || !png_file || cli_check_output("generate", latents_file) ||
+                  (strcmp(latents_file, output) && cli_check_output("generate", output));
+    free(latents_file);
+    free(png_file);
+    if (bad_out) return 1;
+    /* the latent size against the config before any weights load (a real
+     * model's conversion takes minutes) */
+    if (hw_set && latent_hint("generate", model, &com, o.latent_h, o.latent_w)) return 1;
 
     int rc = 1;
     kiln_model *m = NULL;
@@ -157,9 +204,16 @@ int cmd_generate(int argc, char **argv) {
                   cond, (long long)s3[1], KM_MAX_CONTEXT);
         goto done;
     }
-    if (s3[0] != 1 || s3[2] != c->joint_attention_dim || s2[0] != 1 || s2[1] != c->pooled_projection_dim) {
-        cli_error("generate", "%s: prompt_embeds must be [1, T, %d] and pooled_prompt_embeds [1, %d]",
-                  cond, c->joint_attention_dim, c->pooled_projection_dim);
+    if (s3[0] != 1 || s3[2] != c->joint_attention_dim) {
+        cli_error("generate", "%s: prompt_embeds is [%lld, %lld, %lld]; this model needs [1, T, %d] (batch 1, "
+                  "joint_attention_dim %d)", cond, (long long)s3[0], (long long)s3[1], (long long)s3[2],
+                  c->joint_attention_dim, c->joint_attention_dim);
+        goto done;
+    }
+    if (s2[0] != 1 || s2[1] != c->pooled_projection_dim) {
+        cli_error("generate", "%s: pooled_prompt_embeds is [%lld, %lld]; this model needs [1, %d] (batch 1, "
+                  "pooled_projection_dim %d)", cond, (long long)s2[0], (long long)s2[1], c->pooled_projection_dim,
+                  c->pooled_projection_dim);
         goto done;
     }
     if (o.guidance > 1) {
@@ -170,15 +224,18 @@ int cmd_generate(int argc, char **argv) {
             goto done;
         }
         if (memcmp(n3, s3, sizeof s3) || memcmp(n2, s2, sizeof s2)) {
-            cli_error("generate", "%s: the negative_* tensors must have the same shapes as the prompt ones",
-                      cond);
+            cli_error("generate", "%s: negative_prompt_embeds [%lld, %lld, %lld] and negative_pooled_prompt_embeds "
+                      "[%lld, %lld] must have the prompt's shapes [%lld, %lld, %lld] and [%lld, %lld]", cond,
+                      (long long)n3[0], (long long)n3[1], (long long)n3[2], (long long)n2[0], (long long)n2[1],
+                      (long long)s3[0], (long long)s3[1], (long long)s3[2], (long long)s2[0], (long long)s2[1]);
             goto done;
         }
     }
     if (nf) {
         if (!(nz = cli_tensor("generate", nf, "noise", 4, sn))) goto done;
         if (sn[0] != 1 || sn[1] != c->in_channels) {
-            cli_error("generate", "%s: noise must be [1, %d, H, W]", noise, c->in_channels);
+            cli_error("generate", "%s: noise is [%lld, %lld, %lld, %lld]; this model needs [1, %d, H, W]", noise,
+                      (long long)sn[0], (long long)sn[1], (long long)sn[2], (long long)sn[3], c->in_channels);
             goto done;
         }
         if ((s = sd3_check_latent(c, sn[2], sn[3]))) { /* before the int casts below */
@@ -195,6 +252,10 @@ int cmd_generate(int argc, char **argv) {
         o.noise = nz;
     } else if (!hw_set) {
         o.latent_h = o.latent_w = c->sample_size;
+    }
+    if (sd3_check_latent(c, o.latent_h, o.latent_w)) {
+        cli_error("generate", "%s%s", kiln_last_error(), k_pixels_hint);
+        goto done;
     }
     o.context_len = (int)s3[1];
     o.cond = pe;

@@ -6,21 +6,37 @@
 #include "compile/compile.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char k_usage[] = "kiln package ls | verify [PACKAGE...] | rm PACKAGE... | rm --all  [--package-dir DIR]";
 
 static int help(void) {
     printf("usage: %s\n\n"
            "  ls                 every package: family, dimensions, mode\n"
-           "  verify [PACKAGE]   check manifests, the shared objects' SHA-256 and the CPU features\n"
-           "                     (default: all); exit 1 if any fails\n"
+           "  verify [PACKAGE]   check each package as loading it would: folders owned by this user\n"
+           "                     or root and not writable by group or others, no symbolic links,\n"
+           "                     the manifest's signature (this user's key), the shared object's\n"
+           "                     SHA-256, the CPU features (default: all); exit 1 if any fails\n"
            "  rm PACKAGE... | --all   remove packages (as printed by ls, or a folder path)\n\n"
            "The folder is --package-dir DIR, else KILN_PACKAGE_DIR, else <cache root>/packages\n"
-           "(--cache-dir or KILN_CACHE_DIR). Format: docs/package.md.\n",
+           "(--cache-dir or KILN_CACHE_DIR). Weight caches under it are never listed, verified or\n"
+           "removed. Format and trust model: docs/package.md.\n",
            k_usage);
     return 0;
+}
+
+/* A weight-cache folder (its manifest starts "kiln-cache") is not a package,
+ * whatever folder nests in which: `kiln package` never touches one. */
+static int is_cache(const char *path) {
+    char *man = kb_path_join(path, "manifest.json"), head[10];
+    int fd = man ? open(man, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
+    ssize_t n = fd >= 0 ? read(fd, head, sizeof head) : -1;
+    if (fd >= 0) close(fd);
+    free(man);
+    return n == (ssize_t)sizeof head && !memcmp(head, "kiln-cache", sizeof head);
 }
 
 /* every package folder under root, as "family/name" (malloc'd list) */
@@ -37,6 +53,10 @@ static char **list(const char *root, int *n) {
         struct dirent *p;
         while (e && (p = readdir(e))) {
             if (p->d_name[0] == '.' || strstr(p->d_name, ".trash.")) continue;
+            char *path = kb_path_join(fam, p->d_name);
+            int cache = !path || is_cache(path);
+            free(path);
+            if (cache) continue;
             char **v = realloc(out, sizeof *v * (size_t)(*n + 1));
             if (!v) break;
             out = v;
@@ -104,7 +124,9 @@ int cmd_package(int argc, char **argv) {
         int checked = 0;
         for (int i = 0; i < (nn ? nn : n); i++) {
             char *path = nn ? resolve(root, names[i]) : kb_path_join(root, pk[i]);
-            kiln_status s = path ? kx_package_verify(path) : KILN_ERR_NOMEM;
+            kiln_status s = !path ? KILN_ERR_NOMEM
+                            : is_cache(path) ? kb_fail(KILN_ERR_INVALID_ARG, "a weight cache, not a package (see kiln cache verify)")
+                                             : kx_package_verify(path);
             printf("%s %s%s%s\n", s ? "FAIL" : "ok  ", nn ? names[i] : pk[i], s ? ": " : "", s ? kiln_last_error() : "");
             rc |= s != KILN_OK;
             checked++;
@@ -118,7 +140,10 @@ int cmd_package(int argc, char **argv) {
             for (int i = 0; i < (all ? n : nn); i++) {
                 char *path = all ? kb_path_join(root, pk[i]) : resolve(root, names[i]);
                 char *man = path ? kb_path_join(path, "manifest.json") : NULL;
-                if (!man || !kb_is_file(man)) {
+                if (path && is_cache(path)) {
+                    cli_error("package", "%s is a weight cache, not a package; left alone (see kiln cache)", all ? pk[i] : names[i]);
+                    rc = 1;
+                } else if (!man || !kb_is_file(man)) {
                     cli_error("package", "%s is not a package (no manifest.json)", all ? pk[i] : names[i]);
                     rc = 1;
                 } else if (kb_remove_dir(path)) {

@@ -1,6 +1,7 @@
 /* main.c - the kiln command: dispatch to subcommands. */
 #include "cli.h"
 
+#include <signal.h>
 #include <string.h>
 
 static const struct {
@@ -35,6 +36,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* over the file size limit (ulimit -f) a write fails with EFBIG and a
+     * message, instead of SIGXFSZ killing kiln without one */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -124,8 +124,6 @@ void kx_rt_init(kx_rt *rt, const kg_ctx *ctx);
  * manifest plan's SHA-256) is compiled in for the loader to check. Malloc'd. */
 kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const char *digest, char **src, int *n_kinds);
 
-#endif
-
 /* ---- packages ------------------------------------------------------------- */
 
 /* What the host binds a weight name to (the model's side of binding). */
@@ -175,7 +173,15 @@ kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info);
 typedef struct kx_package kx_package;
 
 /* Read and check the manifest only (cheap, fork-friendly): the shared
- * object is verified, loaded and bound on the first run. */
+ * object is verified, loaded and bound on the first run. dir is
+ * <root>/<family>/<package>; the root, family and package folders must be
+ * owned by this user or root and not writable by group or others, the
+ * family and package folders and the files no symbolic links, and the
+ * manifest's signature (file "signature", kb_sign of manifest.json's bytes)
+ * valid under this user's key, before anything in the manifest is parsed
+ * (kx_manifest_parse, compile/manifest.h). A refusal is KILN_ERR_CORRUPT
+ * naming the reason ("... is writable by others (mode 0777); refused").
+ * docs/package.md: the trust model. */
 kiln_status kx_package_open(const char *dir, kx_package **out);
 void kx_package_close(kx_package *p);
 const char *kx_package_dir(const kx_package *p);
@@ -184,16 +190,21 @@ int kx_package_fixed(const kx_package *p);
 /* Guards: solve the symbols from input shapes (n inputs, as the manifest's
  * input order). KILN_ERR_RANGE with the reason when the shape is not covered. */
 kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shape)[4], int64_t *s);
-/* Verify the shared object's SHA-256 and the CPU features, load it, bind
+/* Check the CPU features, the folders again, open model.so (no symbolic
+ * link, owner and mode as above), hash it through that descriptor against
+ * the signed manifest's SHA-256 and dlopen that same descriptor
+ * (/proc/self/fd/N), check its ABI and plan digest, bind
  * every weight by name (a list of the names that are missing or differ is
  * the error), allocate the arena. Done once per process; the result, good
  * or bad, is remembered. */
 kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user);
 kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *inputs, float *const *outputs);
-/* Check a package folder without loading it: manifest, library hash,
- * CPU features. */
+/* Check a package folder without loading it: folders, signature, manifest,
+ * CPU features, library hash (all that open and load check before dlopen). */
 kiln_status kx_package_verify(const char *dir);
 /* The manifest's summary line for listings ("w_tok=8..128 regional ...") */
 const char *kx_package_summary(const kx_package *p);
 /* Does this machine have a CPU feature named as in manifests ("amx")? */
 int kx_cpu_has(const char *feature);
+
+#endif

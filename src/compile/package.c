@@ -2,12 +2,16 @@
  * C source, the shared object built from it, and manifest.json (format
  * version, kiln version, CPU features, compiler and flags, symbols and
  * ranges, guards, inputs, the memory plan, every weight's name, dtype,
- * shape and layout, the SHA-256 of the shared object). Published
- * atomically (staging folder, then rename); opened lazily. docs/package.md
- * describes the format. */
+ * shape and layout, the SHA-256 of the shared object) with its signature
+ * under this user's key. Published atomically (a private staging folder,
+ * then rename) with no group/other write whatever the umask; opened lazily,
+ * and only through trusted folders (the trust section below). The manifest
+ * parser is manifest.c. docs/package.md describes the format and the trust
+ * model. */
 #define _GNU_SOURCE
 #include "base/base.h"
 #include "compile/compile.h"
+#include "compile/manifest.h"
 #include "tensor/dtype.h"
 
 #include <cjson/cJSON.h>
@@ -26,6 +30,8 @@
 #define PKG_LIB "model.so"
 #define PKG_SRC "model.c"
 #define PKG_MANIFEST "manifest.json"
+#define PKG_MANIFEST_MAX (64u << 20)
+#define PKG_SIG "signature"
 #define PKG_LOG "build.log"
 #define PKG_CFLAGS "-O2 -fPIC -shared"
 
@@ -38,31 +44,11 @@ void kx_rt_init(kx_rt *rt, const kg_ctx *ctx) {
 
 int kx_cpu_has(const char *feature) { return kk_cpu_has(feature); }
 
-static const char *place_name(kx_place_kind k) {
-    static const char *names[] = {"none", "arena", "input", "output", "weight"};
-    return names[k];
-}
-
 /* ---- open, load, run ------------------------------------------------------------- */
-
-typedef struct pkg_weight {
-    char *name;
-    int node, ndim, gemm;
-    int64_t shape[4];
-    kiln_dtype dtype;
-    char layout[40];
-} pkg_weight;
 
 struct kx_package {
     char *dir;
-    int nsym, n_in, n_nodes, nw, n_cpu;
-    kx_sym sym[KX_MAX_SYMS];
-    kx_iospec in[4];
-    int in_slot[4];
-    kx_place *place;
-    size_t arena_bytes;
-    pkg_weight *w;
-    char so_sha[65], cpu[4][24], summary[256];
+    kx_manifest *m; /* parsed only after its signature was verified */
     /* loaded on first use, in the process that uses it */
     int loaded;
     kiln_status load_st;
@@ -76,20 +62,18 @@ struct kx_package {
 };
 
 const char *kx_package_dir(const kx_package *p) { return p->dir; }
-const char *kx_package_summary(const kx_package *p) { return p->summary; }
+const char *kx_package_summary(const kx_package *p) { return p->m->summary; }
 
 int kx_package_fixed(const kx_package *p) {
-    for (int i = 0; i < p->nsym; i++)
-        if (p->sym[i].lo != p->sym[i].hi) return 0;
+    for (int i = 0; i < p->m->nsym; i++)
+        if (p->m->sym[i].lo != p->m->sym[i].hi) return 0;
     return 1;
 }
 
 void kx_package_close(kx_package *p) {
     if (!p) return;
     if (p->dl) dlclose(p->dl);
-    for (int i = 0; i < p->nw; i++) free(p->w[i].name);
-    free(p->w);
-    free(p->place);
+    kx_manifest_free(p->m);
     free(p->P);
     kk_buf_free(p->ctx.be, p->arena);
     free(p->load_err);
@@ -97,158 +81,171 @@ void kx_package_close(kx_package *p) {
     free(p);
 }
 
-static int get_num(const cJSON *o, const char *key, double *v) {
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(j)) return 0;
-    *v = j->valuedouble;
-    return 1;
+/* ---- trust: who could have written this package ------------------------------ */
+/* A package is code: it is opened only through folders and files that this
+ * user or root owns and that neither group nor others may write (ssh's
+ * StrictModes), from the package root down, with no symbolic link inside
+ * the root; its manifest must carry this user's signature (kb_sign), and
+ * the manifest holds model.so's SHA-256. Every check reads an open
+ * descriptor, and the descriptor checked is the one hashed and loaded, so
+ * nothing can be swapped between the check and the use. docs/package.md. */
+
+static kiln_status check_owner(const char *dir, const char *what, const char *shown, const struct stat *sb) {
+    if (sb->st_uid != geteuid() && sb->st_uid != 0)
+        return kb_fail(KILN_ERR_CORRUPT, "package %s: %s %s is owned by uid %u, not by this user (%u) or root; refused", dir,
+                       what, shown, (unsigned)sb->st_uid, (unsigned)geteuid());
+    if (sb->st_mode & 022)
+        return kb_fail(KILN_ERR_CORRUPT, "package %s: %s %s is writable by %s (mode 0%03o); refused", dir, what, shown,
+                       sb->st_mode & 002 ? "others" : "its group", (unsigned)(sb->st_mode & 07777));
+    return KILN_OK;
 }
 
-static const char *get_str(const cJSON *o, const char *key) {
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(j) ? j->valuestring : NULL;
+/* name in the folder at (its path shown in messages), as a folder
+ * descriptor; follow: may be a symbolic link (the package root itself) */
+static kiln_status open_folder(int at, const char *name, const char *dir, const char *what, const char *shown, int follow,
+                               int *out) {
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+    struct stat sb;
+    if (fd < 0) {
+        int err = errno;
+        if (!follow && fstatat(at, name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(sb.st_mode))
+            return kb_fail(KILN_ERR_CORRUPT, "package %s: %s %s is a symbolic link; refused", dir, what, shown);
+        return kb_fail(err == ENOENT ? KILN_ERR_MISSING : KILN_ERR_IO, "package %s: cannot open %s %s: %s", dir, what, shown,
+                       strerror(err));
+    }
+    kiln_status st = fstat(fd, &sb) != 0 ? kb_fail(KILN_ERR_IO, "package %s: cannot stat %s %s", dir, what, shown)
+                                         : check_owner(dir, what, shown, &sb);
+    if (st) close(fd);
+    else *out = fd;
+    return st;
 }
 
-static kiln_status parse_manifest(kx_package *p, const cJSON *m, const char *path) {
-#define BAD(what) return kb_fail(KILN_ERR_CORRUPT, "package %s: manifest %s", path, what)
-    const char *fmt = get_str(m, "format");
-    double v = 0;
-    if (!fmt || strcmp(fmt, PKG_MAGIC)) BAD("is not a kiln package manifest");
-    if (!get_num(m, "format_version", &v) || v != KX_FORMAT_VERSION)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "package %s: format version %g, this kiln reads %d", path, v, KX_FORMAT_VERSION);
-    if (!get_num(m, "abi", &v) || v != KX_ABI)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "package %s: runtime ABI %g, this kiln has %d", path, v, KX_ABI);
-    const char *sha = get_str(m, "library_sha256");
-    if (!sha || strlen(sha) != 64) BAD("has no library_sha256");
-    snprintf(p->so_sha, sizeof p->so_sha, "%s", sha);
-    const cJSON *cpu = cJSON_GetObjectItemCaseSensitive(m, "cpu_features"), *e;
-    cJSON_ArrayForEach(e, cpu) {
-        if (!cJSON_IsString(e) || p->n_cpu >= 4) BAD("has a bad cpu_features list");
-        snprintf(p->cpu[p->n_cpu++], sizeof p->cpu[0], "%s", e->valuestring);
-    }
-    const cJSON *syms = cJSON_GetObjectItemCaseSensitive(m, "symbols");
-    cJSON_ArrayForEach(e, syms) {
-        double lo, hi;
-        const char *name = get_str(e, "name");
-        if (p->nsym >= KX_MAX_SYMS || !name || !get_num(e, "min", &lo) || !get_num(e, "max", &hi) || lo > hi)
-            BAD("has a bad symbol");
-        kx_sym *s = &p->sym[p->nsym++];
-        snprintf(s->name, sizeof s->name, "%s", name);
-        s->lo = (int64_t)lo;
-        s->hi = (int64_t)hi;
-    }
-    const cJSON *ins = cJSON_GetObjectItemCaseSensitive(m, "inputs");
-    cJSON_ArrayForEach(e, ins) {
-        const char *name = get_str(e, "name");
-        const cJSON *coef = cJSON_GetObjectItemCaseSensitive(e, "coef"), *c;
-        if (p->n_in >= 4 || !name || !get_num(e, "slot", &v) || !cJSON_IsArray(coef) || cJSON_GetArraySize(coef) > 4)
-            BAD("has a bad input");
-        kx_iospec *io = &p->in[p->n_in];
-        p->in_slot[p->n_in++] = (int)v;
-        snprintf(io->name, sizeof io->name, "%s", name);
-        cJSON_ArrayForEach(c, coef) {
-            if (cJSON_GetArraySize(c) != KX_NMONO) BAD("has a bad input dimension");
-            for (int k = 0; k < KX_NMONO; k++) io->dim[io->ndim].c[k] = (int64_t)cJSON_GetArrayItem(c, k)->valuedouble;
-            io->ndim++;
+/* The package folder dir = <root>/<family>/<name> (the layout kx_compile
+ * publishes), opened through the trust checks of the root, the family
+ * folder and the package folder; the path above the root is the user's
+ * choice (it may sit under /tmp). */
+static kiln_status open_trusted_dir(const char *dir, int *out) {
+    char *copy = kb_strdup(dir);
+    if (!copy) return KILN_ERR_NOMEM;
+    size_t n = strlen(copy);
+    while (n > 1 && copy[n - 1] == '/') copy[--n] = 0;
+    char *slash = strrchr(copy, '/'), *name = slash ? slash + 1 : NULL, *fam = NULL;
+    const char *root = NULL;
+    if (slash) {
+        while (slash > copy && slash[-1] == '/') slash--;
+        *slash = 0;
+        char *s2 = strrchr(copy, '/');
+        fam = s2 ? s2 + 1 : copy;
+        if (s2) {
+            while (s2 > copy && s2[-1] == '/') s2--;
+            *s2 = 0;
+            root = *copy ? copy : "/";
+        } else {
+            root = ".";
         }
     }
-    if (!get_num(m, "arena_bytes", &v) || v < 0) BAD("has no arena_bytes");
-    p->arena_bytes = (size_t)v;
-    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(m, "placement");
-    p->n_nodes = cJSON_GetArraySize(pl);
-    if (!(p->place = calloc((size_t)p->n_nodes + 1, sizeof *p->place))) return KILN_ERR_NOMEM;
-    int i = 0;
-    cJSON_ArrayForEach(e, pl) {
-        const char *k = cJSON_IsString(cJSON_GetArrayItem(e, 0)) ? cJSON_GetArrayItem(e, 0)->valuestring : "";
-        const cJSON *at = cJSON_GetArrayItem(e, 1);
-        int kind = -1;
-        for (int q = KX_NONE; q <= KX_WEIGHT; q++)
-            if (!strcmp(k, place_name((kx_place_kind)q))) kind = q;
-        if (kind < 0 || !cJSON_IsNumber(at) || at->valuedouble < 0) BAD("has a bad placement");
-        if (kind == KX_ARENA && at->valuedouble >= (double)p->arena_bytes) BAD("places a buffer outside the arena");
-        if ((kind == KX_INPUT && at->valuedouble >= 4) || (kind == KX_OUTPUT && at->valuedouble >= 1))
-            BAD("names an input or output slot the forward does not have");
-        p->place[i++] = (kx_place){(kx_place_kind)kind, (int64_t)at->valuedouble};
-    }
-    const cJSON *ws = cJSON_GetObjectItemCaseSensitive(m, "weights");
-    p->nw = cJSON_GetArraySize(ws);
-    if (!(p->w = calloc((size_t)p->nw + 1, sizeof *p->w))) return KILN_ERR_NOMEM;
-    i = 0;
-    cJSON_ArrayForEach(e, ws) {
-        pkg_weight *w = &p->w[i++];
-        const char *name = get_str(e, "name"), *view = get_str(e, "view"), *dt = get_str(e, "dtype"),
-                   *layout = get_str(e, "layout");
-        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape"), *d;
-        if (!name || !view || !dt || !layout || !get_num(e, "node", &v) || v < 0 || v >= p->n_nodes ||
-            !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 4)
-            BAD("has a bad weight entry");
-        if (!(w->name = kb_strdup(name))) return KILN_ERR_NOMEM;
-        w->node = (int)v;
-        w->gemm = !strcmp(view, "gemm");
-        w->dtype = kt_dtype_from_name(dt);
-        snprintf(w->layout, sizeof w->layout, "%s", layout);
-        cJSON_ArrayForEach(d, shape) w->shape[w->ndim++] = (int64_t)d->valuedouble;
-    }
-    size_t len = 0;
-    for (int s = 0; s < p->nsym; s++) {
-        const kx_sym *y = &p->sym[s];
-        if (y->lo == y->hi) snprintf(p->summary + len, sizeof p->summary - len, "%s%s=%lld", s ? " " : "", y->name, (long long)y->lo);
-        else snprintf(p->summary + len, sizeof p->summary - len, "%s%s=%lld..%lld", s ? " " : "", y->name, (long long)y->lo, (long long)y->hi);
-        len = strlen(p->summary);
-    }
-    const char *mode = get_str(m, "mode"), *dtype = get_str(m, "dtype");
-    snprintf(p->summary + len, sizeof p->summary - len, "  %s %s", dtype ? dtype : "?", mode ? mode : "?");
-    return KILN_OK;
-#undef BAD
+    kiln_status st = KILN_OK;
+    if (!name || !*name || !fam || !*fam || !strcmp(name, ".") || !strcmp(name, "..") || !strcmp(fam, ".") || !strcmp(fam, ".."))
+        st = kb_fail(KILN_ERR_INVALID_ARG, "package %s: not a package folder <root>/<family>/<package>", dir);
+    char *famdir = st ? NULL : kb_path_join(root, fam);
+    if (!st && !famdir) st = KILN_ERR_NOMEM;
+    int rfd = -1, ffd = -1, pfd = -1;
+    if (!st) st = open_folder(AT_FDCWD, root, dir, "the package root", root, 1, &rfd);
+    if (!st) st = open_folder(rfd, fam, dir, "folder", famdir, 0, &ffd);
+    if (!st) st = open_folder(ffd, name, dir, "folder", dir, 0, &pfd);
+    if (rfd >= 0) close(rfd);
+    if (ffd >= 0) close(ffd);
+    if (!st) *out = pfd;
+    free(famdir);
+    free(copy);
+    return st;
 }
 
-/* The manifest's executable content (symbols, guards' inputs, arena, every
- * placement, every weight binding) as SHA-256. The shared object carries
- * the digest of the manifest it was generated with, so a manifest edited
- * after the build (a guard widened, a placement moved, a weight view
- * swapped) is refused instead of letting the code run out of bounds. */
-static void plan_digest(const kx_package *p, char hex[65]) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) {
-        memset(hex, '0', 64);
-        hex[64] = 0;
-        return;
+/* a regular, trusted file in the package folder, as a descriptor */
+static kiln_status open_trusted_file(int dfd, const char *dir, const char *name, int *out, struct stat *sb) {
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ELOOP) return kb_fail(KILN_ERR_CORRUPT, "package %s: %s is a symbolic link; refused", dir, name);
+        if (err == ENOENT) return kb_fail(KILN_ERR_MISSING, "package %s: no %s", dir, name);
+        return kb_fail(KILN_ERR_IO, "package %s: cannot open %s: %s", dir, name, strerror(err));
     }
-    for (int i = 0; i < p->nsym; i++) fprintf(f, "s %s %lld %lld\n", p->sym[i].name, (long long)p->sym[i].lo, (long long)p->sym[i].hi);
-    for (int i = 0; i < p->n_in; i++) {
-        fprintf(f, "i %s %d %d", p->in[i].name, p->in_slot[i], p->in[i].ndim);
-        for (int d = 0; d < p->in[i].ndim; d++)
-            for (int k = 0; k < KX_NMONO; k++) fprintf(f, " %lld", (long long)p->in[i].dim[d].c[k]);
-        fprintf(f, "\n");
+    kiln_status st = KILN_OK;
+    if (fstat(fd, sb) != 0) st = kb_fail(KILN_ERR_IO, "package %s: cannot stat %s", dir, name);
+    else if (!S_ISREG(sb->st_mode)) st = kb_fail(KILN_ERR_CORRUPT, "package %s: %s is not a regular file; refused", dir, name);
+    else st = check_owner(dir, "file", name, sb);
+    if (st) close(fd);
+    else *out = fd;
+    return st;
+}
+
+/* the whole of a trusted file (at most max bytes), NUL-terminated */
+static kiln_status read_trusted(int dfd, const char *dir, const char *name, size_t max, char **text, size_t *len) {
+    int fd;
+    struct stat sb;
+    kiln_status st = open_trusted_file(dfd, dir, name, &fd, &sb);
+    if (st) return st;
+    if ((uint64_t)sb.st_size > max) {
+        close(fd);
+        return kb_fail(KILN_ERR_CORRUPT, "package %s: %s holds %lld bytes (at most %zu)", dir, name, (long long)sb.st_size, max);
     }
-    fprintf(f, "a %zu %d\n", p->arena_bytes, p->n_nodes);
-    for (int i = 0; i < p->n_nodes; i++) fprintf(f, "%d:%lld ", (int)p->place[i].kind, (long long)p->place[i].at);
-    for (int i = 0; i < p->nw; i++) {
-        const pkg_weight *w = &p->w[i];
-        fprintf(f, "\nw %s %d %d %d %s %d", w->name, w->node, w->gemm, (int)w->dtype, w->layout, w->ndim);
-        for (int d = 0; d < w->ndim; d++) fprintf(f, " %lld", (long long)w->shape[d]);
+    char *buf = kb_malloc((size_t)sb.st_size + 1);
+    size_t n = 0;
+    while (buf && n < (size_t)sb.st_size) {
+        ssize_t r = read(fd, buf + n, (size_t)sb.st_size - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        n += (size_t)r;
     }
-    fclose(f);
-    kb_sha256(buf, len, hex);
-    free(buf);
+    close(fd);
+    if (!buf) return KILN_ERR_NOMEM;
+    if (n != (size_t)sb.st_size) {
+        free(buf);
+        return kb_fail(KILN_ERR_IO, "package %s: cannot read %s", dir, name);
+    }
+    buf[n] = 0;
+    *text = buf;
+    *len = n;
+    return KILN_OK;
+}
+
+/* the manifest's bytes, verified against the signature file */
+static kiln_status read_signed_manifest(int dfd, const char *dir, char **text, size_t *len) {
+    char *sig = NULL;
+    size_t slen = 0;
+    kiln_status st = read_trusted(dfd, dir, PKG_MANIFEST, PKG_MANIFEST_MAX, text, len);
+    if (st == KILN_ERR_MISSING) return kb_fail(KILN_ERR_MISSING, "package %s: no manifest", dir);
+    if (st) return st;
+    st = read_trusted(dfd, dir, PKG_SIG, 256, &sig, &slen);
+    if (st == KILN_ERR_MISSING)
+        st = kb_fail(KILN_ERR_CORRUPT, "package %s: no %s (unsigned: built by an older kiln, or planted); refused", dir, PKG_SIG);
+    if (!st) {
+        while (slen && (sig[slen - 1] == '\n' || sig[slen - 1] == '\r' || sig[slen - 1] == ' ')) sig[--slen] = 0;
+        if ((st = kb_verify_sig(*text, *len, sig)))
+            st = kb_wrap(st == KILN_ERR_CORRUPT ? st : KILN_ERR_CORRUPT, "package %s: manifest.json's signature; refused", dir);
+    }
+    free(sig);
+    if (st) {
+        free(*text);
+        *text = NULL;
+    }
+    return st;
 }
 
 kiln_status kx_package_open(const char *dir, kx_package **out) {
     *out = NULL;
     kx_package *p = kb_calloc(1, sizeof *p);
-    char *path = kb_strfmt("%s/" PKG_MANIFEST, dir), *text = NULL;
-    size_t len;
-    kiln_status st = p && path ? KILN_OK : KILN_ERR_NOMEM;
+    char *text = NULL;
+    size_t len = 0;
+    int dfd = -1;
+    kiln_status st = p ? KILN_OK : KILN_ERR_NOMEM;
     if (!st && !(p->dir = kb_strdup(dir))) st = KILN_ERR_NOMEM;
-    if (!st && (st = kb_read_file(path, &text, &len))) st = kb_wrap(KILN_ERR_MISSING, "package %s: no manifest", dir);
-    cJSON *m = st ? NULL : cJSON_Parse(text);
-    if (!st && !m) st = kb_fail(KILN_ERR_CORRUPT, "package %s: manifest is not valid JSON", dir);
-    if (!st) st = parse_manifest(p, m, dir);
-    cJSON_Delete(m);
+    if (!st) st = open_trusted_dir(dir, &dfd);
+    /* nothing of the manifest is read before its signature is verified */
+    if (!st) st = read_signed_manifest(dfd, dir, &text, &len);
+    if (!st) st = kx_manifest_parse(text, len, dir, &p->m);
+    if (dfd >= 0) close(dfd);
     free(text);
-    free(path);
     if (st) {
         kx_package_close(p);
         return st;
@@ -258,27 +255,45 @@ kiln_status kx_package_open(const char *dir, kx_package **out) {
 }
 
 kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shape)[4], int64_t *s) {
-    if (n_in != p->n_in)
-        return kb_fail(KILN_ERR_SHAPE, "package %s takes %d inputs, not %d", p->dir, p->n_in, n_in);
-    int64_t sh[4][4];
-    for (int i = 0; i < n_in; i++) memcpy(sh[i], shape[p->in_slot[i]], sizeof sh[i]);
-    return kx_solve(p->sym, p->nsym, p->in, p->n_in, (const int64_t(*)[4])sh, s);
+    if (n_in != p->m->n_in)
+        return kb_fail(KILN_ERR_SHAPE, "package %s takes %d inputs, not %d", p->dir, p->m->n_in, n_in);
+    int64_t sh[KX_MAX_IN][4];
+    for (int i = 0; i < n_in; i++) memcpy(sh[i], shape[p->m->in_slot[i]], sizeof sh[i]); /* in_slot < n_in (manifest.c) */
+    return kx_solve(p->m->sym, p->m->nsym, p->m->in, p->m->n_in, (const int64_t(*)[4])sh, s);
 }
 
-/* the library's hash and the CPU features, without loading anything */
-static kiln_status check_library(const kx_package *p) {
-    for (int i = 0; i < p->n_cpu; i++)
-        if (!kx_cpu_has(p->cpu[i]))
-            return kb_fail(KILN_ERR_UNSUPPORTED, "package %s needs CPU feature %s, which this machine lacks", p->dir, p->cpu[i]);
-    char *so = kb_strfmt("%s/" PKG_LIB, p->dir), hex[65];
-    if (!so) return KILN_ERR_NOMEM;
-    kiln_status st = kb_sha256_file(so, hex);
-    if (st) /* out of memory says nothing about the library: that failure passes (kx_package_load) */
-        st = kb_wrap(st == KILN_ERR_NOMEM ? st : KILN_ERR_MISSING, "package %s: its shared object", p->dir);
-    else if (strcmp(hex, p->so_sha))
+/* The CPU features, then model.so opened through the trust checks and
+ * hashed through that descriptor against the signed manifest's SHA-256.
+ * fd (may be NULL) receives the descriptor, to load exactly what was hashed. */
+static kiln_status open_library(const kx_package *p, int *fd_out) {
+    for (int i = 0; i < p->m->n_cpu; i++)
+        if (!kx_cpu_has(p->m->cpu[i]))
+            return kb_fail(KILN_ERR_UNSUPPORTED, "package %s needs CPU feature %s, which this machine lacks", p->dir, p->m->cpu[i]);
+    int dfd = -1, fd = -1;
+    struct stat sb;
+    kiln_status st = open_trusted_dir(p->dir, &dfd);
+    if (!st) st = open_trusted_file(dfd, p->dir, PKG_LIB, &fd, &sb);
+    if (dfd >= 0) close(dfd);
+    if (st) return st == KILN_ERR_MISSING ? kb_wrap(st, "package %s: its shared object", p->dir) : st;
+    kb_sha256_ctx c;
+    kb_sha256_init(&c);
+    static _Thread_local uint8_t buf[1 << 16];
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) st = kb_fail(KILN_ERR_IO, "package %s: cannot read %s: %s", p->dir, PKG_LIB, strerror(errno));
+        if (r <= 0) break;
+        kb_sha256_update(&c, buf, (size_t)r);
+    }
+    uint8_t d[32];
+    char hex[65];
+    kb_sha256_final(&c, d);
+    kb_hex(d, 32, hex);
+    if (!st && strcmp(hex, p->m->so_sha))
         st = kb_fail(KILN_ERR_CORRUPT, "package %s: %s does not match its manifest's SHA-256 (tampered or damaged); refused",
                      p->dir, PKG_LIB);
-    free(so);
+    if (st || !fd_out) close(fd);
+    else *fd_out = fd;
     return st;
 }
 
@@ -286,7 +301,7 @@ kiln_status kx_package_verify(const char *dir) {
     kx_package *p;
     kiln_status st = kx_package_open(dir, &p);
     if (st) return st;
-    st = check_library(p);
+    st = open_library(p, NULL);
     kx_package_close(p);
     return st;
 }
@@ -295,8 +310,8 @@ static kiln_status bind_weights(kx_package *p, kx_weight_fn weight, void *user) 
     char msg[2048] = "";
     size_t len = 0;
     int bad = 0;
-    for (int i = 0; i < p->nw; i++) {
-        const pkg_weight *w = &p->w[i];
+    for (int i = 0; i < p->m->nw; i++) {
+        const kx_pkg_weight *w = &p->m->w[i];
         kx_bound b = {0};
         const char *why = NULL;
         int same = 1;
@@ -325,14 +340,43 @@ static kiln_status bind_weights(kx_package *p, kx_weight_fn weight, void *user) 
     return KILN_OK;
 }
 
+/* dlopen the file open at *fd, as /proc/self/fd/N. The dynamic loader
+ * takes a library whose name matches as already loaded, and N is reused
+ * once closed: a library loaded earlier under this name (another package,
+ * still loaded) is not ours unless it was built for this plan (digest), so
+ * then the descriptor moves to another number first. Every library loaded
+ * this way was verified when it was loaded; the probe runs none of its code
+ * but kiln_pkg_digest. */
+static void *dlopen_fd(int *fd, const char *digest) {
+    char name[40];
+    for (int tries = 0;; tries++) {
+        snprintf(name, sizeof name, "/proc/self/fd/%d", *fd);
+        void *old = dlopen(name, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+        if (!old) break;
+        const char *(*dg)(void) = NULL;
+        *(void **)&dg = dlsym(old, "kiln_pkg_digest");
+        int same = dg && !strcmp(dg(), digest);
+        dlclose(old);
+        if (same || tries >= 16) break;
+        int nfd = fcntl(*fd, F_DUPFD_CLOEXEC, *fd + 1);
+        if (nfd < 0) break;
+        close(*fd);
+        *fd = nfd;
+    }
+    return dlopen(name, RTLD_NOW | RTLD_LOCAL);
+}
+
 kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user) {
     if (p->loaded) return p->load_st ? kb_fail(p->load_st, "%s", p->load_err ? p->load_err : "package failed to load") : KILN_OK;
     p->ctx = (kg_ctx){be, dist}; /* the arena comes from this backend */
-    kiln_status st = check_library(p);
-    char *so = st ? NULL : kb_strfmt("%s/" PKG_LIB, p->dir);
-    if (!st && !so) st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
-    if (!st && !(p->dl = dlopen(so, RTLD_NOW | RTLD_LOCAL)))
+    /* load the descriptor that was checked and hashed: the path is never opened again */
+    int fd = -1;
+    char want[65];
+    kx_manifest_digest(p->m, want);
+    kiln_status st = open_library(p, &fd);
+    if (!st && !(p->dl = dlopen_fd(&fd, want)))
         st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: cannot load %s: %s", p->dir, PKG_LIB, dlerror());
+    if (fd >= 0) close(fd);
     int (*abi)(void) = NULL;
     const char *(*digest)(void) = NULL, *(*ops)(void) = NULL;
     if (!st) {
@@ -346,23 +390,20 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
             st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: built against another op table (ops.def) than this kiln's", p->dir);
     }
     if (!st) {
-        char want[65];
-        plan_digest(p, want);
         if (strcmp(want, digest()))
             st = kb_fail(KILN_ERR_CORRUPT, "package %s: the manifest's plan does not match the one %s was built for "
                                            "(edited after the build); refused", p->dir, PKG_LIB);
     }
-    if (!st && !(p->P = calloc((size_t)p->n_nodes + 1, sizeof *p->P)))
+    if (!st && !(p->P = calloc((size_t)p->m->n_nodes + 1, sizeof *p->P)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: out of memory", p->dir);
     if (!st) st = bind_weights(p, weight, user);
-    if (!st && p->arena_bytes && !(p->arena = kk_buf_alloc(be, p->arena_bytes)))
-        st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->arena_bytes);
+    if (!st && p->m->arena_bytes && !(p->arena = kk_buf_alloc(be, p->m->arena_bytes)))
+        st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->m->arena_bytes);
     if (!st) {
         kx_rt_init(&p->rt, &p->ctx);
-        for (int i = 0; i < p->n_nodes; i++)
-            if (p->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->place[i].at;
+        for (int i = 0; i < p->m->n_nodes; i++)
+            if (p->m->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->m->place[i].at;
     }
-    free(so);
     if (st) {
         if (p->dl) dlclose(p->dl);
         p->dl = NULL;
@@ -380,9 +421,9 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
 
 kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *inputs, float *const *outputs) {
     if (!p->loaded || p->load_st) return kb_fail(KILN_ERR_INVALID_ARG, "package %s is not loaded", p->dir);
-    for (int i = 0; i < p->n_nodes; i++) {
-        if (p->place[i].kind == KX_INPUT) p->P[i] = (void *)inputs[p->place[i].at];
-        else if (p->place[i].kind == KX_OUTPUT) p->P[i] = outputs[p->place[i].at];
+    for (int i = 0; i < p->m->n_nodes; i++) {
+        if (p->m->place[i].kind == KX_INPUT) p->P[i] = (void *)inputs[p->m->place[i].at];
+        else if (p->m->place[i].kind == KX_OUTPUT) p->P[i] = outputs[p->m->place[i].at];
     }
     if (p->fwd(&p->rt, s, p->P)) return kb_fail(KILN_ERR_INVALID_ARG, "package %s: the compiled forward failed", p->dir);
     return KILN_OK;
@@ -409,6 +450,7 @@ static int run_tool(const char *cmd, const char *const *extra, const char *log) 
     if (argc) {
         pid_t pid = fork();
         if (pid == 0) { /* only async-signal-safe calls until exec */
+            umask(022); /* what the compiler writes: no group/other write whatever the caller's umask */
             int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
             if (fd >= 0) {
                 dup2(fd, 1);
@@ -516,7 +558,7 @@ static char *manifest_text(const kx_compile_req *r, const kx_export *x, const kx
     cJSON *pl = cJSON_AddArrayToObject(m, "placement");
     for (int i = 0; i < p->n; i++) {
         cJSON *e = cJSON_CreateArray();
-        cJSON_AddItemToArray(e, cJSON_CreateString(place_name(p->place[i].kind)));
+        cJSON_AddItemToArray(e, cJSON_CreateString(kx_place_name(p->place[i].kind)));
         cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->place[i].at));
         cJSON_AddItemToArray(pl, e);
     }
@@ -582,6 +624,45 @@ static void clean_leftovers(const char *famdir) {
     closedir(d);
 }
 
+/* a new file in the private staging folder, 0644 whatever the umask */
+static kiln_status write_new(const char *path, const void *data, size_t len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return kb_fail(KILN_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    kiln_status st = fchmod(fd, 0644) == 0 ? KILN_OK : kb_fail(KILN_ERR_IO, "cannot chmod %s: %s", path, strerror(errno));
+    const char *b = data;
+    while (!st && len) {
+        ssize_t w = write(fd, b, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) st = kb_fail(KILN_ERR_IO, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "short write");
+        else b += w, len -= (size_t)w;
+    }
+    if (!st && fsync(fd) != 0) st = kb_fail(KILN_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    if (close(fd) != 0 && !st) st = kb_fail(KILN_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    return st;
+}
+
+/* a file the compiler or a helper wrote: group and other write removed
+ * (a umask of 000 gives 0777) */
+static kiln_status fix_mode(const char *path) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    struct stat sb;
+    kiln_status st = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && fchmod(fd, sb.st_mode & 0755) == 0
+                         ? KILN_OK
+                         : kb_fail(KILN_ERR_IO, "compile: cannot set the mode of %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return st;
+}
+
+/* the package root and the family folder pass the trust checks */
+static kiln_status check_folders(const char *root, const char *family, const char *famdir) {
+    int rfd = -1, ffd = -1;
+    kiln_status st = open_folder(AT_FDCWD, root, famdir, "the package root", root, 1, &rfd);
+    if (!st) st = open_folder(rfd, family, famdir, "folder", famdir, 0, &ffd);
+    if (rfd >= 0) close(rfd);
+    if (ffd >= 0) close(ffd);
+    return st ? kb_wrap(st, "compile") : KILN_OK;
+}
+
 kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
     memset(info, 0, sizeof *info);
     if (!r->root || !*r->root || !r->family || !*r->family)
@@ -599,13 +680,11 @@ kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
     char digest[65] = "";
     if (!(st = kx_plan_graph(&x.g, &p))) { /* the manifest as it will be read back, for its digest */
         char *draft = manifest_text(r, &x, &p, "", "0000000000000000000000000000000000000000000000000000000000000000", "", 0);
-        cJSON *m = draft ? cJSON_Parse(draft) : NULL;
-        kx_package *tmp = kb_calloc(1, sizeof *tmp);
-        if (!m || !tmp) st = KILN_ERR_NOMEM;
-        else if (!(st = parse_manifest(tmp, m, "(draft)"))) plan_digest(tmp, digest);
-        cJSON_Delete(m);
+        kx_manifest *tmp = NULL;
+        if (!draft) st = KILN_ERR_NOMEM;
+        else if (!(st = kx_manifest_parse(draft, strlen(draft), "(draft)", &tmp))) kx_manifest_digest(tmp, digest);
         free(draft);
-        kx_package_close(tmp);
+        kx_manifest_free(tmp);
     }
     if (!st) st = kx_codegen(&x, &p, r->regional, digest, &src, &info->n_kinds);
     info->codegen_s = kb_now() - t0;
@@ -623,17 +702,29 @@ kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
     if (!st && (!(famdir = kb_path_join(r->root, r->family)) || !(final = kb_strfmt("%s/%s-%s", famdir, label, hash))))
         st = KILN_ERR_NOMEM;
     if (!st) snprintf(info->path, sizeof info->path, "%s", final);
-    if (!st) clean_leftovers(famdir);
-    if (!st && kb_is_file(manifest = kb_strfmt("%s/" PKG_MANIFEST, final))) {
-        info->reused = 1; /* the same code, already built and published */
-        goto done;
-    }
     static int counter;
     if (!st && (st = kb_mkdir_p(famdir))) st = kb_wrap(st, "compile: package folder");
+    /* a package published into folders others can write would be refused
+     * at open: say so now, before building it */
+    if (!st) st = check_folders(r->root, r->family, famdir);
+    if (!st) clean_leftovers(famdir);
+    if (!st && !(manifest = kb_strfmt("%s/" PKG_MANIFEST, final))) st = KILN_ERR_NOMEM;
+    if (!st && kb_is_file(manifest)) {
+        if (kx_package_verify(final) == KILN_OK) {
+            info->reused = 1; /* the same code, already built, published and trusted */
+            goto done;
+        }
+        /* unsigned (an older kiln), signed with another key, or tampered: ours replaces it */
+        kb_log(KILN_LOG_WARN, "compile: %s; replacing it", kiln_last_error());
+        if ((st = kb_remove_dir(final))) st = kb_wrap(st, "compile: cannot replace the refused package %s", final);
+    }
     if (!st && !(staging = kb_strfmt("%s/.staging-%ld-%d", famdir, (long)getpid(),
                                      __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED))))
         st = KILN_ERR_NOMEM;
-    if (!st && mkdir(staging, 0755) != 0) st = kb_fail(KILN_ERR_IO, "cannot create %s: %s", staging, strerror(errno));
+    /* private (0700) while it is built, so nobody else can open a file in
+     * it before its mode is right; 0755 just before it is published */
+    if (!st && (mkdir(staging, 0700) != 0 || chmod(staging, 0700) != 0))
+        st = kb_fail(KILN_ERR_IO, "cannot create %s: %s", staging, strerror(errno));
     char *src_path = NULL, *so_path = NULL, *log_path = NULL, *man_path = NULL;
     if (!st && (!(src_path = kb_strfmt("%s/" PKG_SRC, staging)) || !(so_path = kb_strfmt("%s/" PKG_LIB, staging)) ||
                 !(log_path = kb_strfmt("%s/" PKG_LOG, staging)) || !(man_path = kb_strfmt("%s/" PKG_MANIFEST, staging))))
@@ -662,15 +753,27 @@ kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
         }
     }
     char so_sha[65];
+    if (!st) st = fix_mode(so_path);
     if (!st) st = kb_sha256_file(so_path, so_sha);
     if (!st) {
         struct stat sb;
         if (stat(so_path, &sb) == 0) info->so_bytes = (size_t)sb.st_size;
-        char *text = manifest_text(r, &x, &p, hash, so_sha, cc_version, info->n_kinds);
-        st = text ? kb_write_file_atomic(man_path, text, strlen(text)) : KILN_ERR_NOMEM;
+        char *text = manifest_text(r, &x, &p, hash, so_sha, cc_version, info->n_kinds), sig[65], *sig_path = NULL;
+        st = text ? KILN_OK : KILN_ERR_NOMEM;
+        /* the signature covers the manifest's exact bytes, and the manifest
+         * holds model.so's SHA-256: both are covered */
+        if (!st && (st = kb_sign(text, strlen(text), sig))) st = kb_wrap(st, "compile: cannot sign the package");
+        if (!st && !(sig_path = kb_strfmt("%s/" PKG_SIG, staging))) st = KILN_ERR_NOMEM;
+        if (!st) st = write_new(man_path, text, strlen(text));
+        sig[64] = '\n';
+        if (!st) st = write_new(sig_path, sig, 65);
+        free(sig_path);
         free(text);
     }
+    if (!st) st = fix_mode(src_path);
+    if (!st) st = fix_mode(log_path);
     if (!st && r->check) st = r->check(r->check_user, staging);
+    if (!st && chmod(staging, 0755) != 0) st = kb_fail(KILN_ERR_IO, "cannot publish %s: chmod: %s", final, strerror(errno));
     /* publish: the rename is atomic; losing a race to an identical build is fine */
     if (!st && rename(staging, final) != 0) {
         if (errno == EEXIST || errno == ENOTEMPTY) info->reused = 1;

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     kc_tensor *t;
@@ -277,6 +278,12 @@ kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **o
             char *cp = kb_path_join(path, "config.json");
             if (!cp) {
                 st = KILN_ERR_NOMEM;
+                goto fail;
+            }
+            struct stat cst;
+            if (stat(cp, &cst) == 0 && !S_ISREG(cst.st_mode)) { /* a FIFO, a device, a folder */
+                st = kb_fail(KILN_ERR_IO, "%s is not a regular file", cp);
+                free(cp);
                 goto fail;
             }
             if (!kb_is_file(cp)) {

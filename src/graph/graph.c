@@ -162,6 +162,23 @@ static kg_id unary(kg_graph *g, kg_op op, kg_id x) {
 }
 
 kg_id kg_silu(kg_graph *g, kg_id x) { return unary(g, KG_SILU, x); }
+kg_id kg_gelu(kg_graph *g, kg_id x) { return unary(g, KG_GELU, x); }
+kg_id kg_quick_gelu(kg_graph *g, kg_id x) { return unary(g, KG_QUICK_GELU, x); }
+
+kg_id kg_gather(kg_graph *g, kg_id table, kg_id ids) {
+    if (!ok(g, table, ids, -1) || ids < 0) return -1;
+    const kg_node *T = node(g, table), *I = node(g, ids);
+    if (T->ndim != 2 || I->ndim < 1 || I->ndim > 3) {
+        char ts[64], is[64];
+        kg_shape_str(T, ts, sizeof ts);
+        kg_shape_str(I, is, sizeof is);
+        return fail(g, KILN_ERR_SHAPE, "gather: table %s must be [V, D] and ids %s have 1 to 3 dims", ts, is);
+    }
+    int64_t shape[4] = {0};
+    memcpy(shape, I->shape, sizeof(int64_t) * (size_t)I->ndim);
+    shape[I->ndim] = T->shape[1];
+    return push(g, KG_GATHER, I->ndim + 1, shape, table, ids, -1);
+}
 kg_id kg_gelu_tanh(kg_graph *g, kg_id x) { return unary(g, KG_GELU_TANH, x); }
 
 kg_id kg_layernorm(kg_graph *g, kg_id x, float eps) { return kg_layernorm_affine(g, x, -1, -1, eps); }

@@ -128,6 +128,10 @@ kg_id kg_add(kg_graph *g, kg_id a, kg_id b);
 kg_id kg_mul(kg_graph *g, kg_id a, kg_id b);
 kg_id kg_silu(kg_graph *g, kg_id x);
 kg_id kg_gelu_tanh(kg_graph *g, kg_id x);
+kg_id kg_gelu(kg_graph *g, kg_id x);       /* exact (erf) */
+kg_id kg_quick_gelu(kg_graph *g, kg_id x); /* x * sigmoid(1.702 x) */
+/* table [V, D] rows by ids [...] (integers as f32) -> [..., D] */
+kg_id kg_gather(kg_graph *g, kg_id table, kg_id ids);
 kg_id kg_layernorm(kg_graph *g, kg_id x, float eps);
 /* layernorm with an affine weight w [D] and bias b [D], each optional (-1) */
 kg_id kg_layernorm_affine(kg_graph *g, kg_id x, kg_id w, kg_id b, float eps);

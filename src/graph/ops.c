@@ -78,6 +78,21 @@ static void kg_run_mul(const kg_ctx *x, const kg_call *c) {
 static void kg_run_silu(const kg_ctx *x, const kg_call *c) { x->be->silu(F(0), Y, numel_of(c, KG_Y)); }
 static void kg_run_gelu_tanh(const kg_ctx *x, const kg_call *c) { x->be->gelu_tanh(F(0), Y, numel_of(c, KG_Y)); }
 
+static void kg_run_gelu(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
+}
+
+static void kg_run_quick_gelu(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
+}
+
+static void kg_run_gather(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_gather_rows(F(0), c->sh[0][0], c->sh[0][1], F(1), numel_of(c, 1), Y);
+}
+
 static void kg_run_layernorm(const kg_ctx *x, const kg_call *c) {
     int64_t D = last_dim(c, KG_Y), rows = numel_of(c, KG_Y) / (D ? D : 1);
     x->be->layernorm(F(0), Y, rows, D, c->fp);

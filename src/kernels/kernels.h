@@ -192,6 +192,12 @@ enum { KK_BIN_ADD = 0, KK_BIN_MUL = 1 };
  * dim of 1 in a or b repeats), ys the broadcast shape */
 void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
                      const int64_t ys[4]);
+enum { KK_UN_GELU = 0, KK_UN_QUICK_GELU = 1 };
+/* y [n] = exact GELU (erf) or quick GELU (x * sigmoid(1.702 x)) of x */
+void kk_unary(int op, const float *x, float *y, int64_t n);
+/* y [n, D] = table [V, D] rows ids [n] (integers as f32); an id outside
+ * [0, V) gives a zero row and a deferred failure (kb_defer_failure) */
+void kk_gather_rows(const float *table, int64_t V, int64_t D, const float *ids, int64_t n, float *y);
 /* y [rows,D] = y * w [D] + b [D] in place (either may be NULL) */
 void kk_affine_rows(float *y, const float *w, const float *b, int64_t rows, int64_t D);
 /* y [rows,D] = x / sqrt(mean(x^2) + eps) * w [D] (w NULL: 1), the mean

@@ -266,3 +266,27 @@ void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t
 }
 
 int kk_supports(const kk_backend *be, int op, int fmt) { return !be->supports || be->supports(op, fmt); }
+
+void kk_unary(int op, const float *x, float *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 2 * PIECE)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = op == KK_UN_GELU ? (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)))
+                                : (float)(v / (1.0 + exp(-1.702 * (double)v)));
+    }
+}
+
+void kk_gather_rows(const float *table, int64_t V, int64_t D, const float *ids, int64_t n, float *y) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f = ids[i];
+        int64_t id = (int64_t)f;
+        if (!(f >= 0) || (float)id != f || id >= V) {
+            memset(y + i * D, 0, sizeof(float) * (size_t)D);
+            if (!bad++) kb_defer_failure(KILN_ERR_RANGE, "gather: index %g at %lld is outside the table's %lld rows", (double)f,
+                                         (long long)i, (long long)V);
+            continue;
+        }
+        memcpy(y + i * D, table + id * D, sizeof(float) * (size_t)D);
+    }
+}

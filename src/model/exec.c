@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const k_steps[KM_MAX_STEPS] = {"dynamic", "fixed", "planned", "eager"};
+static const char *const k_steps[KM_MAX_STEPS] = {[KM_STEP_DYNAMIC] = "dynamic", [KM_STEP_FIXED] = "fixed",
+                                                  [KM_STEP_PLANNED] = "planned", [KM_STEP_EAGER] = "eager"};
 #define DEFAULT_CHAIN "dynamic,fixed,planned,eager"
 enum { SYM_BATCH, SYM_H, SYM_W, SYM_CTX, N_SYMS };
 static const char *const k_sym_names[N_SYMS] = {"batch", "h_tok", "w_tok", "ctx_len"};
@@ -83,6 +84,7 @@ kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir) {
 }
 
 const char *kiln_model_last_exec(const kiln_model *m) { return m && m->exec.last ? m->exec.last : ""; }
+const char *kiln_model_exec_note(const kiln_model *m) { return m ? m->exec.note : ""; }
 
 /* ---- the model's side of compiling ------------------------------------------------ */
 
@@ -399,7 +401,7 @@ kiln_status kiln_model_open_packages(kiln_model *m, int *n) {
 /* A package of the wanted kind (fixed or dynamic) whose guards pass; why
  * not, in reason. */
 static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, const int64_t sh[4][4], int64_t *s,
-                                char *reason, size_t cap) {
+                                char *reason, size_t cap, int *any) {
     for (int pass = 0; pass < 2; pass++) {
         if (pass) open_new_packages(m, famdir); /* published since we last looked */
         int seen = 0;
@@ -407,6 +409,7 @@ static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, co
             kx_package *p = m->exec.pkgs[i];
             if (kx_package_fixed(p) != fixed) continue;
             seen++;
+            *any = 1;
             if (!kx_package_solve(p, 4, (const int64_t(*)[4])sh, s)) return p;
             snprintf(reason, cap, "%s", kiln_last_error());
         }
@@ -490,44 +493,52 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     char reason[1024] = "";
     char *root = NULL, *famdir = NULL;
     int need_pkg = 0;
-    for (int i = 0; i < m->exec.n_steps; i++) need_pkg |= m->exec.chain[i] <= 1;
+    for (int i = 0; i < m->exec.n_steps; i++) need_pkg |= m->exec.chain[i] < KM_STEP_PLANNED;
     if (need_pkg && (root = package_root(m))) famdir = kb_path_join(root, family(m));
     kiln_status st = KILN_ERR_UNSUPPORTED;
     m->exec.last = NULL;
+    m->exec.note[0] = 0;
     /* invalid shapes fail the same way on every path: let eager/planned say why */
     int shape_ok = sd3_check_latent(&m->cfg, a->height, a->width) == KILN_OK && a->batch > 0 && a->context_len > 0;
     kb_clear_error();
     for (int k = 0; k < m->exec.n_steps; k++) {
-        int step = m->exec.chain[k], warn = 0;
+        int step = m->exec.chain[k], warn = 0, had = 0; /* had: a package of this kind exists */
         int64_t s[KX_MAX_SYMS];
         kx_package *p = NULL;
         unsigned long mark = kb_deferred_mark(); /* a kernel that could not do its work fails this step */
-        if (step <= 1 && !shape_ok) {
+        if (step < KM_STEP_PLANNED && !shape_ok) {
             snprintf(reason, sizeof reason, "the shape is invalid");
             continue;
         }
-        if (step <= 1 && !famdir) {
+        if (step < KM_STEP_PLANNED && !famdir) {
             snprintf(reason, sizeof reason, "no package folder (set KILN_PACKAGE_DIR or KILN_CACHE_DIR)");
             st = KILN_ERR_UNSUPPORTED;
-        } else if (step == 0) {
-            p = find_package(m, famdir, 0, (const int64_t(*)[4])sh, s, reason, sizeof reason);
+        } else if (step == KM_STEP_DYNAMIC) {
+            p = find_package(m, famdir, 0, (const int64_t(*)[4])sh, s, reason, sizeof reason, &had);
             st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
             warn = p != NULL;
-        } else if (step == 1) {
-            p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason);
-            if (!p && kb_is_dir(famdir)) { /* this model was compiled here before: compile this shape */
+        } else if (step == KM_STEP_FIXED) {
+            p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason, &had);
+            if (!p && m->exec.fixed_fail[0]) { /* failed before: said once, not again */
+                snprintf(reason, sizeof reason, "%s", m->exec.fixed_fail);
+            } else if (!p && kb_is_dir(famdir)) { /* this model was compiled here before: compile this shape */
                 int64_t pt = m->cfg.patch_size;
                 kx_sym fixed[KX_MAX_SYMS] = {{"batch", a->batch, a->batch}, {"h_tok", a->height / pt, a->height / pt},
                                              {"w_tok", a->width / pt, a->width / pt}, {"ctx_len", a->context_len, a->context_len}};
                 kx_compile_info info;
                 kb_log(KILN_LOG_INFO, "forward: compiling a fixed-shape package (%s)", reason);
-                if (!compile_syms(m, fixed, 1, NULL, -1, &info)) p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason);
-                else snprintf(reason, sizeof reason, "%s", kiln_last_error());
+                if (!compile_syms(m, fixed, 1, NULL, -1, &info)) {
+                    p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason, &had);
+                } else {
+                    snprintf(reason, sizeof reason, "%s", kiln_last_error());
+                    snprintf(m->exec.fixed_fail, sizeof m->exec.fixed_fail,
+                             "compiling a fixed-shape package failed before (%.400s)", reason);
+                }
                 warn = 1;
             }
             st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
             warn |= p != NULL;
-        } else if (step == 2) {
+        } else if (step == KM_STEP_PLANNED) {
             st = run_planned(m, a, in, out);
         } else {
             st = run_eager(m, a, in, out);
@@ -537,7 +548,11 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
             m->exec.last = k_steps[step];
             break;
         }
-        if (p || step >= 2) snprintf(reason, sizeof reason, "%s", kiln_last_error());
+        if (p || step >= KM_STEP_PLANNED) snprintf(reason, sizeof reason, "%s", kiln_last_error());
+        if (had || p || step >= KM_STEP_PLANNED) { /* a package there but not usable, or a step that failed */
+            size_t l = strlen(m->exec.note);
+            snprintf(m->exec.note + l, sizeof m->exec.note - l, "%s%s: %s", l ? "; " : "", k_steps[step], reason);
+        }
         if (k + 1 < m->exec.n_steps)
             kb_log(warn ? KILN_LOG_WARN : KILN_LOG_INFO, "forward: %s: %s; falling back to %s", k_steps[step], reason,
                    k_steps[m->exec.chain[k + 1]]);

@@ -19,10 +19,14 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define LAYOUT_VERSION 2 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts) */
 
@@ -113,7 +117,12 @@ static kiln_status convert(const kiln_load_opts *o, km_compute cp, kiln_model **
     return st;
 }
 
-static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *k) {
+/* Every input of the key, as the manifest records it and a hit compares
+ * it (kcache_check_key): source is the source's identity for people and for
+ * superseding (its absolute path, or a callback's source_id), source_hash
+ * the content identity the key folder's name is derived from. */
+static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *k, const char *source,
+                      uint64_t source_hash) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
     char par[96];
@@ -140,7 +149,12 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
         int v[4] = {o->host_r0, o->host_r1, o->host_c0, o->host_c1};
         for (int i = 0; i < 4; i++) cJSON_AddItemToArray(h, cJSON_CreateNumber(v[i]));
     }
-    cJSON_AddStringToObject(j, "source", o->source ? o->source : o->source_id ? o->source_id : "");
+    if (source) {
+        char hx[20];
+        snprintf(hx, sizeof hx, "%016llx", (unsigned long long)source_hash);
+        cJSON_AddStringToObject(j, "source", source);
+        cJSON_AddStringToObject(j, "source_hash", hx);
+    }
     cJSON_AddStringToObject(j, "content", k->content);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
@@ -148,7 +162,7 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
 }
 
 /* Publish a converted model's weights under the key (lock held). */
-static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const kiln_model *m) {
+static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const kiln_model *m, const char *kj) {
     km_compute cp = m->compute;
     sd3_spec *spec = NULL;
     size_t ns = 0;
@@ -156,7 +170,8 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
     if (st) return st;
     kcache_tensor *t = kb_calloc(ns, sizeof *t);
     char fsdp_layout[32];
-    char *cfg = sd3_config_to_json(&m->cfg), *kj = key_json(o, cp, k);
+    char *cfg = sd3_config_to_json(&m->cfg);
+    (void)o;
     if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
     for (size_t i = 0; !st && i < ns; i++) {
         const km_weight *w = km_find(m, spec[i].name);
@@ -183,21 +198,24 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
     if (!st) st = kcache_publish(k, kj, cfg, t, ns);
     free(t);
     free(cfg);
-    free(kj);
     free(spec);
     return st;
 }
 
 /* Without a source the content hash is unknown: find the key folder by its
  * prefix (superseded ones are removed on publish, so normally there is one;
- * otherwise the most recently used complete one). */
+ * otherwise the most recently used complete one). When none is complete,
+ * whatever else is there (a file or a symlink in place of the folder, a
+ * manifest that is not a file) is taken, so that the load says what is
+ * wrong with it instead of "missing". */
 static void resolve_without_source(kcache_key *k) {
     char host[200] = ""; /* [/host_coords_...][/shard_...] */
     snprintf(host, sizeof host, "%s", k->path + strlen(k->dir));
     DIR *d = opendir(k->group);
     if (!d) return;
     size_t pl = strlen(k->prefix);
-    double best = -1;
+    double best = -1, other = -1;
+    char other_content[32] = "";
     struct dirent *e;
     while ((e = readdir(d))) {
         const char *n = e->d_name;
@@ -205,18 +223,24 @@ static void resolve_without_source(kcache_key *k) {
         char *man = kb_strfmt("%s/%s%s/" KCACHE_MANIFEST, k->group, n, host);
         char *dir = kb_strfmt("%s/%s", k->group, n);
         struct stat st;
-        if (man && dir && kb_is_file(man) && stat(dir, &st) == 0) {
+        if (man && dir && lstat(dir, &st) == 0) {
             double t = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
-            if (t > best) {
-                best = t;
-                snprintf(k->content, sizeof k->content, "%.12s", n + pl + 2);
+            if (S_ISDIR(st.st_mode) && kb_is_file(man)) {
+                if (t > best) {
+                    best = t;
+                    snprintf(k->content, sizeof k->content, "%.12s", n + pl + 2);
+                }
+            } else if (t > other) {
+                other = t;
+                snprintf(other_content, sizeof other_content, "%.12s", n + pl + 2);
             }
         }
         free(man);
         free(dir);
     }
     closedir(d);
-    if (best < 0) return;
+    if (best < 0 && other < 0) return;
+    if (best < 0) snprintf(k->content, sizeof k->content, "%s", other_content);
     snprintf(k->name, sizeof k->name, "%s_c%s", k->prefix, k->content);
     snprintf(k->dir, sizeof k->dir, "%s/%s", k->group, k->name);
     snprintf(k->path, sizeof k->path, "%s%s", k->dir, host);
@@ -233,6 +257,95 @@ static kiln_status finish_hit(kcache_entry *e, km_compute cp, const char *origin
     m->cache_path = kb_strdup(e->path);
     *out = m;
     return KILN_OK;
+}
+
+/* The source's config.json text when there is one to compare with (a
+ * folder's config.json or --config, a callback's config); NULL otherwise
+ * (a single-file checkpoint infers its config from the tensors). */
+static char *source_config(const kiln_load_opts *o) {
+    char *text = NULL;
+    if (o->source_fn) return o->source_config_json ? kb_strdup(o->source_config_json) : NULL;
+    if (!o->source) return NULL;
+    char *path = o->config_path ? kb_strdup(o->config_path)
+                 : kb_is_dir(o->source) ? kb_path_join(o->source, "config.json") : NULL;
+    if (path && kb_is_file(path) && kb_read_file(path, &text, NULL)) text = NULL;
+    free(path);
+    return text;
+}
+
+/* The config a cache was made from must be the source's: both parsed and
+ * written back the one way, then compared. */
+static kiln_status check_config(const kiln_load_opts *o, const kcache_entry *e) {
+    char *src = source_config(o);
+    if (!src) return KILN_OK;
+    kiln_config a, b;
+    char *ja = NULL, *jb = NULL;
+    kiln_status st = KILN_OK;
+    if (sd3_config_parse(src, &a) || !(ja = sd3_config_to_json(&a))) {
+        free(src);
+        return KILN_OK; /* the conversion will say what is wrong with it */
+    }
+    if (sd3_config_parse(e->config_json ? e->config_json : "", &b) || !(jb = sd3_config_to_json(&b)))
+        st = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: its config does not parse", e->path);
+    else if (strcmp(ja, jb))
+        st = kb_fail(KILN_ERR_CORRUPT, "cache %s was made from another config: it has %s, the source has %s", e->path,
+                     jb, ja);
+    free(src);
+    free(ja);
+    free(jb);
+    return st;
+}
+
+/* A hit: a real folder (the key folder too, where this rank's part is a
+ * sub-folder), a manifest signed by this user with the key asked for
+ * (without a source: all but the source), the source's config, tensors
+ * the config needs. KILN_ERR_CACHE_MISSING or KILN_ERR_CORRUPT (with the
+ * reason) when it is not one. */
+static kiln_status open_hit(const kiln_load_opts *o, km_compute cp, const kcache_key *k, const char *kj,
+                            const char *origin, kiln_model **out) {
+    static const char *const no_source[] = {"source", "source_hash", NULL};
+    kcache_entry *e = NULL;
+    kiln_status st = strcmp(k->dir, k->path) ? kcache_check_dir(k->dir) : KILN_OK;
+    if (!st) st = kcache_open(k->path, o->verify, &e);
+    if (!st) st = kcache_check_key(e, kj, has_source(o) ? NULL : no_source);
+    if (!st && has_source(o)) st = check_config(o, e);
+    if (st) {
+        kcache_close(e);
+        return st;
+    }
+    return finish_hit(e, cp, origin, out);
+}
+
+/* Whatever stands at p where a cache folder belongs (a file, a symlink, a
+ * damaged folder) goes; the symlink itself, never what it points at. */
+static kiln_status clear_path(const char *p) {
+    struct stat st;
+    if (lstat(p, &st) != 0) return KILN_OK;
+    if (S_ISDIR(st.st_mode)) return kcache_remove(p);
+    kb_log(KILN_LOG_WARN, "removing %s: a %s stands where a cache folder belongs", p,
+           S_ISLNK(st.st_mode) ? "symbolic link" : "file");
+    if (unlink(p) != 0 && errno != ENOENT) return kb_fail(KILN_ERR_IO, "cannot remove %s: %s", p, strerror(errno));
+    return KILN_OK;
+}
+
+/* Whether this process may create files at path: its nearest existing
+ * folder writable, on a file system mounted read-write. */
+static int writable(const char *path) {
+    char *p = kb_strdup(path);
+    int ok = 1;
+    while (p) {
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            struct statvfs vfs;
+            ok = access(p, W_OK) == 0 && !(statvfs(p, &vfs) == 0 && (vfs.f_flag & ST_RDONLY));
+            break;
+        }
+        char *up = strrchr(p, '/');
+        if (!up || up == p) break;
+        *up = 0;
+    }
+    free(p);
+    return ok;
 }
 
 static kiln_status load_model(const kiln_load_opts *o, kiln_model **out);
@@ -349,26 +462,38 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     kcache_key k;
     if ((st = kcache_key_make(root, &in, &k))) return st;
     if (!has_source(o)) resolve_without_source(&k);
+    /* the source's identity: its absolute path (a callback: its source_id) */
+    char source[PATH_MAX + 1] = "";
+    if (o->source && !realpath(o->source, source)) snprintf(source, sizeof source, "%s", o->source);
+    if (o->source_fn) snprintf(source, sizeof source, "%s", o->source_id);
+    char *kj = key_json(o, cp, &k, has_source(o) ? source : NULL, in.source_hash);
+    if (!kj) return kb_fail(KILN_ERR_NOMEM, "out of memory making the cache key");
 
-    if ((*out = registry_get(k.path))) return KILN_OK;
+    if ((*out = registry_get(k.path))) {
+        free(kj);
+        return KILN_OK;
+    }
 
-    kcache_entry *e = NULL;
-    st = kcache_open(k.path, o->verify, &e);
+    kiln_model *m = NULL;
+    st = open_hit(o, cp, &k, kj, "hit", &m);
     barrier(mesh); /* every rank has looked before anyone writes */
     if (!st) {
         kcache_touch(k.dir);
         barrier(mesh);
-        if ((st = finish_hit(e, cp, "hit", out))) return st;
-        registry_put(*out, k.path);
+        free(kj);
+        registry_put(m, k.path);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit");
+        *out = m;
         return KILN_OK;
     }
     if (st != KILN_ERR_CACHE_MISSING && st != KILN_ERR_CORRUPT) {
         barrier(mesh);
+        free(kj);
         return st;
     }
     if (!has_source(o)) {
         barrier(mesh);
+        free(kj);
         if (st == KILN_ERR_CACHE_MISSING)
             return kb_fail(KILN_ERR_CACHE_MISSING,
                            "missing cache: no complete cache at %s and no source checkpoint to build it from "
@@ -380,36 +505,70 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     int corrupt = st == KILN_ERR_CORRUPT;
     if (corrupt) kb_log(KILN_LOG_WARN, "%s; rebuilding it from %s", kiln_last_error(), o->source ? o->source : o->source_id);
 
-    int fd;
+    /* a read-only root (or one this user may not write): nothing can be
+     * locked or published, so convert in memory, as without a root */
+    int fd = -1, in_memory = 0;
+    struct stat gst;
+    if (lstat(k.group, &gst) == 0 && !S_ISDIR(gst.st_mode)) {
+        barrier(mesh);
+        free(kj);
+        return kb_fail(KILN_ERR_IO, "%s is not a folder: something else stands where the caches of %s/%s belong "
+                       "(remove it, or pick another cache root)", k.group, in.model, in.component);
+    }
     if ((st = kcache_lock(&k, &fd))) {
-        barrier(mesh);
-        return st;
+        if (!writable(k.group)) {
+            kb_log(KILN_LOG_WARN, "cache root %s is not writable (%s): converting %s in memory, nothing is published",
+                   root, kiln_last_error(), o->source ? o->source : o->source_id);
+            in_memory = 1;
+            fd = -1;
+        } else {
+            barrier(mesh);
+            free(kj);
+            return st;
+        }
     }
-    /* someone may have published while we waited for the lock */
-    kiln_status again = kcache_open(k.path, o->verify, &e);
-    if (!again) {
-        kcache_unlock(fd);
-        barrier(mesh);
-        if ((st = finish_hit(e, cp, "hit", out))) return st;
-        registry_put(*out, k.path);
-        kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
-        return KILN_OK;
+    if (!in_memory) {
+        /* someone may have published while we waited for the lock */
+        kiln_status again = open_hit(o, cp, &k, kj, "hit", &m);
+        if (!again) {
+            kcache_unlock(fd);
+            barrier(mesh);
+            free(kj);
+            registry_put(m, k.path);
+            kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
+            *out = m;
+            return KILN_OK;
+        }
+        if (again != KILN_ERR_CACHE_MISSING && again != KILN_ERR_CORRUPT) { /* out of memory, say: remove nothing */
+            kcache_unlock(fd);
+            barrier(mesh);
+            free(kj);
+            return again;
+        }
+        /* a corrupt or incomplete folder, or a file or symlink in its place:
+         * the key folder itself when it is not a real folder (never anything
+         * through it: a symlink may point at another model's cache), else
+         * this rank's folder */
+        struct stat dst;
+        int dir_real = lstat(k.dir, &dst) != 0 || S_ISDIR(dst.st_mode);
+        st = !dir_real || !strcmp(k.dir, k.path) ? clear_path(k.dir) : clear_path(k.path);
+        if (!st) kcache_clean_staging(&k); /* leftovers of a converter that died */
+        if (st) {
+            kcache_unlock(fd);
+            barrier(mesh);
+            free(kj);
+            return st;
+        }
     }
-    if (again != KILN_ERR_CACHE_MISSING && again != KILN_ERR_CORRUPT) { /* out of memory, say: remove nothing */
-        kcache_unlock(fd);
-        barrier(mesh);
-        return again;
-    }
-    kcache_clean_staging(&k); /* leftovers of a converter that died */
-    if (kb_is_dir(k.path)) kcache_remove(k.path); /* a corrupt or incomplete folder */
-    kiln_model *m = NULL;
+    int publish_it = !o->no_create_cache && !in_memory;
     st = convert(o, cp, &m);
-    if (!st && !o->no_create_cache) {
-        st = publish(o, &k, m);
+    if (!st && publish_it) {
+        st = publish(o, &k, m, kj);
         if (!st) {
             /* map what was published: a hit and a miss run on the same bytes */
             km_destroy(m);
             m = NULL;
+            kcache_entry *e = NULL;
             st = kcache_open(k.path, 0, &e);
             if (!st) st = finish_hit(e, cp, corrupt ? "rebuilt" : "miss", &m);
         }
@@ -417,8 +576,9 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         snprintf(m->origin, sizeof m->origin, "miss");
     }
     kcache_unlock(fd);
-    if (!st && !o->no_create_cache) kcache_remove_superseded(&k);
+    if (!st && publish_it) kcache_remove_superseded(&k, source);
     barrier(mesh); /* published before anyone looks again */
+    free(kj);
     if (st) {
         km_destroy(m);
         return st;

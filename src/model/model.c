@@ -212,6 +212,14 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     }
     if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
     if (!st) st = check_tensors(c, spec, ns);
+    /* shapes alone cannot tell every architecture apart (the head count of a
+     * width, say): a guess that does not fit is the config's fault */
+    if (st && !c->config_json && (st == KILN_ERR_SHAPE || st == KILN_ERR_MISSING || st == KILN_ERR_UNEXPECTED)) {
+        char why[1536];
+        snprintf(why, sizeof why, "%s", kiln_last_error());
+        st = kb_fail(st, "%s (the architecture was inferred from the tensor shapes of this single file; pass "
+                         "its config.json: --config FILE, or the config_path option)", why);
+    }
     if (!st) st = load_weights(m, c, spec, ns);
     if (!st && cp.tp > 1) st = km_shard_tp(m, cp.tp, cp.tp_index);
     if (!st && !cp.reference) st = pack_linears(m, spec, ns);
@@ -227,6 +235,13 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     }
     *out = m;
     return KILN_OK;
+}
+
+/* "[1536, 64]" */
+static void km_shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
+    size_t l = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && l < cap; d++) l += (size_t)snprintf(buf + l, cap - l, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (l < cap) snprintf(buf + l, cap - l, "]");
 }
 
 kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
@@ -266,9 +281,12 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
                    !strcmp(t->layout, want_layout) && (!packed || t->nbytes == want_bytes);
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == spec[i].shape[d];
         if (!same) {
-            st = kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s %s %s, this build needs %s %s %s", e->path,
-                         i, t->name, kiln_dtype_name(t->dtype), t->layout, spec[i].name, kiln_dtype_name(want_dt),
-                         want_layout);
+            char have_sh[96], want_sh[96];
+            km_shape_str(t->shape, t->ndim, have_sh, sizeof have_sh);
+            km_shape_str(spec[i].shape, spec[i].ndim, want_sh, sizeof want_sh);
+            st = kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s %s %s %s (%zu bytes), this build needs %s %s %s %s", e->path,
+                         i, t->name, kiln_dtype_name(t->dtype), have_sh, t->layout, t->nbytes, spec[i].name,
+                         kiln_dtype_name(want_dt), want_sh, want_layout);
             break;
         }
         km_weight *w = &m->w[m->nw++];

@@ -45,8 +45,9 @@ typedef struct km_compute {
 
 struct kx_package;
 
-enum { KM_EXEC_DYNAMIC = 1, KM_EXEC_FIXED = 2, KM_EXEC_PLANNED = 4, KM_EXEC_EAGER = 8 };
-#define KM_MAX_STEPS 4
+/* the steps of the execution chain, in their default order; a step is a
+ * package step when it is below KM_STEP_PLANNED */
+enum { KM_STEP_DYNAMIC, KM_STEP_FIXED, KM_STEP_PLANNED, KM_STEP_EAGER, KM_MAX_STEPS };
 
 /* How forwards run (src/model/exec.c): the fallback chain, the packages
  * opened so far (manifests only until first used) and the planned
@@ -65,6 +66,14 @@ typedef struct km_exec {
     float *pos;
     int64_t pos_key[5];
     const char *last;          /* the step that ran the last forward */
+    /* why the last forward skipped a package it had ("dynamic: ctx_len ...
+     * outside the package's range"), "" when none was skipped
+     * (kiln_model_exec_note) */
+    char note[1024];
+    /* the first failure to compile a fixed-shape package (a read-only
+     * package folder, no compiler): later forwards do not try again, so it
+     * is warned about once, not on every step */
+    char fixed_fail[512];
     kg_dist dist;              /* on a mesh: what the collectives of every executor use */
     char family[256];          /* the package family folder (exec.c), made on first use */
     pthread_mutex_t lock;

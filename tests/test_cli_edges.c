@@ -1,0 +1,222 @@
+/* test_cli_edges.c - the rough edges a new user hits (issue 25), each as the
+ * kiln command shows it: messages with the shape received and expected, the
+ * output path checked before any work, conflicting options refused, mpirun
+ * without a parallel mode refused, preview names, the demo's next command,
+ * a package skipped for its context length made visible, a fixed-shape
+ * compile that fails warned about once. */
+#include "base/base.h"
+#include "format/safetensors.h"
+#include "golden_util.h"
+
+#include <sys/wait.h>
+
+static const char *bin(void) {
+    const char *b = getenv("KILN_BIN");
+    return b ? b : "build/kiln";
+}
+
+/* Run `ENV kiln ARGS` through the shell (fmt may start with VAR=value
+ * assignments before a literal "kiln "); captures stdout+stderr into out
+ * (malloc'd, may be NULL); returns the exit status. */
+static int run(char **out, const char *fmt, ...) {
+    char cmd[12288], line[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "K='%s'; %s 2>&1", bin(), line);
+    FILE *p = popen(cmd, "r");
+    if (!p) exit(2);
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#define CHECK_RUN(want_rc, substr, ...)                                                  \
+    do {                                                                                 \
+        char *o_ = NULL;                                                                 \
+        int rc_ = run(&o_, __VA_ARGS__);                                                 \
+        CHECK_MSG(rc_ == (want_rc), "exit %d (want %d): %s", rc_, (want_rc), o_);        \
+        CHECK_MSG(strstr(o_, (substr)) != NULL, "output lacks \"%s\": %s", (substr), o_); \
+        free(o_);                                                                        \
+    } while (0)
+
+static int count(const char *s, const char *sub) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub)) n++;
+    return n;
+}
+
+static char g_dir[256], g_model[400], g_cond[400];
+
+/* a seeded demo model and its conditioning (32 tokens) in a scratch folder */
+static void setup(void) {
+    test_tmpdir(g_dir, sizeof g_dir, "cli-edges");
+    snprintf(g_model, sizeof g_model, "%s/model", g_dir);
+    snprintf(g_cond, sizeof g_cond, "%s/cond.safetensors", g_dir);
+    char *o = NULL;
+    int rc = run(&o, "$K make-model %s --demo --cond %s --context 32", g_model, g_cond);
+    CHECK_MSG(rc == 0, "make-model: %s", o);
+    free(o);
+}
+
+TEST(preview_names) {
+    char p[600];
+    /* --output x.png: latents in x.safetensors, the preview x.png (never x.png.png) */
+    CHECK_RUN(0, "-> ", "$K generate %s --cond %s --steps 1 --latent 16x16 --output %s/a.png", g_model, g_cond, g_dir);
+    snprintf(p, sizeof p, "%s/a.safetensors", g_dir);
+    CHECK(kb_is_file(p));
+    snprintf(p, sizeof p, "%s/a.png", g_dir);
+    CHECK(kb_is_file(p));
+    snprintf(p, sizeof p, "%s/a.png.png", g_dir);
+    CHECK(!kb_is_file(p));
+    st_file *f = NULL;
+    snprintf(p, sizeof p, "%s/a.png", g_dir);
+    CHECK(st_open(p, &f) != KILN_OK); /* a PNG, not safetensors under a .png name */
+    CHECK_RUN(0, "preview ", "$K generate %s --cond %s --steps 1 --latent 16x16 --output %s/b.safetensors", g_model,
+              g_cond, g_dir);
+    snprintf(p, sizeof p, "%s/b.png", g_dir);
+    CHECK(kb_is_file(p));
+}
+
+TEST(output_checked_first) {
+    char *o = NULL;
+    int rc = run(&o, "$K generate %s --cond %s --steps 2 --output %s/no-such-folder/x.safetensors", g_model, g_cond,
+                 g_dir);
+    CHECK_MSG(rc == 1 && strstr(o, "no-such-folder does not exist") && !strstr(o, "step 1/"), "exit %d: %s", rc, o);
+    free(o);
+    CHECK_RUN(1, "is a folder", "$K generate %s --cond %s --output %s", g_model, g_cond, g_dir);
+    CHECK_RUN(1, "does not exist", "$K forward %s --inputs x --output %s/nope/o.safetensors", g_model, g_dir);
+}
+
+TEST(conflicts_and_values) {
+    CHECK_RUN(2, "--noise and --seed both set the starting noise",
+              "$K generate %s --cond %s --noise n.safetensors --seed 5 --output %s/x.safetensors", g_model, g_cond, g_dir);
+    CHECK_RUN(2, "--shift -1: must be positive", "$K generate %s --cond %s --shift -1 --output %s/x.safetensors", g_model,
+              g_cond, g_dir);
+    CHECK_RUN(2, "--max-size 3X: expected a size", "$K cache gc --cache-dir %s/c --max-size 3X", g_dir);
+}
+
+TEST(latent_pixels_hint) {
+    char cache[400], *o = NULL;
+    snprintf(cache, sizeof cache, "%s/hint-cache", g_dir);
+    int rc = run(&o, "$K generate %s --cond %s --latent 1024x1024 --cache-dir %s --output %s/x.safetensors", g_model,
+                 g_cond, cache, g_dir);
+    CHECK_MSG(rc == 1 && strstr(o, "image pixels / 8") && strstr(o, "pos_embed_max_size"), "exit %d: %s", rc, o);
+    free(o);
+    CHECK(!kb_is_dir(cache)); /* refused before the weights were loaded (or cached) */
+    /* a single file (no config to read first) still gets the hint, after the load */
+    CHECK_RUN(1, "pixels / 8", "$K generate %s/diffusion_pytorch_model.safetensors --config %s/config.json --cond %s "
+              "--latent 1024x1024 --output %s/x.safetensors", g_model, g_model, g_cond, g_dir);
+}
+
+TEST(shapes_in_messages) {
+    char cond[600];
+    snprintf(cond, sizeof cond, "%s/bad-cond.safetensors", g_dir);
+    float z[5 * 7] = {0};
+    st_tensor t[2] = {{.name = "prompt_embeds", .dtype = KILN_F32, .ndim = 3, .shape = {1, 5, 7}, .data = z, .nbytes = sizeof z},
+                      {.name = "pooled_prompt_embeds", .dtype = KILN_F32, .ndim = 2, .shape = {1, 7}, .data = z, .nbytes = 28}};
+    CHECK_OK(st_write(cond, t, 2, NULL, 0));
+    kiln_config c = kiln_config_demo();
+    char want[200];
+    snprintf(want, sizeof want, "prompt_embeds is [1, 5, 7]; this model needs [1, T, %d]", c.joint_attention_dim);
+    CHECK_RUN(1, want, "$K generate %s --cond %s --guidance 1 --output %s/x.safetensors", g_model, cond, g_dir);
+    t[0].shape[2] = c.joint_attention_dim;
+    float *big = calloc((size_t)5 * (size_t)c.joint_attention_dim, sizeof(float));
+    t[0].data = big;
+    t[0].nbytes = sizeof(float) * 5 * (size_t)c.joint_attention_dim;
+    CHECK_OK(st_write(cond, t, 2, NULL, 0));
+    snprintf(want, sizeof want, "pooled_prompt_embeds is [1, 7]; this model needs [1, %d]", c.pooled_projection_dim);
+    CHECK_RUN(1, want, "$K generate %s --cond %s --guidance 1 --output %s/x.safetensors", g_model, cond, g_dir);
+    free(big);
+    /* a single file whose architecture cannot be inferred: the fix is named */
+    CHECK_RUN(1, "--config FILE", "$K info %s/diffusion_pytorch_model.safetensors", g_model);
+}
+
+TEST(mpirun_needs_a_parallel_mode) {
+    CHECK_RUN(1, "one of 2 MPI ranks (mpirun -np 2) but no parallel mode",
+              "OMPI_COMM_WORLD_SIZE=2 $K generate %s --cond %s --output %s/x.safetensors", g_model, g_cond, g_dir);
+    CHECK_RUN(1, "--tp N", "PMI_SIZE=4 $K cache build %s --cache-dir %s/c", g_model, g_dir);
+}
+
+/* the demo's next command maps the demo's cache and runs its package; a
+ * conditioning of another length skips the package and says why (once per
+ * run, not "333 = 333") */
+TEST(demo_next_and_package_notes) {
+    char demo[400], *o = NULL;
+    snprintf(demo, sizeof demo, "%s/demo", g_dir);
+    int rc = run(&o, "$K demo --dir %s --steps 1", demo);
+    CHECK_MSG(rc == 0, "demo: %s", o);
+    char *next = o ? strstr(o, "kiln generate ") : NULL;
+    if (next) {
+        char *end = strchr(next, '\n');
+        if (end) *end = 0;
+        char *r = NULL;
+        rc = run(&r, "$K %s --steps 2 --timings", next + 5);
+        CHECK_MSG(rc == 0 && strstr(r, "backbone: dynamic"), "%s: %s", next, r);
+        char *wl = r ? strstr(r, "\nweight_load") : NULL;
+        double sec;
+        int cnt, hits = 0, misses = -1;
+        if (wl) sscanf(wl + 1, "weight_load %lf %d %d %d", &sec, &cnt, &hits, &misses);
+        CHECK_MSG(hits == 1 && misses == 0, "the weights were not a cache hit: %s", r);
+        free(r);
+    }
+    free(o);
+    /* the packages beside the weights (<cache>/packages) are not caches */
+    rc = run(&o, "$K cache verify --cache-dir %s/cache", demo);
+    CHECK_MSG(rc == 0 && strstr(o, "ok ") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
+    free(o);
+    rc = run(&o, "$K cache ls --cache-dir %s/cache", demo);
+    CHECK_MSG(rc == 0 && strstr(o, "1 cache") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
+    free(o);
+    char cond16[600];
+    snprintf(cond16, sizeof cond16, "%s/cond16.safetensors", g_dir);
+    CHECK(run(NULL, "$K make-model %s/m2 --demo --cond %s --context 16", g_dir, cond16) == 0);
+    rc = run(&o, "$K generate %s/model --name kiln-demo-tiny --cache-dir %s/cache --cond %s --latent 32x40 --steps 2 "
+                 "--guidance 5 --log info --output %s/n.safetensors", demo, demo, cond16, g_dir);
+    CHECK_MSG(rc == 0 && strstr(o, "backbone fixed because dynamic: ") && strstr(o, "the package needs 32 (a static dimension") &&
+                  !strstr(o, "32 = 32"),
+              "exit %d: %s", rc, o);
+    free(o);
+    /* a fixed-shape package that cannot be built (no compiler here): one
+     * warning, not one per step */
+    rc = run(&o, "KILN_CC=/bin/false $K generate %s/model --name kiln-demo-tiny --cache-dir %s/cache --cond %s "
+                 "--latent 32x48 --steps 4 --guidance 5 --log warn --output %s/n.safetensors", demo, demo, cond16, g_dir);
+    CHECK_MSG(rc == 0 && count(o, "warning: forward: fixed") == 1, "exit %d: %s", rc, o);
+    free(o);
+}
+
+/* the quality gate names the flag that overrides it */
+TEST(gate_names_force) {
+    char *o = NULL;
+    int rc = run(&o, "$K compile %s --quant int8 --max-error 1e-9 --cache-dir %s/gate", g_model, g_dir);
+    if (strstr(o, "needs a CPU")) {
+        fprintf(stderr, "  (int8 not available on this CPU: skipped)\n");
+    } else {
+        CHECK_MSG(rc == 1 && strstr(o, "--force"), "exit %d: %s", rc, o);
+        CHECK(!strstr(o, "(force to publish"));
+    }
+    free(o);
+}
+
+int main(void) {
+    setup();
+    RUN(preview_names);
+    RUN(output_checked_first);
+    RUN(conflicts_and_values);
+    RUN(latent_pixels_hint);
+    RUN(shapes_in_messages);
+    RUN(mpirun_needs_a_parallel_mode);
+    RUN(demo_next_and_package_notes);
+    RUN(gate_names_force);
+    test_rmrf(g_dir);
+    return TEST_SUMMARY();
+}
