@@ -2,47 +2,14 @@
  * forward and generate against the goldens, and clear errors for bad use. */
 #include "base/base.h"
 #include "golden_util.h"
+#include "cli_util.h"
 
 #include <sys/wait.h>
 
-static const char *bin(void) {
-    const char *b = getenv("KILN_BIN");
-    return b ? b : "build/kiln";
-}
-
-/* Run a shell command line with $K replaced by the kiln binary; captures
- * stdout+stderr into out (malloc'd); returns the exit status. */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[12288], line[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin(), line);
-    FILE *p = popen(cmd, "r");
-    if (!p) exit(2);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-#define CHECK_RUN(want_rc, substr, ...)                                                  \
-    do {                                                                                 \
-        char *o_ = NULL;                                                                 \
-        int rc_ = run(&o_, __VA_ARGS__);                                                 \
-        CHECK_MSG(rc_ == (want_rc), "exit %d (want %d): %s", rc_, (want_rc), o_);        \
-        CHECK_MSG(strstr(o_, (substr)) != NULL, "output lacks \"%s\": %s", (substr), o_); \
-        free(o_);                                                                        \
-    } while (0)
+/* run kiln with a shell line of arguments (cli_util.h) */
+#define run kiln_run
+#define bin kiln_bin
+#define CHECK_RUN(...) CHECK_RUN_WITH(kiln_run, __VA_ARGS__)
 
 TEST(help_everywhere) {
     CHECK_RUN(0, "commands:", "--help");

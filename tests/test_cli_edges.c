@@ -7,47 +7,14 @@
 #include "base/base.h"
 #include "format/safetensors.h"
 #include "golden_util.h"
+#include "cli_util.h"
 
 #include <sys/wait.h>
 
-static const char *bin(void) {
-    const char *b = getenv("KILN_BIN");
-    return b ? b : "build/kiln";
-}
-
-/* Run `ENV kiln ARGS` through the shell (fmt may start with VAR=value
- * assignments before a literal "kiln "); captures stdout+stderr into out
- * (malloc'd, may be NULL); returns the exit status. */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[12288], line[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "K='%s'; %s 2>&1", bin(), line);
-    FILE *p = popen(cmd, "r");
-    if (!p) exit(2);
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-#define CHECK_RUN(want_rc, substr, ...)                                                  \
-    do {                                                                                 \
-        char *o_ = NULL;                                                                 \
-        int rc_ = run(&o_, __VA_ARGS__);                                                 \
-        CHECK_MSG(rc_ == (want_rc), "exit %d (want %d): %s", rc_, (want_rc), o_);        \
-        CHECK_MSG(strstr(o_, (substr)) != NULL, "output lacks \"%s\": %s", (substr), o_); \
-        free(o_);                                                                        \
-    } while (0)
+/* a shell line in which $K is kiln (cli_util.h) */
+#define run kiln_sh
+#define bin kiln_bin
+#define CHECK_RUN(...) CHECK_RUN_WITH(kiln_sh, __VA_ARGS__)
 
 static int count(const char *s, const char *sub) {
     int n = 0;

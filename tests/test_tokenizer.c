@@ -6,6 +6,7 @@
 #include "format/safetensors.h"
 #include "pipeline/tokenizer.h"
 #include "test.h"
+#include "cli_util.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -670,30 +671,7 @@ TEST(normalized_added_token) {
 
 /* ---- the CLI --------------------------------------------------------------- */
 
-static const char *bin(void) {
-    const char *b = getenv("KILN_BIN");
-    return b ? b : "build/kiln";
-}
-
-/* run kiln with args (a shell line); stdout+stderr into *out; exit status */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[8192], line[7000];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin(), line);
-    FILE *p = popen(cmd, "r");
-    if (!p) exit(2);
-    ktok_buf b = {0};
-    ktok_buf_add(&b, "", 0);
-    char chunk[4096];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, p)) > 0) ktok_buf_add(&b, chunk, got);
-    int st = pclose(p);
-    *out = b.p;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define run kiln_run /* cli_util.h */
 
 TEST(cli_tokenize) {
     int np;
