@@ -349,8 +349,7 @@ static kiln_status ktok_add_added(kiln_tokenizer *t, const char *content, int64_
     if (normalized) {
         /* matched in the normalized text: match its normalized form */
         ktok_buf b = {0};
-        kiln_status s = t->kind == KILN_TOKENIZER_CLIP ? ktok_clip_normalize(content, strlen(content), &b)
-                                                       : ktok_t5_normalize(t->t5, content, strlen(content), &b);
+        kiln_status s = ktok_normalize(t, content, strlen(content), &b);
         if (s) {
             free(b.p);
             return s;
@@ -644,4 +643,38 @@ kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *utf8, int max_len
     if (n_tokens) *n_tokens = (int)v.len + specials;
     free(v.p);
     return KILN_OK;
+}
+
+kiln_status ktok_normalize(const kiln_tokenizer *t, const char *s, size_t n, ktok_buf *out) {
+    return t->kind == KILN_TOKENIZER_CLIP ? ktok_clip_normalize(s, n, out) : ktok_t5_normalize(t->t5, s, n, out);
+}
+
+kiln_status ktok_encode_split(const kiln_tokenizer *t, const char *text, size_t len, ktok_pretok_fn pretok, void *work,
+                              ktok_ids *out) {
+    ktok_buf norm = {0};
+    kiln_status s = KILN_OK;
+    size_t pos = 0;
+    while (pos <= len && !s) {
+        size_t at = len;
+        int which = -1;
+        if (!ktok_find_added(t, 0, text, len, pos, &at, &which)) at = len;
+        if (at > pos && !(s = ktok_normalize(t, text + pos, at - pos, &norm))) {
+            /* a stretch between raw added tokens: cut the normalized added tokens out of it */
+            size_t q = 0;
+            while (q <= norm.len && !s) {
+                size_t at2 = norm.len;
+                int w2 = -1;
+                if (!ktok_find_added(t, 1, norm.p, norm.len, q, &at2, &w2)) at2 = norm.len;
+                if (at2 > q) s = pretok(t, work, norm.p + q, at2 - q, out);
+                if (w2 < 0 || s) break;
+                s = ktok_ids_add(out, t->added[w2].id);
+                q = at2 + t->added[w2].len;
+            }
+        }
+        if (which < 0 || s) break;
+        s = ktok_ids_add(out, t->added[which].id);
+        pos = at + t->added[which].len;
+    }
+    free(norm.p);
+    return s;
 }

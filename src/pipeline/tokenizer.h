@@ -99,6 +99,15 @@ typedef struct ktok_added {
  * 1 and *at (byte offset), *which (index into t->added) when found. */
 int ktok_find_added(const kiln_tokenizer *t, int normalized, const char *s, size_t n, size_t from, size_t *at,
                     int *which);
+/* t's normalizer (CLIP's or T5's) on s[0..n) */
+kiln_status ktok_normalize(const kiln_tokenizer *t, const char *s, size_t n, ktok_buf *out);
+/* The split every kind shares: the raw added tokens cut out of the text,
+ * each stretch between them normalized, the normalized added tokens cut out
+ * of that, and each remaining piece handed to pretok(t, work, piece, out),
+ * the kind's pre-tokenizer and model; ids appended to out in order. */
+typedef kiln_status (*ktok_pretok_fn)(const kiln_tokenizer *t, void *work, const char *s, size_t n, ktok_ids *out);
+kiln_status ktok_encode_split(const kiln_tokenizer *t, const char *text, size_t len, ktok_pretok_fn pretok, void *work,
+                              ktok_ids *out);
 
 /* ---- the tokenizer -------------------------------------------------------- */
 typedef struct ktok_clip ktok_clip;

@@ -289,36 +289,16 @@ static kiln_status ktok_t5_pretok(const kiln_tokenizer *t, ktok_t5_work *w, cons
     return st;
 }
 
+static kiln_status t5_piece(const kiln_tokenizer *t, void *work, const char *s, size_t n, ktok_ids *out) {
+    return ktok_t5_pretok(t, work, s, n, out);
+}
+
 kiln_status ktok_t5_encode(const kiln_tokenizer *t, const char *text, size_t len, ktok_ids *out) {
     ktok_t5_work w = {0};
-    ktok_buf norm = {0};
-    kiln_status s = KILN_OK;
-    size_t pos = 0;
-    while (pos <= len && !s) {
-        size_t at = len;
-        int which = -1;
-        if (!ktok_find_added(t, 0, text, len, pos, &at, &which)) at = len;
-        if (at > pos && !(s = ktok_t5_normalize(t->t5, text + pos, at - pos, &norm))) {
-            /* then the normalized added tokens (none in T5's own files) */
-            size_t q = 0;
-            while (q <= norm.len && !s) {
-                size_t at2 = norm.len;
-                int w2 = -1;
-                if (!ktok_find_added(t, 1, norm.p, norm.len, q, &at2, &w2)) at2 = norm.len;
-                if (at2 > q) s = ktok_t5_pretok(t, &w, norm.p + q, at2 - q, out);
-                if (w2 < 0 || s) break;
-                s = ktok_ids_add(out, t->added[w2].id);
-                q = at2 + t->added[w2].len;
-            }
-        }
-        if (which < 0 || s) break;
-        s = ktok_ids_add(out, t->added[which].id);
-        pos = at + t->added[which].len;
-    }
+    kiln_status s = ktok_encode_split(t, text, len, t5_piece, &w, out);
     free(w.node);
     free(w.rev);
     free(w.piece.p);
-    free(norm.p);
     return s;
 }
 
