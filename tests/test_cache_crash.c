@@ -22,6 +22,7 @@
 #include "cache/cache.h"
 #include "format/safetensors.h"
 #include "test.h"
+#include "cli_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -61,10 +62,7 @@ static kiln_config test_config(void) {
     return c;
 }
 
-static const char *bin(void) {
-    const char *b = getenv("KILN_BIN");
-    return b ? b : "build/kiln";
-}
+#define bin kiln_bin /* cli_util.h */
 
 static void sleep_s(double s) {
     if (s <= 0) return;

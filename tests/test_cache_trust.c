@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "cache/cache.h"
 #include "test.h"
+#include "cli_util.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -44,10 +45,7 @@ static kiln_config small_config(int layers) {
     return c;
 }
 
-static const char *bin(void) {
-    const char *b = getenv("KILN_BIN");
-    return b ? b : "build/kiln";
-}
+#define bin kiln_bin /* cli_util.h */
 
 /* one forward on small deterministic inputs; a malloc'd output */
 static float *forward(kiln_model *m) {

@@ -18,6 +18,7 @@
 #include "compile/compile.h"
 #include "compile/manifest.h"
 #include "golden_util.h"
+#include "model_util.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -55,29 +56,6 @@ static kiln_model *open_model(const char *pkg_root) {
     return m;
 }
 
-typedef struct inputs {
-    kiln_forward_args a;
-    float *buf[4];
-    size_t n_out;
-} inputs;
-
-static void make_inputs(const kiln_model *m, inputs *in) {
-    const kiln_config *c = kiln_model_config(m);
-    int B = 2;
-    size_t n[4] = {(size_t)B * c->in_channels * H * W, (size_t)B * T * c->joint_attention_dim,
-                   (size_t)B * c->pooled_projection_dim, (size_t)B};
-    uint64_t seed = 7;
-    for (int k = 0; k < 4; k++) {
-        in->buf[k] = malloc(sizeof(float) * n[k]);
-        for (size_t i = 0; i < n[k]; i++) {
-            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-            in->buf[k][i] = k == 3 ? 300.0f + 100.0f * (float)i : (float)((double)(seed >> 40) / (1 << 24) * 2 - 1);
-        }
-    }
-    in->a = (kiln_forward_args){B, H, W, T, in->buf[0], in->buf[1], in->buf[2], in->buf[3]};
-    in->n_out = (size_t)B * c->out_channels * H * W;
-}
-
 static float *run(kiln_model *m, const char *chain, const inputs *in, kiln_status *st) {
     float *out = calloc(in->n_out, sizeof(float));
     kiln_model_set_exec(m, chain);
@@ -95,7 +73,7 @@ static void falls_back(const char *root, const char *what) {
     kiln_model *m = open_model(root);
     if (!m) return;
     inputs in;
-    make_inputs(m, &in);
+    make_inputs(m, 2, H, W, T, 7, &in);
     kiln_status st;
     float *got = run(m, "dynamic,planned", &in, &st);
     CHECK_MSG(st == KILN_OK, "%s: %s", what, kiln_last_error());
@@ -106,7 +84,7 @@ static void falls_back(const char *root, const char *what) {
     if (got && want) CHECK_MSG(rel_l2(got, want, in.n_out) <= 1e-6, "%s: relative L2 %.3g", what, rel_l2(got, want, in.n_out));
     free(got);
     free(want);
-    for (int k = 0; k < 4; k++) free(in.buf[k]);
+    free_inputs(&in);
     kiln_model_free(m);
 }
 
@@ -648,12 +626,12 @@ TEST(keys_other_and_shared) {
     kiln_model *m = open_model(root);
     if (m) {
         inputs in;
-        make_inputs(m, &in);
+        make_inputs(m, 2, H, W, T, 7, &in);
         kiln_status st;
         float *got = run(m, "dynamic", &in, &st);
         CHECK_OK(st);
         free(got);
-        for (int k = 0; k < 4; k++) free(in.buf[k]);
+        free_inputs(&in);
         kiln_model_free(m);
     }
     /* this user's own key (the default) refuses the fleet's package */
