@@ -197,7 +197,7 @@ static double paired(run_fn fa, void *a, run_fn fb, void *b, int runs, double *m
 }
 
 static double onednn_run(void *o) { return onednn_run_ms(o); }
-static double kiln_run(void *l) { return kiln_run_ms(l); }
+static double kiln_layer_run(void *l) { return kiln_run_ms(l); }
 
 typedef struct attn_case {
     const kk_backend *be;
@@ -250,7 +250,7 @@ int main(int argc, char **argv) {
             if (have_o) kiln_close(&l);
             continue;
         }
-        double ratio = paired(onednn_run, &o, kiln_run, &l, runs, &d, &kt);
+        double ratio = paired(onednn_run, &o, kiln_layer_run, &l, runs, &d, &kt);
         printf("| %lldx%lldx%lld | %.2f | %.0f | %.2f | %.0f | %.0f%% |\n", (long long)M, (long long)K, (long long)N, d,
                fl / d / 1e6, kt, fl / kt / 1e6, 100.0 * ratio);
         onednn_close(&o);
@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
     kiln_noise(6, ac.v, n);
     kiln_lin ref;
     if (kiln_open(&ref, 1024, 1536, 6144)) {
-        double at, gt, ratio = paired(attn_run, &ac, kiln_run, &ref, runs < 9 ? runs : 9, &at, &gt);
+        double at, gt, ratio = paired(attn_run, &ac, kiln_layer_run, &ref, runs < 9 ? runs : 9, &at, &gt);
         double afl = 4.0 * (double)tokens * (double)tokens * 1536.0, gfl = 2.0 * 1024 * 1536 * 6144;
         /* rate ratio = (afl / at) / (gfl / gt), per run */
         printf("\nattention, %lld tokens, 24 heads of 64: %.1f ms, %.0f GFLOP/s; kiln's 1024x1536x6144 GEMM in turn: "

@@ -90,9 +90,10 @@ KILN_API const char *kiln_quant_name(kiln_quant q); /* "none", "int8", "fp8" */
 /* Which linear layers a scheme quantizes, by layer name (the weight's name
  * without ".weight"): comma-separated fnmatch(3) patterns, "!" before one
  * excludes. A layer is quantized when it matches a pattern and no excluding
- * one. The default: every linear of the transformer blocks except the
- * modulations (norm1*.linear); embedders, norm_out and proj_out stay bf16. */
-#define KILN_QUANT_DEFAULT_LAYERS "transformer_blocks.*,!*.norm1.linear,!*.norm1_context.linear"
+ * one. The default is the model family's (kiln_family_quant_layers): for
+ * SD3, every linear of the transformer blocks except the modulations;
+ * embedders, norm_out and proj_out stay bf16. */
+KILN_API const char *kiln_family_quant_layers(const char *family); /* NULL: no such family */
 
 typedef struct kiln_model kiln_model;
 
@@ -134,6 +135,8 @@ typedef struct kiln_open_opts {
  * opts may be NULL. */
 KILN_API kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_model **out);
 KILN_API void kiln_model_free(kiln_model *m);
+/* An SD3 model's config (NULL for a model of another family:
+ * kiln_model_config_json works for every family). */
 KILN_API const kiln_config *kiln_model_config(const kiln_model *m);
 
 typedef struct kiln_model_info {
@@ -147,6 +150,34 @@ typedef struct kiln_model_info {
     int64_t quantized_bytes;         /* their bytes (scales included) */
 } kiln_model_info;
 KILN_API kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
+
+/* ---- any model by named tensors ----------------------------------------
+ * Every model belongs to a family (its architecture: "sd3", ...) that names
+ * its inputs and outputs. kiln_run takes every input once, by name, as F32
+ * (kiln_tensor); the shapes solve the family's dimensions and each is
+ * checked (a message names the input, its shape and the one expected).
+ * Outputs are asked for by name; each gets its shape, and its data is
+ * written when every output's data is set (capacity: floats it holds).
+ * With a data pointer left NULL, kiln_run only fills the shapes. Outputs
+ * not asked for are computed and dropped. */
+struct kiln_tensor; /* below, with the tensor files */
+typedef struct kiln_output {
+    const char *name;
+    float *data;
+    size_t capacity;
+    int ndim;                      /* set by kiln_run */
+    int64_t shape[KILN_MAX_DIMS];  /* set by kiln_run */
+} kiln_output;
+KILN_API kiln_status kiln_run(kiln_model *m, const struct kiln_tensor *in, size_t n_in, kiln_output *out, size_t n_out);
+KILN_API const char *kiln_model_family(const kiln_model *m);
+/* The model's config as its family writes it (malloc'd JSON; free()). */
+KILN_API char *kiln_model_config_json(const kiln_model *m);
+KILN_API int kiln_model_n_inputs(const kiln_model *m);
+KILN_API int kiln_model_n_outputs(const kiln_model *m);
+KILN_API const char *kiln_model_input_name(const kiln_model *m, int i);  /* NULL past the end */
+KILN_API const char *kiln_model_output_name(const kiln_model *m, int i);
+
+/* ---- the SD3 backbone's calls ---------------------------------------- */
 
 /* One backbone call. Shapes: hidden [B,C,H,W], context [B,T,joint_attention_dim],
  * pooled [B,pooled_projection_dim], timestep [B] (0..1000); out [B,out_channels,H,W].

@@ -12,9 +12,10 @@ declare -A level=(
     [format]=2 [dist]=2 [kernels]=2
     [cache]=3 [graph]=3
     [compile]=4
-    [arch]=5 [model]=5
-    [pipeline]=6 [sample]=6
-    [cli]=7
+    [arch]=5
+    [model]=6
+    [pipeline]=7 [sample]=7
+    [cli]=8
 )
 bad=0
 for dir in src/*/; do

@@ -33,8 +33,8 @@ static inline int kiln_popen(char **out, const char *cmd) {
 }
 
 /* `kiln ARGS` (a shell line of arguments) */
-static inline int kiln_run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static inline int kiln_run(char **out, const char *fmt, ...) {
+static inline int run_kiln(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline int run_kiln(char **out, const char *fmt, ...) {
     char cmd[12288], line[8192];
     va_list ap;
     va_start(ap, fmt);
@@ -57,7 +57,7 @@ static inline int kiln_sh(char **out, const char *fmt, ...) {
     return kiln_popen(out, cmd);
 }
 
-/* run with RUNNER (kiln_run or kiln_sh): the exit status and a substring of the output */
+/* run with RUNNER (run_kiln or kiln_sh): the exit status and a substring of the output */
 #define CHECK_RUN_WITH(RUNNER, want_rc, substr, ...)                                    \
     do {                                                                                 \
         char *o_ = NULL;                                                                 \

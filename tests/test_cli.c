@@ -7,9 +7,9 @@
 #include <sys/wait.h>
 
 /* run kiln with a shell line of arguments (cli_util.h) */
-#define run kiln_run
+#define run run_kiln
 #define bin kiln_bin
-#define CHECK_RUN(...) CHECK_RUN_WITH(kiln_run, __VA_ARGS__)
+#define CHECK_RUN(...) CHECK_RUN_WITH(run_kiln, __VA_ARGS__)
 
 TEST(help_everywhere) {
     CHECK_RUN(0, "commands:", "--help");

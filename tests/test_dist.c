@@ -6,7 +6,7 @@
 #include "base/base.h"
 #include "cache/cache.h"
 #include "golden_util.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 #include <mpi.h>
 #include <sys/stat.h>
@@ -232,7 +232,7 @@ TEST(sampler_cfg_parallel) {
 }
 
 /* bytes of a reference (row-major f32) cache with the given shard shapes */
-static uint64_t expected_bytes(const sd3_spec *s, size_t n) {
+static uint64_t expected_bytes(const ka_spec *s, size_t n) {
     uint64_t pos = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t e = 1;
@@ -267,11 +267,11 @@ TEST(cache_holds_only_the_shard) {
     snprintf(want_tail, sizeof want_tail, "/shard_tp%dof%d", g_rank, tp);
     CHECK_MSG(strlen(path) > strlen(want_tail) && !strcmp(path + strlen(path) - strlen(want_tail), want_tail),
               "rank %d maps %s", g_rank, path);
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t ns = 0;
     CHECK_OK(sd3_weight_spec(kiln_model_config(m), &spec, &ns));
     uint64_t full = expected_bytes(spec, ns);
-    sd3_shard_spec(tp, spec, ns);
+    ka_shard_spec(tp, spec, ns);
     uint64_t shard = expected_bytes(spec, ns);
     int64_t got = file_size(path, KCACHE_DATA);
     if (g_rank == 0)
@@ -320,7 +320,7 @@ TEST(fsdp_parts) {
     char tail[64];
     snprintf(tail, sizeof tail, "/shard_fsdp%dof%d", g_rank, g_size);
     CHECK_MSG(strstr(path, tail) != NULL, "%s lacks %s", path, tail);
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t ns = 0;
     CHECK_OK(sd3_weight_spec(kiln_model_config(m), &spec, &ns));
     uint64_t full = expected_bytes(spec, ns), block_bytes = 0;

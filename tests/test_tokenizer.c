@@ -671,7 +671,7 @@ TEST(normalized_added_token) {
 
 /* ---- the CLI --------------------------------------------------------------- */
 
-#define run kiln_run /* cli_util.h */
+#define run run_kiln /* cli_util.h */
 
 TEST(cli_tokenize) {
     int np;

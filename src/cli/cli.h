@@ -55,7 +55,7 @@ typedef struct cli_common {
     const char *exec;        /* --exec CHAIN / --no-package */
     const char *package_dir; /* --package-dir */
     kiln_quant quant; /* --quant none|int8|fp8 (default none) */
-    const char *quant_layers; /* --quant-layers PATTERNS (default KILN_QUANT_DEFAULT_LAYERS) */
+    const char *quant_layers; /* --quant-layers PATTERNS (default: the family's, kiln_family_quant_layers) */
 } cli_common;
 /* "none", "int8", "fp8" -> *q; -1 and a message naming the value otherwise */
 int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q);

@@ -3,7 +3,7 @@
 #include "cli.h"
 #include "format/png.h"
 #include "model/model.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * matching inputs), for benchmarks, tests and trying kiln without weights. */
 #include "base/base.h"
 #include "cli.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 #include <stdlib.h>
 #include <string.h>

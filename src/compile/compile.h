@@ -24,7 +24,7 @@
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
 #define KX_FORMAT_VERSION 1
-#define KX_ABI 10 /* 10: ops called through the op table (kg_call), kiln_pkg_ops */
+#define KX_ABI 11 /* 10: ops called through the op table (kg_call), kiln_pkg_ops; 11: named outputs */
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {
@@ -187,6 +187,9 @@ void kx_package_close(kx_package *p);
 const char *kx_package_dir(const kx_package *p);
 /* 1 when every symbol is static (a fixed-shape package) */
 int kx_package_fixed(const kx_package *p);
+/* The package's inputs (by slot) and outputs are these names; else
+ * KILN_ERR_RANGE naming both lists. */
+kiln_status kx_package_check_io(const kx_package *p, int n_in, const char *const *in, int n_out, const char *const *out);
 /* Guards: solve the symbols from input shapes (n inputs, as the manifest's
  * input order). KILN_ERR_RANGE with the reason when the shape is not covered. */
 kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shape)[4], int64_t *s);

@@ -158,6 +158,19 @@ static kiln_status parse(kx_manifest *p, const cJSON *m, const char *path) {
             if (p->in_slot[i] == p->in_slot[j]) BAD("inputs %s and %s share slot %d", p->in[j].name, p->in[i].name, p->in_slot[i]);
     }
 
+    /* outputs: by name, in slot order */
+    const cJSON *outs;
+    if (!get_list(m, "outputs", &outs)) BAD("has outputs that are not a list");
+    cJSON_ArrayForEach(e, outs) {
+        const char *name = get_str(e, "name");
+        if (p->n_out >= KX_MAX_OUT) BAD("has more than %d outputs", KX_MAX_OUT);
+        if (!name || !*name || strlen(name) >= sizeof p->out_name[0]) BAD("has an output without a name (under 48 characters)");
+        for (int j = 0; j < p->n_out; j++)
+            if (!strcmp(p->out_name[j], name)) BAD("names output %s twice", name);
+        snprintf(p->out_name[p->n_out++], sizeof p->out_name[0], "%s", name);
+    }
+    if (!p->n_out) BAD("has no outputs");
+
     if (!get_int(m, "arena_bytes", 0, KX_ARENA_MAX, &v)) BAD("has no arena_bytes (an integer in [0, 2^46])");
     p->arena_bytes = (size_t)v;
 
@@ -178,7 +191,7 @@ static kiln_status parse(kx_manifest *p, const cJSON *m, const char *path) {
             BAD("has a bad placement for node %d (needs [kind, integer >= 0])", i);
         if (kind == KX_ARENA && (size_t)v >= p->arena_bytes)
             BAD("places node %d at %lld, outside the arena of %zu bytes", i, (long long)v, p->arena_bytes);
-        if ((kind == KX_INPUT && v >= p->n_in) || (kind == KX_OUTPUT && v >= KX_MAX_OUT))
+        if ((kind == KX_INPUT && v >= p->n_in) || (kind == KX_OUTPUT && v >= p->n_out))
             BAD("names an input or output slot the forward does not have (node %d, slot %lld)", i, (long long)v);
         p->place[i++] = (kx_place){(kx_place_kind)kind, v};
     }

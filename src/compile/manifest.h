@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define KX_MAX_IN 4            /* a forward's inputs (SD3: hidden, context, pooled, timestep) */
-#define KX_MAX_OUT 1           /* and outputs (sample) */
+#define KX_MAX_OUT 4           /* and outputs (SD3: sample) */
 #define KX_SYM_MAX (1LL << 30) /* a symbol's largest value (tokens, batch rows) */
 #define KX_COEF_MAX (1LL << 32) /* |coefficient| of a dimension's polynomial */
 #define KX_DIM_MAX (1LL << 40) /* a weight's dimension */
@@ -33,10 +33,11 @@ typedef struct kx_pkg_weight {
 
 /* What a manifest says, checked. */
 typedef struct kx_manifest {
-    int nsym, n_in, n_nodes, nw, n_cpu;
+    int nsym, n_in, n_out, n_nodes, nw, n_cpu;
     kx_sym sym[KX_MAX_SYMS];
     kx_iospec in[KX_MAX_IN];
     int in_slot[KX_MAX_IN]; /* input i reads the caller's shape/buffer in_slot[i] (< n_in, distinct) */
+    char out_name[KX_MAX_OUT][48]; /* output slot i's name */
     kx_place *place;        /* [n_nodes] */
     size_t arena_bytes;
     kx_pkg_weight *w;       /* [nw] */

@@ -254,6 +254,26 @@ kiln_status kx_package_open(const char *dir, kx_package **out) {
     return KILN_OK;
 }
 
+kiln_status kx_package_check_io(const kx_package *p, int n_in, const char *const *in, int n_out, const char *const *out) {
+    int same = n_in == p->m->n_in && n_out == p->m->n_out;
+    /* inputs by slot: the manifest lists them with their slots */
+    for (int i = 0; same && i < n_in; i++) {
+        int k = 0;
+        while (k < p->m->n_in && p->m->in_slot[k] != i) k++;
+        same = k < p->m->n_in && !strcmp(p->m->in[k].name, in[i]);
+    }
+    for (int i = 0; same && i < n_out; i++) same = !strcmp(p->m->out_name[i], out[i]);
+    if (same) return KILN_OK;
+    char have[512] = "", want[512] = "";
+    for (int i = 0; i < p->m->n_in; i++) snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "", p->m->in[i].name);
+    snprintf(have + strlen(have), sizeof have - strlen(have), " -> ");
+    for (int i = 0; i < p->m->n_out; i++) snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "", p->m->out_name[i]);
+    for (int i = 0; i < n_in; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", i ? ", " : "", in[i]);
+    snprintf(want + strlen(want), sizeof want - strlen(want), " -> ");
+    for (int i = 0; i < n_out; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", i ? ", " : "", out[i]);
+    return kb_fail(KILN_ERR_RANGE, "package %s computes %s, the model %s", p->dir, have, want);
+}
+
 kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shape)[4], int64_t *s) {
     if (n_in != p->m->n_in)
         return kb_fail(KILN_ERR_SHAPE, "package %s takes %d inputs, not %d", p->dir, p->m->n_in, n_in);
@@ -547,7 +567,7 @@ static char *manifest_text(const kx_compile_req *r, const kx_export *x, const kx
     for (int o = 0; o < x->g.n_outputs; o++) {
         kg_id id = x->g.outputs[o];
         cJSON *ob = cJSON_CreateObject(), *dims = cJSON_AddArrayToObject(ob, "dims");
-        cJSON_AddStringToObject(ob, "name", "sample");
+        cJSON_AddStringToObject(ob, "name", x->g.output_names[o]);
         for (int k = 0; k < x->g.nodes[id].ndim; k++) {
             kx_expr_str(&x->dim[id][k], x->sym, x->nsym, es, sizeof es);
             cJSON_AddItemToArray(dims, cJSON_CreateString(es));

@@ -42,82 +42,13 @@ int64_t kc_numel(const kc_tensor *t) {
     return n;
 }
 
-/* ---- original SD3 names --------------------------------------------------- */
-
-static const char k_prefix[] = "model.diffusion_model.";
-
-/* whole-name renames outside the joint blocks; swap = (shift, scale) -> (scale, shift) */
-static const struct {
-    const char *from, *to;
-    int swap;
-} k_top[] = {
-    {"x_embedder.proj.weight", "pos_embed.proj.weight", 0},
-    {"x_embedder.proj.bias", "pos_embed.proj.bias", 0},
-    {"pos_embed", "pos_embed.pos_embed", 0},
-    {"t_embedder.mlp.0.weight", "time_text_embed.timestep_embedder.linear_1.weight", 0},
-    {"t_embedder.mlp.0.bias", "time_text_embed.timestep_embedder.linear_1.bias", 0},
-    {"t_embedder.mlp.2.weight", "time_text_embed.timestep_embedder.linear_2.weight", 0},
-    {"t_embedder.mlp.2.bias", "time_text_embed.timestep_embedder.linear_2.bias", 0},
-    {"y_embedder.mlp.0.weight", "time_text_embed.text_embedder.linear_1.weight", 0},
-    {"y_embedder.mlp.0.bias", "time_text_embed.text_embedder.linear_1.bias", 0},
-    {"y_embedder.mlp.2.weight", "time_text_embed.text_embedder.linear_2.weight", 0},
-    {"y_embedder.mlp.2.bias", "time_text_embed.text_embedder.linear_2.bias", 0},
-    {"context_embedder.weight", "context_embedder.weight", 0},
-    {"context_embedder.bias", "context_embedder.bias", 0},
-    {"final_layer.linear.weight", "proj_out.weight", 0},
-    {"final_layer.linear.bias", "proj_out.bias", 0},
-    {"final_layer.adaLN_modulation.1.weight", "norm_out.linear.weight", 1},
-    {"final_layer.adaLN_modulation.1.bias", "norm_out.linear.bias", 1},
-};
-
-/* suffix renames inside joint_blocks.N.; qkv entries split in three */
-static const struct {
-    const char *from, *to;
-} k_block[] = {
-    {"x_block.attn.proj", "attn.to_out.0"},
-    {"context_block.attn.proj", "attn.to_add_out"},
-    {"x_block.attn.ln_q", "attn.norm_q"},
-    {"x_block.attn.ln_k", "attn.norm_k"},
-    {"context_block.attn.ln_q", "attn.norm_added_q"},
-    {"context_block.attn.ln_k", "attn.norm_added_k"},
-    {"x_block.attn2.proj", "attn2.to_out.0"},
-    {"x_block.attn2.ln_q", "attn2.norm_q"},
-    {"x_block.attn2.ln_k", "attn2.norm_k"},
-    {"x_block.mlp.fc1", "ff.net.0.proj"},
-    {"x_block.mlp.fc2", "ff.net.2"},
-    {"context_block.mlp.fc1", "ff_context.net.0.proj"},
-    {"context_block.mlp.fc2", "ff_context.net.2"},
-    {"x_block.adaLN_modulation.1", "norm1.linear"},
-    {"context_block.adaLN_modulation.1", "norm1_context.linear"},
-};
-
-static const struct {
-    const char *from;
-    const char *to[3];
-} k_qkv[] = {
-    {"x_block.attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
-    {"context_block.attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
-    {"x_block.attn2.qkv", {"attn2.to_q", "attn2.to_k", "attn2.to_v"}},
-};
-
-static const char *strip_prefix(const char *name) {
-    return strncmp(name, k_prefix, sizeof k_prefix - 1) ? name : name + sizeof k_prefix - 1;
-}
-
-static int is_sd3_original(const st_tensor *const *raw, size_t nraw) {
-    for (size_t i = 0; i < nraw; i++) {
-        const char *n = strip_prefix(raw[i]->name);
-        if (!strncmp(n, "joint_blocks.", 13) || !strcmp(n, "x_embedder.proj.weight")) return 1;
-    }
-    return 0;
-}
+/* ---- a family's original names (its renamer) --------------------------------- */
 
 /* Swap the two halves along dim 0: bytes become part[1] ++ part[0]. */
 static kiln_status swap_halves(kc_tensor *t) {
     size_t total = t->part_bytes[0];
     if (t->ndim < 1 || t->shape[0] % 2)
-        return kb_fail(KILN_ERR_SHAPE, "%s: cannot swap (shift, scale) halves of an odd first dim",
-                       t->source_name);
+        return kb_fail(KILN_ERR_SHAPE, "%s: cannot swap the two halves of an odd first dim", t->source_name);
     size_t half = total / 2;
     t->part[1] = t->part[0];
     t->part_bytes[1] = half;
@@ -126,86 +57,24 @@ static kiln_status swap_halves(kc_tensor *t) {
     return KILN_OK;
 }
 
-/* Split a fused qkv [3D, ...] into three tensors along dim 0. */
-static kiln_status split_qkv(tlist *l, const char *block, const char *const to[3],
-                             const char *suffix, const st_tensor *src) {
-    if (src->ndim < 1 || src->shape[0] % 3)
-        return kb_fail(KILN_ERR_SHAPE, "%s: fused qkv first dim %lld is not a multiple of 3",
-                       src->name, src->ndim ? (long long)src->shape[0] : 0LL);
-    size_t third = src->nbytes / 3;
-    for (int i = 0; i < 3; i++) {
-        char *name = kb_strfmt("transformer_blocks.%s.%s%s", block, to[i], suffix);
-        if (!name) return KILN_ERR_NOMEM;
-        kiln_status s = tl_push(l, name, src);
-        free(name);
-        if (s) return s;
+/* One original tensor as r says: renamed, split in r->n along dim 0, swapped. */
+static kiln_status apply_rename(tlist *l, const kc_rename *r, const st_tensor *src) {
+    int n = r->n < 1 ? 1 : r->n;
+    if (n > 3) return kb_fail(KILN_ERR_INVALID_ARG, "%s: a rename into %d tensors (at most 3)", src->name, n);
+    if (n > 1 && (src->ndim < 1 || src->shape[0] % n))
+        return kb_fail(KILN_ERR_SHAPE, "%s: fused first dim %lld is not a multiple of %d", src->name,
+                       src->ndim ? (long long)src->shape[0] : 0LL, n);
+    size_t part = src->nbytes / (size_t)n;
+    for (int i = 0; i < n; i++) {
+        kiln_status st = tl_push(l, r->to[i], src);
+        if (st) return st;
         kc_tensor *t = &l->t[l->n - 1];
-        t->shape[0] = src->shape[0] / 3;
-        t->part[0] = (const uint8_t *)src->data + third * (size_t)i;
-        t->part_bytes[0] = third;
-    }
-    return KILN_OK;
-}
-
-static kiln_status rename_sd3(const st_tensor *const *raw, size_t nraw, tlist *l) {
-    /* the last block (context_pre_only) is the one with the highest index */
-    long last = -1;
-    for (size_t i = 0; i < nraw; i++) {
-        const char *n = strip_prefix(raw[i]->name);
-        if (!strncmp(n, "joint_blocks.", 13)) {
-            long b = strtol(n + 13, NULL, 10);
-            if (b > last) last = b;
+        if (n > 1) {
+            t->shape[0] = src->shape[0] / n;
+            t->part[0] = (const uint8_t *)src->data + part * (size_t)i;
+            t->part_bytes[0] = part;
         }
-    }
-    for (size_t i = 0; i < nraw; i++) {
-        const st_tensor *src = raw[i];
-        const char *n = strip_prefix(src->name);
-        kiln_status st = KILN_OK;
-        int done = 0;
-        for (size_t k = 0; k < sizeof k_top / sizeof k_top[0] && !done; k++) {
-            if (strcmp(n, k_top[k].from)) continue;
-            if ((st = tl_push(l, k_top[k].to, src))) return st;
-            if (k_top[k].swap && (st = swap_halves(&l->t[l->n - 1]))) return st;
-            done = 1;
-        }
-        if (done) continue;
-        if (strncmp(n, "joint_blocks.", 13)) {
-            /* unknown: keep its name so validation lists it as unexpected */
-            if ((st = tl_push(l, src->name, src))) return st;
-            continue;
-        }
-        const char *rest = n + 13;
-        char *end;
-        long b = strtol(rest, &end, 10);
-        if (end == rest || *end != '.') {
-            if ((st = tl_push(l, src->name, src))) return st;
-            continue;
-        }
-        char block[24];
-        snprintf(block, sizeof block, "%ld", b);
-        const char *tail = end + 1; /* e.g. x_block.attn.qkv.weight */
-        const char *dot = strrchr(tail, '.');
-        size_t stem = dot ? (size_t)(dot - tail) : strlen(tail);
-        const char *suffix = dot ? dot : "";
-        for (size_t k = 0; k < sizeof k_qkv / sizeof k_qkv[0] && !done; k++) {
-            if (strlen(k_qkv[k].from) != stem || strncmp(tail, k_qkv[k].from, stem)) continue;
-            if ((st = split_qkv(l, block, k_qkv[k].to, suffix, src))) return st;
-            done = 1;
-        }
-        for (size_t k = 0; k < sizeof k_block / sizeof k_block[0] && !done; k++) {
-            if (strlen(k_block[k].from) != stem || strncmp(tail, k_block[k].from, stem)) continue;
-            char *name = kb_strfmt("transformer_blocks.%s.%s%s", block, k_block[k].to, suffix);
-            if (!name) return KILN_ERR_NOMEM;
-            st = tl_push(l, name, src);
-            free(name);
-            if (st) return st;
-            /* diffusers swaps the last block's context modulation (pre-only) */
-            if (b == last && !strcmp(k_block[k].to, "norm1_context.linear") &&
-                (st = swap_halves(&l->t[l->n - 1])))
-                return st;
-            done = 1;
-        }
-        if (!done && (st = tl_push(l, src->name, src))) return st;
+        if (r->swap && (st = swap_halves(t))) return st;
     }
     return KILN_OK;
 }
@@ -237,17 +106,28 @@ static kiln_status find_weights(const char *dir, char **out) {
                    ".index.json)", dir);
 }
 
-/* Name the raw tensors the diffusers way (renaming original SD3 names),
+/* Name the raw tensors the diffusers way (a family's renamer maps original names),
  * sort them and reject duplicates. Views only: nothing is copied. */
-static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_t nraw) {
+static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_t nraw,
+                            const kc_renamer *const *renamers) {
     tlist l = {0};
     kiln_status st = KILN_OK;
-    if (is_sd3_original(raw, nraw)) {
-        c->layout = "sd3-single-file";
-        st = rename_sd3(raw, nraw, &l);
-    } else {
-        c->layout = "diffusers";
-        for (size_t i = 0; i < nraw && !st; i++) st = tl_push(&l, raw[i]->name, raw[i]);
+    const kc_renamer *ren = NULL;
+    int64_t state[4] = {0};
+    const char **names = kb_calloc(nraw ? nraw : 1, sizeof *names);
+    if (!names) return KILN_ERR_NOMEM;
+    for (size_t i = 0; i < nraw; i++) names[i] = raw[i]->name;
+    for (size_t k = 0; renamers && renamers[k] && !ren; k++) {
+        memset(state, 0, sizeof state);
+        if (renamers[k]->detect(names, nraw, state)) ren = renamers[k];
+    }
+    free(names);
+    c->layout = ren ? ren->layout : "diffusers";
+    for (size_t i = 0; i < nraw && !st; i++) {
+        kc_rename r;
+        memset(&r, 0, sizeof r);
+        if (ren && ren->rename(state, raw[i]->name, &r)) st = apply_rename(&l, &r, raw[i]);
+        else st = tl_push(&l, raw[i]->name, raw[i]);
     }
     c->t = l.t;
     c->n = l.n;
@@ -261,7 +141,8 @@ static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_
     return KILN_OK;
 }
 
-kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **out) {
+kiln_status kc_open(const char *path, const char *config_path, const kc_renamer *const *renamers,
+                    kc_checkpoint **out) {
     *out = NULL;
     kc_checkpoint *c = kb_calloc(1, sizeof *c);
     if (!c) return KILN_ERR_NOMEM;
@@ -311,7 +192,7 @@ kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **o
         goto fail;
     }
     for (size_t i = 0; i < nraw; i++) raw[i] = st_set_at(c->set, i);
-    st = kc_build(c, raw, nraw);
+    st = kc_build(c, raw, nraw, renamers);
     free(raw);
     if (st) goto fail;
     free(weights);
@@ -399,7 +280,7 @@ static kiln_status collect(void *ctx, const kiln_source_tensor *t) {
 }
 
 kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_json, const char *name,
-                           kc_checkpoint **out) {
+                           const kc_renamer *const *renamers, kc_checkpoint **out) {
     *out = NULL;
     kc_checkpoint *c = kb_calloc(1, sizeof *c);
     if (!c) return KILN_ERR_NOMEM;
@@ -413,7 +294,7 @@ kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_jso
     const st_tensor **raw = NULL;
     if (!st && !(raw = kb_calloc(c->n_owned ? c->n_owned : 1, sizeof *raw))) st = KILN_ERR_NOMEM;
     for (size_t i = 0; !st && i < c->n_owned; i++) raw[i] = &c->owned[i];
-    if (!st) st = kc_build(c, raw, c->n_owned);
+    if (!st) st = kc_build(c, raw, c->n_owned, renamers);
     free(raw);
     if (st) {
         kc_close(c);

@@ -1,12 +1,12 @@
 /* checkpoint.h - a checkpoint as a list of tensors under diffusers names.
  *
  * Sources: a diffusers model folder (config.json + diffusion_pytorch_model
- * .safetensors, or shards through its .index.json), or one safetensors file
- * with either diffusers names or the original SD3 names
- * (model.diffusion_model.joint_blocks.N.x_block.attn.qkv ...). Original names
- * are renamed, fused qkv is split, and (shift, scale) halves are swapped to
- * (scale, shift) where diffusers' conversion does it - all as views into the
- * mapped file: a tensor is up to two byte ranges read one after the other. */
+ * .safetensors or model.safetensors, or shards through its .index.json), or
+ * one safetensors file with either diffusers names or a family's original
+ * names. A family's renamer (its architecture table, src/arch/) says how
+ * original names map: renamed, a fused tensor split along dim 0, halves
+ * swapped - all applied here as views into the mapped file: a tensor is up
+ * to two byte ranges read one after the other. */
 #ifndef KILN_CHECKPOINT_H
 #define KILN_CHECKPOINT_H
 
@@ -23,10 +23,29 @@ typedef struct kc_tensor {
     size_t part_bytes[2];
 } kc_tensor;
 
+/* What one original tensor becomes: n tensors (1, or a fused tensor split
+ * in n equal parts along dim 0) named to[0..n), each with the two halves of
+ * dim 0 swapped when swap is set ((shift, scale) -> (scale, shift)). */
+typedef struct kc_rename {
+    int n;
+    char to[3][128];
+    int swap;
+} kc_rename;
+
+/* A family's original single-file layout. detect: do these names use it
+ * (state: what rename needs to know about the whole file, e.g. the last
+ * block's index); rename: 1 with r filled, or 0 to keep the name (an
+ * unknown tensor is then listed as unexpected by the model's check). */
+typedef struct kc_renamer {
+    const char *layout; /* "sd3-single-file" */
+    int (*detect)(const char *const *names, size_t n, int64_t state[4]);
+    int (*rename)(const int64_t state[4], const char *name, kc_rename *r);
+} kc_renamer;
+
 typedef struct kc_checkpoint {
     char *path;
     char *config_json; /* config.json text, NULL when there is none */
-    const char *layout; /* "diffusers" or "sd3-single-file" */
+    const char *layout; /* "diffusers" or the renamer's layout */
     st_set *set;
     kc_tensor *t;
     size_t n;
@@ -35,11 +54,14 @@ typedef struct kc_checkpoint {
     size_t n_owned;
 } kc_checkpoint;
 
-/* config_path overrides (or supplies) config.json; may be NULL. */
-kiln_status kc_open(const char *path, const char *config_path, kc_checkpoint **out);
+/* config_path overrides (or supplies) config.json; may be NULL. renamers:
+ * NULL-terminated (may be NULL); the first that detects its layout names
+ * the tensors. */
+kiln_status kc_open(const char *path, const char *config_path, const kc_renamer *const *renamers,
+                    kc_checkpoint **out);
 /* The tensors a kiln_source_fn emits (copied), with config.json text. */
 kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_json, const char *name,
-                           kc_checkpoint **out);
+                           const kc_renamer *const *renamers, kc_checkpoint **out);
 void kc_close(kc_checkpoint *c);
 const kc_tensor *kc_find(const kc_checkpoint *c, const char *name);
 int64_t kc_numel(const kc_tensor *t);

@@ -424,13 +424,24 @@ kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w) {
     return id;
 }
 
-void kg_mark_output(kg_graph *g, kg_id x) {
+void kg_output(kg_graph *g, kg_id x, const char *name) {
     if (!ok(g, x, -1, -1)) return;
     if (g->n_outputs >= 4) {
         fail(g, KILN_ERR_INVALID_ARG, "too many graph outputs");
         return;
     }
+    if (!name || !*name || strlen(name) >= sizeof g->output_names[0]) {
+        fail(g, KILN_ERR_INVALID_ARG, "a graph output needs a name of 1 to %zu characters", sizeof g->output_names[0] - 1);
+        return;
+    }
+    snprintf(g->output_names[g->n_outputs], sizeof g->output_names[0], "%s", name);
     g->outputs[g->n_outputs++] = x;
+}
+
+void kg_mark_output(kg_graph *g, kg_id x) {
+    char name[16];
+    snprintf(name, sizeof name, "out%d", g->n_outputs);
+    kg_output(g, x, name);
 }
 
 void kg_region_begin(kg_graph *g, int layer) {

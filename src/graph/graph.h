@@ -108,6 +108,7 @@ typedef struct kg_graph {
     kg_region *regions;
     int n_regions;
     kg_id outputs[4];
+    char output_names[4][48]; /* "sample"; "out<i>" when not named */
     int n_outputs;
     int n_inputs;
     kiln_status status; /* sticky first error */
@@ -156,7 +157,9 @@ kg_id kg_patchify(kg_graph *g, kg_id x, int p);
 kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c);
 kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim);
 kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w);
-void kg_mark_output(kg_graph *g, kg_id x);
+void kg_mark_output(kg_graph *g, kg_id x); /* named "out<i>" */
+/* x is the graph's next output, under a name (under 48 characters) */
+void kg_output(kg_graph *g, kg_id x, const char *name);
 /* Mark the nodes built between begin and end as one region (layer i). */
 void kg_region_begin(kg_graph *g, int layer);
 void kg_region_end(kg_graph *g);

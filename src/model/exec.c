@@ -16,8 +16,6 @@
 static const char *const k_steps[KM_MAX_STEPS] = {[KM_STEP_DYNAMIC] = "dynamic", [KM_STEP_FIXED] = "fixed",
                                                   [KM_STEP_PLANNED] = "planned", [KM_STEP_EAGER] = "eager"};
 #define DEFAULT_CHAIN "dynamic,fixed,planned,eager"
-enum { SYM_BATCH, SYM_H, SYM_W, SYM_CTX, N_SYMS };
-static const char *const k_sym_names[N_SYMS] = {"batch", "h_tok", "w_tok", "ctx_len"};
 
 static kiln_status parse_chain(const char *text, int *chain, int *n) {
     *n = 0;
@@ -101,7 +99,7 @@ static const char *family(kiln_model *m) {
     if (m->exec.family[0]) return m->exec.family;
     char *buf = m->exec.family;
     size_t cap = sizeof m->exec.family;
-    char *cfg = sd3_config_to_json(&m->cfg);
+    char *cfg = m->arch->config_to_json(m->cfg);
     uint64_t h = cfg ? kcache_hash_bytes(cfg, strlen(cfg), 7) : 0;
     free(cfg);
     const char *layout = km_compute_layout(m->compute);
@@ -114,7 +112,7 @@ static const char *family(kiln_model *m) {
                  d->index[KD_CFG], d->size[KD_TP], d->index[KD_TP], d->size[KD_SP], d->index[KD_SP], d->size[KD_FSDP],
                  d->index[KD_FSDP]);
     }
-    snprintf(buf, cap, "sd3-%012llx-%s-%s-q%s%s-kiln%s", (unsigned long long)(h & 0xffffffffffffULL),
+    snprintf(buf, cap, "%s-%012llx-%s-%s-q%s%s-kiln%s", m->arch->name, (unsigned long long)(h & 0xffffffffffffULL),
              m->compute.dtype == KILN_BF16 ? "bf16" : "f32", *layout ? layout : "ref", *q ? q : "0", mesh, KILN_VERSION);
     return buf;
 }
@@ -134,13 +132,12 @@ static const kg_dist *dist_of(kiln_model *m) {
  * with f32 activations between them. */
 static kiln_status model_graph(kiln_model *m, const int64_t *s, kg_graph *g, int passes) {
     kg_init(g, km_resolve, m);
-    int64_t p = m->cfg.patch_size;
-    sd3_parallel par = {1, 1, 0, 0};
+    ka_par par = {1, 1, 0, 0};
     if (m->mesh) {
-        par = (sd3_parallel){m->mesh->size[KD_TP], m->mesh->size[KD_SP], m->mesh->index[KD_SP], m->compute.fsdp > 1};
+        par = (ka_par){m->mesh->size[KD_TP], m->mesh->size[KD_SP], m->mesh->index[KD_SP], m->compute.fsdp > 1};
         g->dist = dist_of(m);
     }
-    kiln_status st = sd3_build_forward_par(&m->cfg, g, s[SYM_BATCH], p * s[SYM_H], p * s[SYM_W], s[SYM_CTX], &par);
+    kiln_status st = m->arch->build(m->cfg, g, s, m->mesh ? &par : NULL);
     if (!st && passes) {
         kg_fuse(g);
         kg_plan_bf16(g, m->backend);
@@ -163,98 +160,92 @@ static int bind_weight(void *user, const char *name, kx_bound *b) {
     return 1;
 }
 
-static void shapes_of(const kiln_model *m, const kiln_forward_args *a, int64_t sh[4][4]) {
-    memset(sh, 0, sizeof(int64_t) * 16);
-    const kiln_config *c = &m->cfg;
-    int64_t in0[4] = {a->batch, c->in_channels, a->height, a->width}, in1[4] = {a->batch, a->context_len, c->joint_attention_dim},
-            in2[4] = {a->batch, c->pooled_projection_dim}, in3[4] = {a->batch};
-    memcpy(sh[0], in0, sizeof in0);
-    memcpy(sh[1], in1, sizeof in1);
-    memcpy(sh[2], in2, sizeof in2);
-    memcpy(sh[3], in3, sizeof in3);
+/* the shapes of every input and output for symbol values s */
+static void io_shapes(const kiln_model *m, const int64_t *s, int64_t in[KA_MAX_IO][4], int64_t out[KA_MAX_IO][4]) {
+    memset(in, 0, sizeof(int64_t) * KA_MAX_IO * 4);
+    memset(out, 0, sizeof(int64_t) * KA_MAX_IO * 4);
+    m->arch->io_shapes(m->cfg, s, in, out);
 }
 
 typedef struct capture {
     kiln_model *m;
-    int64_t s[N_SYMS];
+    int64_t s[KX_MAX_SYMS];
     double rel_err;
 } capture;
 
-/* seeded example inputs for symbol values s (malloc'd, 4 buffers): kiln's
- * normal noise, and timestep 500 for every row */
-static float **example_inputs(const kiln_model *m, const int64_t *s) {
-    const kiln_config *c = &m->cfg;
-    int64_t p = c->patch_size, B = s[SYM_BATCH];
-    size_t n[4] = {(size_t)(B * c->in_channels * p * s[SYM_H] * p * s[SYM_W]),
-                   (size_t)(B * s[SYM_CTX] * c->joint_attention_dim), (size_t)(B * c->pooled_projection_dim), (size_t)B};
-    float **in = calloc(4, sizeof *in);
-    for (int k = 0; in && k < 4; k++) {
-        if (!(in[k] = malloc(sizeof(float) * n[k]))) {
-            for (int j = 0; j < k; j++) free(in[j]);
-            free(in);
+static void free_bufs(float **b, int n) {
+    for (int k = 0; b && k < n; k++) free(b[k]);
+    free(b);
+}
+
+/* n buffers of the given shapes (malloc'd; NULL out of memory) */
+static float **alloc_bufs(const ka_io *io, int n, const int64_t (*shape)[4]) {
+    float **b = calloc((size_t)n, sizeof *b);
+    for (int k = 0; b && k < n; k++) {
+        size_t c = ka_numel(io[k].ndim, shape[k]);
+        if (!c || !(b[k] = malloc(sizeof(float) * c))) {
+            free_bufs(b, k);
             return NULL;
         }
-        if (k < 3) kiln_noise(0x5eed + (uint64_t)k, in[k], n[k]);
-        else
-            for (size_t i = 0; i < n[k]; i++) in[k][i] = 500.0f;
     }
-    return in;
+    return b;
 }
 
-static void free_inputs(float **in) {
-    for (int k = 0; in && k < 4; k++) free(in[k]);
-    free(in);
-}
-
-/* --capture: the package in staging must reproduce an eager forward of the example */
+/* --capture: the package in staging must reproduce an eager forward of the
+ * family's example inputs (every output) */
 static kiln_status check_capture(void *user, const char *staging) {
     capture *cap = user;
     kiln_model *m = cap->m;
+    const ka_arch *a = m->arch;
     const int64_t *s = cap->s;
-    int64_t p = m->cfg.patch_size, nout = s[SYM_BATCH] * m->cfg.out_channels * p * s[SYM_H] * p * s[SYM_W];
-    float **in = example_inputs(m, s);
-    float *want = malloc(sizeof(float) * (size_t)nout), *got = malloc(sizeof(float) * (size_t)nout);
+    int64_t ish[KA_MAX_IO][4], osh[KA_MAX_IO][4];
+    io_shapes(m, s, ish, osh);
+    float **in = alloc_bufs(a->in, a->n_in, (const int64_t(*)[4])ish);
+    float **want = alloc_bufs(a->out, a->n_out, (const int64_t(*)[4])osh);
+    float **got = alloc_bufs(a->out, a->n_out, (const int64_t(*)[4])osh);
+    for (int k = 0; in && k < a->n_in; k++) a->example_input(m->cfg, k, in[k], ka_numel(a->in[k].ndim, ish[k]));
     kx_package *pkg = NULL;
     kiln_status st = in && want && got ? KILN_OK : KILN_ERR_NOMEM;
-    kg_graph g;
-    if (!st && !(st = build_graph(m, s, &g))) {
-        float *outs[1] = {want};
-        st = kg_run_eager(&g, m->backend, (const float *const *)in, outs);
+    if (!st) {
+        kg_graph g;
+        if (!(st = build_graph(m, s, &g))) st = kg_run_eager(&g, m->backend, (const float *const *)in, want);
+        kg_free(&g);
     }
-    kg_free(&g);
     if (!st) st = kx_package_open(staging, &pkg);
     if (!st) st = kx_package_load(pkg, m->backend, dist_of(m), bind_weight, m);
-    if (!st) {
-        float *outs[1] = {got};
-        st = kx_package_run(pkg, s, (const float *const *)in, outs);
+    if (!st) st = kx_package_run(pkg, s, (const float *const *)in, got);
+    cap->rel_err = 0;
+    for (int k = 0; !st && k < a->n_out; k++) {
+        double e = kb_rel_l2(got[k], want[k], ka_numel(a->out[k].ndim, osh[k]));
+        if (!(e <= cap->rel_err)) cap->rel_err = e;
     }
-    if (!st) {
-        cap->rel_err = kb_rel_l2(got, want, (size_t)nout);
-        if (!(cap->rel_err <= 1e-6))
-            st = kb_fail(KILN_ERR_UNSUPPORTED, "compile: the package does not reproduce the eager forward on the captured "
-                                               "example (relative L2 %.3g); not published", cap->rel_err);
-    }
+    if (!st && !(cap->rel_err <= 1e-6))
+        st = kb_fail(KILN_ERR_UNSUPPORTED, "compile: the package does not reproduce the eager forward on the captured "
+                                           "example (relative L2 %.3g); not published", cap->rel_err);
     kx_package_close(pkg);
-    free_inputs(in);
-    free(want);
-    free(got);
+    free_bufs(in, a->n_in);
+    free_bufs(want, a->n_out);
+    free_bufs(got, a->n_out);
     return st;
 }
 
 static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional, capture *cap, double quality,
                                 kx_compile_info *info) {
     const char *fam = family(m);
-    char *model_json = NULL, *cfg = sd3_config_to_json(&m->cfg);
+    const ka_arch *a = m->arch;
+    char *model_json = NULL, *cfg = a->config_to_json(m->cfg);
     char *root = package_root(m);
     if (!root) {
         free(cfg);
         return kb_fail(KILN_ERR_INVALID_ARG, "compile: no package folder: set KILN_PACKAGE_DIR or KILN_CACHE_DIR "
                                              "(or pass --package-dir)");
     }
-    char example[200] = "", qual[200] = "";
-    if (cap)
-        snprintf(example, sizeof example, ",\"example\":{\"batch\":%lld,\"h_tok\":%lld,\"w_tok\":%lld,\"ctx_len\":%lld}",
-                 (long long)cap->s[0], (long long)cap->s[1], (long long)cap->s[2], (long long)cap->s[3]);
+    char example[300] = "", qual[200] = "";
+    for (int i = 0; cap && i < a->nsym; i++) {
+        size_t l = strlen(example);
+        snprintf(example + l, sizeof example - l, "%s\"%s\":%lld", i ? "," : ",\"example\":{", a->sym[i], (long long)cap->s[i]);
+    }
+    if (cap) snprintf(example + strlen(example), sizeof example - strlen(example), "}");
     if (m->compute.quant)
         snprintf(qual, sizeof qual, ",\"quant\":\"%s\",\"quality_final_rel_l2\":%.6g", kiln_quant_name(m->compute.quant),
                  quality);
@@ -262,7 +253,7 @@ static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional,
     const char *layout = km_compute_layout(m->compute);
     char isa[24] = "";
     snprintf(isa, sizeof isa, "%.*s", (int)strcspn(layout, "-"), layout);
-    kx_compile_req r = {.build = build_graph, .build_user = m, .weight = bind_weight, .weight_user = m, .nsym = N_SYMS,
+    kx_compile_req r = {.build = build_graph, .build_user = m, .weight = bind_weight, .weight_user = m, .nsym = a->nsym,
                         .regional = regional, .root = root, .family = fam,
                         .dtype = m->compute.dtype == KILN_BF16 ? "bf16" : "f32",
                         .quant = kiln_quant_name(m->compute.quant), .cpu_isa = isa,
@@ -283,7 +274,9 @@ kiln_compile_opts kiln_compile_defaults(void) {
     return o;
 }
 
-static kiln_status parse_dims(const char *dims, kx_sym *syms) {
+static kiln_status parse_dims(const ka_arch *a, const char *dims, kx_sym *syms) {
+    char names[160] = "";
+    for (int i = 0; i < a->nsym; i++) snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", a->sym[i]);
     char buf[512];
     snprintf(buf, sizeof buf, "%s", dims ? dims : "");
     for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
@@ -291,9 +284,9 @@ static kiln_status parse_dims(const char *dims, kx_sym *syms) {
         if (!eq) return kb_fail(KILN_ERR_INVALID_ARG, "--dim %s: expected name=min:max or name=value", t);
         *eq = 0;
         int k = 0;
-        while (k < N_SYMS && strcmp(t, k_sym_names[k])) k++;
-        if (k == N_SYMS)
-            return kb_fail(KILN_ERR_INVALID_ARG, "--dim %s: unknown dimension (the dimensions are batch, h_tok, w_tok, ctx_len)", t);
+        while (k < a->nsym && strcmp(t, a->sym[k])) k++;
+        if (k == a->nsym)
+            return kb_fail(KILN_ERR_INVALID_ARG, "--dim %s: unknown dimension (the dimensions are %s)", t, names);
         char *end;
         long long lo = strtoll(eq + 1, &end, 10), hi = lo;
         if (*end == ':') hi = strtoll(end + 1, &end, 10);
@@ -308,27 +301,34 @@ static kiln_status parse_dims(const char *dims, kx_sym *syms) {
 kiln_status km_compile(kiln_model *m, const kiln_compile_opts *o, double quality_rel_l2, kiln_compile_result *res) {
     if (!m || !o || !res) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_compile: model, options and result are required");
     memset(res, 0, sizeof *res);
-    const kiln_config *c = &m->cfg;
-    int p = c->patch_size;
-    int64_t side = 64 < (int64_t)p * c->pos_embed_max_size ? 64 : (int64_t)p * c->pos_embed_max_size;
-    int64_t B = o->batch ? o->batch : 2, H = o->height ? o->height : side, W = o->width ? o->width : side,
-            T = o->context_len ? o->context_len : 333;
+    const ka_arch *a = m->arch;
+    int64_t ex[KX_MAX_SYMS] = {0};
+    a->example(m->cfg, ex);
+    kiln_status st = KILN_OK;
+    if (o->batch) ex[0] = o->batch; /* symbol 0 is every family's batch */
+    if (a->example_opts) st = a->example_opts(m->cfg, o, ex);
+    else if (o->height || o->width || o->context_len)
+        st = kb_fail(KILN_ERR_INVALID_ARG, "compile: %s models take no example height, width or context length; "
+                     "give the dimensions with --dim (%s...)", a->name, a->sym[0]);
+    if (st) return st;
     if (m->mesh && m->mesh->size[KD_CFG] > 1) { /* a rank's graph takes its share of the batch */
         int cfg = m->mesh->size[KD_CFG];
-        if (B % cfg)
+        if (ex[0] % cfg)
             return kb_fail(KILN_ERR_SHAPE, "compile: CFG parallel %d splits the batch, but the example batch is %lld", cfg,
-                           (long long)B);
-        B /= cfg;
+                           (long long)ex[0]);
+        ex[0] /= cfg;
     }
-    kiln_status st = sd3_check_latent(c, H, W);
-    if (st) return kb_wrap(st, "compile: the example request");
-    kx_sym syms[KX_MAX_SYMS] = {{"batch", B, B}, {"h_tok", H / p, H / p}, {"w_tok", W / p, W / p}, {"ctx_len", T, T}};
-    if ((st = parse_dims(o->dims, syms))) return st;
+    if ((st = a->check(m->cfg, ex))) return kb_wrap(st, "compile: the example request");
+    kx_sym syms[KX_MAX_SYMS];
+    memset(syms, 0, sizeof syms);
+    for (int i = 0; i < a->nsym; i++) {
+        snprintf(syms[i].name, sizeof syms[i].name, "%s", a->sym[i]);
+        syms[i].lo = syms[i].hi = ex[i];
+    }
+    if ((st = parse_dims(a, o->dims, syms))) return st;
     capture cap = {m, {0}, 0};
-    for (int i = 0; i < N_SYMS; i++) { /* the example inside every range */
-        int64_t v = i == 0 ? B : i == 1 ? H / p : i == 2 ? W / p : T;
-        cap.s[i] = v < syms[i].lo ? syms[i].lo : v > syms[i].hi ? syms[i].hi : v;
-    }
+    for (int i = 0; i < a->nsym; i++) /* the example inside every range */
+        cap.s[i] = ex[i] < syms[i].lo ? syms[i].lo : ex[i] > syms[i].hi ? syms[i].hi : ex[i];
     if (o->package_dir && (st = kiln_model_set_package_dir(m, o->package_dir))) return st;
     double t0 = kb_now();
     /* a quantized backbone is published only after the quality gate, which
@@ -398,10 +398,14 @@ kiln_status kiln_model_open_packages(kiln_model *m, int *n) {
     return KILN_OK;
 }
 
-/* A package of the wanted kind (fixed or dynamic) whose guards pass; why
- * not, in reason. */
-static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, const int64_t sh[4][4], int64_t *s,
+/* A package of the wanted kind (fixed or dynamic) with the model's named
+ * inputs and outputs whose guards pass; why not, in reason. */
+static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, const int64_t (*sh)[4], int64_t *s,
                                 char *reason, size_t cap, int *any) {
+    const ka_arch *a = m->arch;
+    const char *in[KA_MAX_IO], *out[KA_MAX_IO];
+    for (int i = 0; i < a->n_in; i++) in[i] = a->in[i].name;
+    for (int i = 0; i < a->n_out; i++) out[i] = a->out[i].name;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) open_new_packages(m, famdir); /* published since we last looked */
         int seen = 0;
@@ -410,7 +414,7 @@ static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, co
             if (kx_package_fixed(p) != fixed) continue;
             seen++;
             *any = 1;
-            if (!kx_package_solve(p, 4, (const int64_t(*)[4])sh, s)) return p;
+            if (!kx_package_check_io(p, a->n_in, in, a->n_out, out) && !kx_package_solve(p, a->n_in, sh, s)) return p;
             snprintf(reason, cap, "%s", kiln_last_error());
         }
         if (!seen) snprintf(reason, cap, "no %s package for this model in %s", fixed ? "fixed-shape" : "dynamic", famdir);
@@ -418,25 +422,22 @@ static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, co
     return NULL;
 }
 
-static kiln_status run_package(kiln_model *m, kx_package *p, const int64_t *s, const float *const *in, float *out) {
+static kiln_status run_package(kiln_model *m, kx_package *p, const int64_t *s, const float *const *in, float *const *out) {
     kiln_status st = kx_package_load(p, m->backend, dist_of(m), bind_weight, m);
-    float *outs[1] = {out};
-    return st ? st : kx_package_run(p, s, in, outs);
+    return st ? st : kx_package_run(p, s, in, out);
 }
 
-/* the graph of one forward's concrete shape (g is always initialised) */
-static kiln_status graph_for(kiln_model *m, const kiln_forward_args *a, kg_graph *g, int passes) {
-    int64_t p = m->cfg.patch_size;
-    int64_t s[N_SYMS] = {a->batch, p ? a->height / p : 0, p ? a->width / p : 0, a->context_len};
-    kiln_status st = sd3_check_latent(&m->cfg, a->height, a->width);
+/* the graph of one forward's symbol values (g is always initialised) */
+static kiln_status graph_for(kiln_model *m, const int64_t *s, kg_graph *g, int passes) {
+    kiln_status st = m->arch->check(m->cfg, s);
     if (st) kg_init(g, NULL, NULL);
     return st ? st : model_graph(m, s, g, passes);
 }
 
-static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
+static kiln_status run_planned(kiln_model *m, const int64_t *s, const float *const *in, float *const *out) {
     kg_graph g;
     kx_plan plan = {0};
-    kiln_status st = graph_for(m, a, &g, 1);
+    kiln_status st = graph_for(m, s, &g, 1);
     if (!st) st = kx_plan_graph(&g, &plan);
     if (!st && plan.arena_bytes > m->exec.arena_bytes) { /* grows to the largest shape seen, then stays */
         kk_buf_free(m->backend, m->exec.arena);
@@ -445,7 +446,7 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
             st = kb_fail(KILN_ERR_NOMEM, "planned executor: cannot allocate a %zu-byte arena", plan.arena_bytes);
         else m->exec.arena_bytes = plan.arena_bytes;
     }
-    /* nodes made from weights alone (the cropped position table) are kept
+    /* nodes made from weights alone (a cropped position table) are kept
      * from the forward before when the shape is the same */
     float **fixed = st ? NULL : calloc((size_t)g.n, sizeof *fixed);
     if (!st && !fixed) st = kb_fail(KILN_ERR_NOMEM, "planned executor: out of memory");
@@ -465,30 +466,26 @@ static kiln_status run_planned(kiln_model *m, const kiln_forward_args *a, const 
         }
         fixed[i] = x->pos;
     }
-    float *outs[1] = {out};
-    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, fixed, in, outs);
+    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, fixed, in, out);
     free(fixed);
     kx_plan_free(&plan);
     kg_free(&g);
     return st;
 }
 
-static kiln_status run_eager(kiln_model *m, const kiln_forward_args *a, const float *const *in, float *out) {
+static kiln_status run_eager(kiln_model *m, const int64_t *s, const float *const *in, float *const *out) {
     kg_graph g;
-    kiln_status st = graph_for(m, a, &g, 0);
-    if (!st) {
-        float *outs[1] = {out};
-        st = kg_run_eager(&g, m->backend, in, outs);
-    }
+    kiln_status st = graph_for(m, s, &g, 0);
+    if (!st) st = kg_run_eager(&g, m->backend, in, out);
     kg_free(&g);
     return st;
 }
 
-kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
+kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *in, float *const *out) {
     double t0 = kb_now();
-    const float *in[4] = {a->hidden, a->context, a->pooled, a->timestep};
-    int64_t sh[4][4];
-    shapes_of(m, a, sh);
+    const ka_arch *a = m->arch;
+    int64_t sh[KA_MAX_IO][4], osh[KA_MAX_IO][4];
+    io_shapes(m, sym, sh, osh);
     pthread_mutex_lock(&m->exec.lock);
     char reason[1024] = "";
     char *root = NULL, *famdir = NULL;
@@ -499,7 +496,7 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     m->exec.last = NULL;
     m->exec.note[0] = 0;
     /* invalid shapes fail the same way on every path: let eager/planned say why */
-    int shape_ok = sd3_check_latent(&m->cfg, a->height, a->width) == KILN_OK && a->batch > 0 && a->context_len > 0;
+    int shape_ok = a->check(m->cfg, sym) == KILN_OK;
     kb_clear_error();
     for (int k = 0; k < m->exec.n_steps; k++) {
         int step = m->exec.chain[k], warn = 0, had = 0; /* had: a package of this kind exists */
@@ -522,9 +519,12 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
             if (!p && m->exec.fixed_fail[0]) { /* failed before: said once, not again */
                 snprintf(reason, sizeof reason, "%s", m->exec.fixed_fail);
             } else if (!p && kb_is_dir(famdir)) { /* this model was compiled here before: compile this shape */
-                int64_t pt = m->cfg.patch_size;
-                kx_sym fixed[KX_MAX_SYMS] = {{"batch", a->batch, a->batch}, {"h_tok", a->height / pt, a->height / pt},
-                                             {"w_tok", a->width / pt, a->width / pt}, {"ctx_len", a->context_len, a->context_len}};
+                kx_sym fixed[KX_MAX_SYMS];
+                memset(fixed, 0, sizeof fixed);
+                for (int i = 0; i < a->nsym; i++) {
+                    snprintf(fixed[i].name, sizeof fixed[i].name, "%s", a->sym[i]);
+                    fixed[i].lo = fixed[i].hi = sym[i];
+                }
                 kx_compile_info info;
                 kb_log(KILN_LOG_INFO, "forward: compiling a fixed-shape package (%s)", reason);
                 if (!compile_syms(m, fixed, 1, NULL, -1, &info)) {
@@ -539,9 +539,9 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
             st = p ? run_package(m, p, s, in, out) : KILN_ERR_RANGE;
             warn |= p != NULL;
         } else if (step == KM_STEP_PLANNED) {
-            st = run_planned(m, a, in, out);
+            st = run_planned(m, sym, in, out);
         } else {
-            st = run_eager(m, a, in, out);
+            st = run_eager(m, sym, in, out);
         }
         if (!st) st = kb_deferred_since(mark);
         if (!st) {

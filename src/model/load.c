@@ -109,9 +109,9 @@ static int has_source(const kiln_load_opts *o) { return o->source || o->source_f
 /* Convert from the source: a model with owned weights in the compute layout. */
 static kiln_status convert(const kiln_load_opts *o, km_compute cp, kiln_model **out) {
     kc_checkpoint *c = NULL;
-    kiln_status st = o->source ? kc_open(o->source, o->config_path, &c)
+    kiln_status st = o->source ? kc_open(o->source, o->config_path, ka_renamers(), &c)
                                : kc_from_source(o->source_fn, o->source_user, o->source_config_json,
-                                                o->source_id, &c);
+                                                o->source_id, ka_renamers(), &c);
     if (!st) st = km_from_checkpoint(c, o->config_path ? o->config_path : c->path, cp, out);
     kc_close(c);
     return st;
@@ -142,7 +142,7 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     char qt[64];
     km_quant_tag(&cp, qt, sizeof qt);
     cJSON_AddStringToObject(j, "quant", *qt ? qt : "none");
-    if (*qt) cJSON_AddStringToObject(j, "quant_layers", cp.quant_layers);
+    if (*qt) cJSON_AddStringToObject(j, "quant_layers", cp.quant_default ? "default" : cp.quant_layers);
     cJSON_AddNumberToObject(j, "layout_version", LAYOUT_VERSION);
     if (o->host_coords) {
         cJSON *h = cJSON_AddArrayToObject(j, "host_coords");
@@ -164,13 +164,13 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
 /* Publish a converted model's weights under the key (lock held). */
 static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const kiln_model *m, const char *kj) {
     km_compute cp = m->compute;
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t ns = 0;
-    kiln_status st = sd3_weight_spec(&m->cfg, &spec, &ns);
+    kiln_status st = m->arch->weight_spec(m->cfg, &spec, &ns);
     if (st) return st;
     kcache_tensor *t = kb_calloc(ns, sizeof *t);
     char fsdp_layout[32];
-    char *cfg = sd3_config_to_json(&m->cfg);
+    char *cfg = m->arch->config_to_json(m->cfg);
     (void)o;
     if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
     for (size_t i = 0; !st && i < ns; i++) {
@@ -178,7 +178,7 @@ static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const k
         int64_t n = 1;
         for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
         size_t full = w->packed ? w->packed_bytes : sizeof(float) * (size_t)n;
-        if (cp.fsdp > 1 && km_fsdp_block(w->name) >= 0) { /* FSDP: this rank's byte range only */
+        if (cp.fsdp > 1 && spec[i].block >= 0) { /* FSDP: this rank's byte range only */
             size_t off, len;
             km_fsdp_range(full, cp.fsdp, cp.fsdp_index, &off, &len);
             snprintf(fsdp_layout, sizeof fsdp_layout, "fsdp%dof%d", cp.fsdp_index, cp.fsdp);
@@ -278,19 +278,23 @@ static char *source_config(const kiln_load_opts *o) {
 static kiln_status check_config(const kiln_load_opts *o, const kcache_entry *e) {
     char *src = source_config(o);
     if (!src) return KILN_OK;
-    kiln_config a, b;
+    const ka_arch *fa = NULL, *fb = NULL;
+    void *a = NULL, *b = NULL;
     char *ja = NULL, *jb = NULL;
     kiln_status st = KILN_OK;
-    if (sd3_config_parse(src, &a) || !(ja = sd3_config_to_json(&a))) {
+    if (km_config_parse(src, &fa, &a) || !(ja = fa->config_to_json(a))) {
         free(src);
+        free(a);
         return KILN_OK; /* the conversion will say what is wrong with it */
     }
-    if (sd3_config_parse(e->config_json ? e->config_json : "", &b) || !(jb = sd3_config_to_json(&b)))
+    if (km_config_parse(e->config_json ? e->config_json : "", &fb, &b) || !(jb = fb->config_to_json(b)))
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: its config does not parse", e->path);
     else if (strcmp(ja, jb))
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s was made from another config: it has %s, the source has %s", e->path,
                      jb, ja);
     free(src);
+    free(a);
+    free(b);
     free(ja);
     free(jb);
     return st;

@@ -1,5 +1,6 @@
-/* model.c - kiln_model: open a checkpoint, check it against the weights the
- * config needs, convert them to f32 compute weights, and run forwards. */
+/* model.c - kiln_model: open a checkpoint, find its family (the
+ * architecture table), check it against the weights the config needs,
+ * convert them to the compute weights, and run forwards by named tensors. */
 #include "base/base.h"
 #include "cache/cache.h"
 #include "dist/dist.h"
@@ -64,7 +65,7 @@ static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_re
 
 /* Replace the f32 data of every linear weight by the fast GEMM's packed
  * layout (quantized where the compute choice's scheme selects the layer). */
-static kiln_status pack_linears(kiln_model *m, const sd3_spec *spec, size_t ns) {
+static kiln_status pack_linears(kiln_model *m, const ka_spec *spec, size_t ns) {
     for (size_t i = 0; i < ns; i++) {
         if (!spec[i].linear) continue;
         km_weight *w = (km_weight *)km_find(m, spec[i].name);
@@ -109,7 +110,7 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
 }
 
 /* Check the checkpoint holds exactly the expected tensors with exact shapes. */
-static kiln_status check_tensors(const kc_checkpoint *c, const sd3_spec *spec, size_t ns) {
+static kiln_status check_tensors(const kc_checkpoint *c, const ka_spec *spec, size_t ns) {
     const char **missing = malloc(sizeof(char *) * (ns + 1));
     const char **unexpected = malloc(sizeof(char *) * (c->n + 1));
     char *used = calloc(c->n + 1, 1);
@@ -157,7 +158,7 @@ done:
     return st;
 }
 
-static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const sd3_spec *spec, size_t ns) {
+static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const ka_spec *spec, size_t ns) {
     m->w = kb_calloc(ns, sizeof *m->w);
     if (!m->w) return KILN_ERR_NOMEM;
     for (size_t i = 0; i < ns; i++) {
@@ -184,6 +185,49 @@ static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const sd3
     return KILN_OK;
 }
 
+kiln_status km_config_parse(const char *json, const ka_arch **arch, void **cfg) {
+    const ka_arch *a = ka_for_config(json);
+    void *c = kb_calloc(1, a->config_size);
+    if (!c) return KILN_ERR_NOMEM;
+    kiln_status st = a->config_parse(json ? json : "", c);
+    if (st) {
+        free(c);
+        return st;
+    }
+    *arch = a;
+    *cfg = c;
+    return KILN_OK;
+}
+
+/* A single file without a config.json: the family whose original names it
+ * uses, else the first whose inference from the tensor shapes succeeds
+ * (the first family's error otherwise). */
+static kiln_status infer_family(const kc_checkpoint *c, const ka_arch **arch, void **cfg) {
+    kiln_status first = KILN_ERR_UNSUPPORTED;
+    char why[1024] = "";
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0, n = ka_count(); i < n; i++) {
+            const ka_arch *a = ka_at(i);
+            int named = a->renamer && !strcmp(a->renamer->layout, c->layout);
+            if (!a->config_infer || (pass == 0) != named) continue;
+            void *x = kb_calloc(1, a->config_size);
+            if (!x) return KILN_ERR_NOMEM;
+            kiln_status st = a->config_infer(c, x);
+            if (!st) {
+                *arch = a;
+                *cfg = x;
+                return KILN_OK;
+            }
+            free(x);
+            if (!why[0]) {
+                first = st;
+                snprintf(why, sizeof why, "%s", kiln_last_error());
+            }
+        }
+    return why[0] ? kb_fail(first, "%s", why)
+                  : kb_fail(KILN_ERR_UNSUPPORTED, "%s: no config.json, and no model family infers one from its tensors", c->path);
+}
+
 static kiln_model *model_new(km_compute cp) {
     kiln_model *m = kb_calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -199,18 +243,19 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
                                kiln_model **out) {
     *out = NULL;
     kiln_model *m = model_new(cp);
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
     if (!st) {
         if (c->config_json) {
-            st = sd3_config_parse(c->config_json, &m->cfg);
+            st = km_config_parse(c->config_json, &m->arch, &m->cfg);
             if (st) st = kb_wrap(st, "%s", config_label ? config_label : c->path);
         } else {
-            st = sd3_config_infer(c, &m->cfg);
+            st = infer_family(c, &m->arch, &m->cfg);
         }
     }
-    if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
+    if (!st) km_compute_for_arch(&m->compute, m->arch);
+    if (!st) st = m->arch->weight_spec(m->cfg, &spec, &ns);
     if (!st) st = check_tensors(c, spec, ns);
     /* shapes alone cannot tell every architecture apart (the head count of a
      * width, say): a guess that does not fit is the config's fault */
@@ -221,7 +266,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
                          "its config.json: --config FILE, or the config_path option)", why);
     }
     if (!st) st = load_weights(m, c, spec, ns);
-    if (!st && cp.tp > 1) st = km_shard_tp(m, cp.tp, cp.tp_index);
+    if (!st && cp.tp > 1) st = km_shard_tp(m, spec, ns, cp.tp, cp.tp_index);
     if (!st && !cp.reference) st = pack_linears(m, spec, ns);
     if (!st) {
         m->info.bytes_on_disk = c->bytes_on_disk;
@@ -247,13 +292,21 @@ static void km_shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) 
 kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     *out = NULL;
     kiln_model *m = model_new(cp);
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
-    if (!st && (st = sd3_config_parse(e->config_json ? e->config_json : "", &m->cfg)))
+    if (!st && (st = km_config_parse(e->config_json ? e->config_json : "", &m->arch, &m->cfg)))
         st = kb_wrap(KILN_ERR_CORRUPT, "cache %s: its config", e->path);
-    if (!st) st = sd3_weight_spec(&m->cfg, &spec, &ns);
-    if (!st && cp.tp > 1 && !(st = sd3_check_parallel(&m->cfg, cp.tp, 1))) sd3_shard_spec(cp.tp, spec, ns);
+    if (!st) {
+        km_compute_for_arch(&m->compute, m->arch);
+        cp = m->compute;
+        st = m->arch->weight_spec(m->cfg, &spec, &ns);
+    }
+    if (!st && cp.tp > 1) {
+        st = m->arch->check_parallel ? m->arch->check_parallel(m->cfg, cp.tp, 1)
+                                     : kb_fail(KILN_ERR_UNSUPPORTED, "%s models do not run tensor parallel", m->arch->name);
+        if (!st) ka_shard_spec(cp.tp, spec, ns);
+    }
     if (!st && ns != e->n)
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s holds %zu tensors, its config needs %zu", e->path, e->n, ns);
     if (!st && !(m->w = kb_calloc(ns, sizeof *m->w))) st = KILN_ERR_NOMEM;
@@ -270,7 +323,7 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], want_dt, want_layout,
                                            &want_bytes)))
             break;
-        if (cp.fsdp > 1 && km_fsdp_block(spec[i].name) >= 0) { /* FSDP: a byte range (shard.c) */
+        if (cp.fsdp > 1 && spec[i].block >= 0) { /* FSDP: a byte range (shard.c) */
             if ((st = km_fsdp_map(&m->w[m->nw], &spec[i], e, i, cp))) break;
             m->info.n_params += numel;
             m->info.bytes_on_disk += (int64_t)t->nbytes;
@@ -340,7 +393,7 @@ kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_m
     km_compute cp;
     kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_DTYPE_INVALID, opts ? opts->reference : 0, &cp);
     if (!st) st = km_compute_set_quant(&cp, opts ? opts->quant : KILN_QUANT_NONE, opts ? opts->quant_layers : NULL);
-    if (!st) st = kc_open(path, cfg, &c);
+    if (!st) st = kc_open(path, cfg, ka_renamers(), &c);
     if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, cp, out);
     kc_close(c);
     if (!st) kb_ledger_add("weight_load", kb_now() - t0, "converted from checkpoint");
@@ -359,14 +412,13 @@ void km_destroy(kiln_model *m) {
     km_exec_free(m);
     free(m->w);
     kcache_close(m->cache);
+    free(m->cfg);
     kd_mesh_free(m->mesh);
     kb_free_aligned(m->fsdp_ws);
     free(m->cache_path);
     free(m->registry_key);
     free(m);
 }
-
-const kiln_config *kiln_model_config(const kiln_model *m) { return m ? &m->cfg : NULL; }
 
 const char *kiln_model_origin(const kiln_model *m) { return m ? m->origin : ""; }
 
@@ -384,70 +436,5 @@ kiln_status kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
             out->quantized_bytes += (int64_t)w->packed_bytes;
         }
     }
-    return KILN_OK;
-}
-
-/* n = a * b * c * d, or 0 on overflow (every factor is positive here) */
-static int mul4(size_t a, size_t b, size_t c, size_t d, size_t *n) {
-    return kb_mul_ok(a, b, n) && kb_mul_ok(*n, c, n) && kb_mul_ok(*n, d, n);
-}
-
-kiln_status km_check_sizes(const kiln_config *c, int64_t B, int64_t H, int64_t W, int64_t T, km_sizes *out) {
-    if (B < 1 || B > KM_MAX_BATCH)
-        return kb_fail(KILN_ERR_RANGE, "batch %lld: must be between 1 and %d", (long long)B, KM_MAX_BATCH);
-    if (T < 1 || T > KM_MAX_CONTEXT)
-        return kb_fail(KILN_ERR_RANGE, "context length %lld: must be between 1 and %d tokens", (long long)T,
-                       KM_MAX_CONTEXT);
-    kiln_status st = sd3_check_latent(c, H, W);
-    if (st) return st;
-    km_sizes z;
-    size_t bytes;
-    /* element counts and their bytes: B <= 2^10, C <= 2^12, H, W <= 2^18
-     * (patch x pos_embed_max_size), so the counts may pass 2^53: check */
-    if (!mul4((size_t)B, (size_t)c->in_channels, (size_t)H, (size_t)W, &z.hidden) ||
-        !kb_mul_ok(z.hidden, sizeof(float), &bytes) ||
-        !mul4((size_t)B, (size_t)c->out_channels, (size_t)H, (size_t)W, &z.out) ||
-        !kb_mul_ok(z.out, sizeof(float), &bytes) ||
-        !mul4((size_t)B, (size_t)T, (size_t)c->joint_attention_dim, 1, &z.context) ||
-        !kb_mul_ok(z.context, sizeof(float), &bytes))
-        return kb_fail(KILN_ERR_RANGE, "a forward of batch %lld, latent %lldx%lld, context %lld is too large "
-                       "to address", (long long)B, (long long)H, (long long)W, (long long)T);
-    z.pooled = (size_t)B * (size_t)c->pooled_projection_dim;
-    z.timestep = (size_t)B;
-    if (out) *out = z;
-    return KILN_OK;
-}
-
-kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
-    if (!m || !a || !out || !a->hidden || !a->context || !a->pooled || !a->timestep)
-        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_forward: model, inputs and output are required");
-    /* NaN or Inf in, error out: one fast scan of each input (finite.c), far
-     * under 1% of the forward. Sizes that fail their checks skip the scan:
-     * the executors report those with the messages they always gave. */
-    km_sizes z;
-    kiln_status zs = km_check_sizes(&m->cfg, a->batch, a->height, a->width, a->context_len, &z);
-    if (zs && (a->batch > KM_MAX_BATCH || a->context_len > KM_MAX_CONTEXT)) return zs; /* limits of their own */
-    int sized = zs == KILN_OK;
-    kb_clear_error();
-    if (sized) {
-        const struct {
-            const char *name;
-            const float *x;
-            size_t n;
-        } in[4] = {{"kiln_forward: input hidden_states", a->hidden, z.hidden},
-                   {"kiln_forward: input encoder_hidden_states", a->context, z.context},
-                   {"kiln_forward: input pooled_projections", a->pooled, z.pooled},
-                   {"kiln_forward: input timestep", a->timestep, z.timestep}};
-        for (int i = 0; i < 4; i++) {
-            kiln_status st = kt_check_finite(in[i].name, in[i].x, in[i].n);
-            if (st) return st;
-        }
-    }
-    kiln_status st = m->mesh ? km_forward_dist(m, a, out) : km_forward(m, a, out);
-    if (st || !sized) return st;
-    size_t bad = kt_find_nonfinite(out, z.out);
-    if (bad < z.out)
-        return kb_fail(KILN_ERR_NONFINITE, "forward (%s) gave a non-finite output sample (%s at index %zu)",
-                       kiln_model_last_exec(m), kt_nonfinite_name(out[bad]), bad);
     return KILN_OK;
 }

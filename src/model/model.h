@@ -1,12 +1,13 @@
-/* model.h - what a kiln_model holds: the config and the f32 compute weights
- * by diffusers name (sorted), plus what `kiln info` reports. */
+/* model.h - what a kiln_model holds: its family (the architecture table,
+ * src/arch/), its config (opaque, the family's), the compute weights by
+ * name (sorted), plus what `kiln info` reports. */
 #ifndef KILN_MODEL_H
 #define KILN_MODEL_H
 
 #include "format/checkpoint.h"
 #include "kernels/kernels.h"
 #include "kiln.h"
-#include "model/sd3.h"
+#include "arch/arch.h"
 
 #include <pthread.h>
 
@@ -40,7 +41,8 @@ typedef struct km_compute {
     int tp, tp_index; /* tensor parallel: this rank holds shard tp_index of tp (0, 0: all) */
     int fsdp, fsdp_index; /* FSDP: block weights split in fsdp byte ranges, this rank holds one */
     kiln_quant quant; /* quantized linear layers (src/model/quant.c) */
-    char quant_layers[256]; /* their name patterns (KILN_QUANT_DEFAULT_LAYERS) */
+    char quant_layers[256]; /* their name patterns; "" until the family is known: its default */
+    int quant_default;      /* the family's default patterns (not named by the caller) */
 } km_compute;
 
 struct kx_package;
@@ -60,13 +62,13 @@ typedef struct km_exec {
     int n_pkgs;
     void *arena;               /* planned executor */
     size_t arena_bytes;
-    /* the planned executor's constant: the position table cropped to the
+    /* the planned executor's constant: a position table cropped to the
      * last shape (it depends on the weights alone), made once per shape and
      * not every forward; pos_key: the table, M, h, w, D it was made from */
     float *pos;
     int64_t pos_key[5];
     const char *last;          /* the step that ran the last forward */
-    /* why the last forward skipped a package it had ("dynamic: ctx_len ...
+    /* why the last forward skipped a package it had ("dynamic: batch ...
      * outside the package's range"), "" when none was skipped
      * (kiln_model_exec_note) */
     char note[1024];
@@ -80,7 +82,8 @@ typedef struct km_exec {
 } km_exec;
 
 struct kiln_model {
-    kiln_config cfg;
+    const ka_arch *arch; /* the family */
+    void *cfg;           /* its config (arch->config_size bytes, owned) */
     km_compute compute;
     km_weight *w; /* sorted by name */
     size_t nw;
@@ -119,48 +122,68 @@ kiln_status km_compile(kiln_model *m, const kiln_compile_opts *o, double quality
 /* Set up / tear down a model's execution state (exec.c). */
 void km_exec_init(kiln_model *m);
 void km_exec_free(kiln_model *m);
-/* kiln_forward's body: the fallback chain (on a mesh: for this rank's part,
- * with a->batch the local batch). */
-kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out);
+/* A forward in the family's terms: inputs in the order of arch->in with
+ * their shapes (checked against the family's), outputs in the order of
+ * arch->out (each holding the family's shape for the solved symbols). The
+ * inputs are scanned for NaN/Inf first and the outputs after, named by who
+ * ("kiln_run"). On a mesh: this rank's part. */
+kiln_status km_run(kiln_model *m, const int64_t (*in_shape)[4], const float *const *in, float *const *out, const char *who);
+/* The symbol values and output shapes of input shapes (checked). */
+kiln_status km_solve(const kiln_model *m, const int64_t (*in_shape)[4], int64_t *s, int64_t (*out_shape)[4], const char *who);
+/* The fallback chain for solved symbols (no checks; exec.c). */
+kiln_status km_exec_run(kiln_model *m, const int64_t *s, const float *const *in, float *const *out);
+/* km_exec_run on a mesh: CFG parallel splits dim 0 (the batch, symbol 0)
+ * of every input and output across its group (forward_dist.c). */
+kiln_status km_exec_run_dist(kiln_model *m, const int64_t *s, const float *const *in, float *const *out);
 /* Tensor parallel: cut the converted f32 weights down to shard index of tp
- * (before packing; shard.c). */
-kiln_status km_shard_tp(kiln_model *m, int tp, int index);
-/* FSDP (shard.c). The block a weight belongs to (-1: none, replicated). */
-int km_fsdp_block(const char *name);
-/* Byte range [*off, *off + *len) of part j of n of a weight of full bytes. */
+ * by the spec's split rules (before packing; shard.c). */
+kiln_status km_shard_tp(kiln_model *m, const ka_spec *spec, size_t ns, int tp, int index);
+/* FSDP (shard.c). Byte range [*off, *off + *len) of part j of n of a weight of full bytes. */
 void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len);
 /* A mapped cache tensor t as this rank's part of spec weight s. */
-kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const struct kcache_entry *e, size_t i, km_compute cp);
+kiln_status km_fsdp_map(km_weight *w, const ka_spec *s, const struct kcache_entry *e, size_t i, km_compute cp);
 /* After the weights are mapped and sorted: the block workspace. */
 kiln_status km_fsdp_finish(kiln_model *m);
 /* Gather the weights of one block (kg_dist.fsdp_gather; user = the model). */
 void km_fsdp_gather(void *user, int block);
+/* Add a quantization scheme to a resolved compute choice (checks that this
+ * build and CPU can run it; layers NULL: the family's default patterns,
+ * filled in by km_compute_for_arch). */
+kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layers);
+/* The family's default quantized layers, where the caller named none. */
+void km_compute_for_arch(km_compute *cp, const ka_arch *a);
+/* The packed dtype of a linear weight (by its name) under cp: the compute
+ * dtype, or I8 / F8_E4M3 when the scheme quantizes its layer. */
+kiln_dtype km_pack_dtype(const km_compute *cp, const char *weight_name);
+/* The scheme's part of the cache key: "" (none), "int8", "fp8", with
+ * "-l<hex>" for layer patterns the caller named and "-brokenscales" under
+ * the test hook KILN_TEST_BREAK_QUANT_SCALES. */
+void km_quant_tag(const km_compute *cp, char *buf, size_t cap);
+/* The family of a config.json (NULL text: the default family) and a
+ * config parsed by it (malloc'd, arch->config_size bytes). */
+kiln_status km_config_parse(const char *json, const ka_arch **arch, void **cfg);
+/* Write a seeded model of a family as a diffusers folder (seeded.c). */
+kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, uint64_t seed, kiln_dtype dtype);
+/* Free a model for real (the registry calls this at refcount 0). */
+void km_destroy(kiln_model *m);
+
+/* ---- the SD3 calls of the public API (sd3_api.c): thin wrappers ------------ */
+
+/* kiln_forward's body without the checks: km_exec_run of the SD3 inputs. */
+kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out);
 /* The largest batch and context length a forward or a sampler takes: far
  * beyond real use (SD3 runs batch 2 with CFG and 333 context tokens), small
  * enough that no size computed from them overflows before an allocation. */
 #define KM_MAX_BATCH 1024
 #define KM_MAX_CONTEXT 65536
-/* Element counts of a forward's buffers, after checking every size against
- * its limit (batch, context length; latent H, W by sd3_check_latent) and
- * every product for overflow. Messages name the size and its limit. */
+/* Element counts of an SD3 forward's buffers, after checking every size
+ * against its limit (batch, context length; latent H, W by
+ * sd3_check_latent) and every product for overflow. Messages name the size
+ * and its limit. */
 typedef struct km_sizes {
     size_t hidden, context, pooled, timestep, out; /* [B,C,H,W] [B,T,J] [B,P] [B] [B,Co,H,W] */
 } km_sizes;
 kiln_status km_check_sizes(const kiln_config *c, int64_t batch, int64_t height, int64_t width,
                            int64_t context_len, km_sizes *out);
-/* kiln_forward of a model on a mesh (forward_dist.c). */
-kiln_status km_forward_dist(kiln_model *m, const kiln_forward_args *a, float *out);
-/* Add a quantization scheme to a resolved compute choice (checks that this
- * build and CPU can run it; layers NULL: the default patterns). */
-kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layers);
-/* The packed dtype of a linear weight (by its name) under cp: the compute
- * dtype, or I8 / F8_E4M3 when the scheme quantizes its layer. */
-kiln_dtype km_pack_dtype(const km_compute *cp, const char *weight_name);
-/* The scheme's part of the cache key: "" (none), "int8", "fp8", with
- * "-l<hex>" for non-default layer patterns and "-brokenscales" under the
- * test hook KILN_TEST_BREAK_QUANT_SCALES. */
-void km_quant_tag(const km_compute *cp, char *buf, size_t cap);
-/* Free a model for real (the registry calls this at refcount 0). */
-void km_destroy(kiln_model *m);
 
 #endif

@@ -22,14 +22,14 @@ const char *kiln_quant_name(kiln_quant q) {
 kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layers) {
     cp->quant = KILN_QUANT_NONE;
     cp->quant_layers[0] = 0;
+    cp->quant_default = 0;
     if (q == KILN_QUANT_NONE) return KILN_OK;
     if (q != KILN_QUANT_INT8 && q != KILN_QUANT_FP8)
         return kb_fail(KILN_ERR_INVALID_ARG, "quantization scheme %d is unknown (int8 or fp8)", (int)q);
     if (cp->reference)
         return kb_fail(KILN_ERR_UNSUPPORTED, "--quant %s needs the fast kernels: the reference kernels take f32 weights only",
                        kiln_quant_name(q));
-    if (!layers) layers = KILN_QUANT_DEFAULT_LAYERS;
-    if (!*layers || strlen(layers) >= sizeof cp->quant_layers)
+    if (layers && (!*layers || strlen(layers) >= sizeof cp->quant_layers))
         return kb_fail(KILN_ERR_INVALID_ARG, "quantized layer patterns \"%s\": give 1 to %zu characters", layers,
                        sizeof cp->quant_layers - 1);
     kiln_dtype qt = q == KILN_QUANT_INT8 ? KILN_I8 : KILN_F8_E4M3;
@@ -47,8 +47,14 @@ kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layer
         return kb_fail(KILN_ERR_UNSUPPORTED, "--quant %s: this build or CPU has no %s GEMM", kiln_quant_name(q),
                        kiln_dtype_name(qt));
     cp->quant = q;
-    snprintf(cp->quant_layers, sizeof cp->quant_layers, "%s", layers);
+    cp->quant_default = !layers;
+    snprintf(cp->quant_layers, sizeof cp->quant_layers, "%s", layers ? layers : "");
     return KILN_OK;
+}
+
+void km_compute_for_arch(km_compute *cp, const ka_arch *a) {
+    if (cp->quant && cp->quant_default)
+        snprintf(cp->quant_layers, sizeof cp->quant_layers, "%s", a->quant_layers ? a->quant_layers : "");
 }
 
 /* "a,b,!c": matched by a or b and not by c */
@@ -81,7 +87,7 @@ void km_quant_tag(const km_compute *cp, char *buf, size_t cap) {
     buf[0] = 0;
     if (cp->quant == KILN_QUANT_NONE) return;
     size_t len = (size_t)snprintf(buf, cap, "%s", kiln_quant_name(cp->quant));
-    if (len < cap && strcmp(cp->quant_layers, KILN_QUANT_DEFAULT_LAYERS))
+    if (len < cap && !cp->quant_default)
         len += (size_t)snprintf(buf + len, cap - len, "-l%08llx",
                                 (unsigned long long)(kcache_hash_bytes(cp->quant_layers, strlen(cp->quant_layers), 7) >> 32));
     const char *e = getenv("KILN_TEST_BREAK_QUANT_SCALES");

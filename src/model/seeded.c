@@ -1,48 +1,14 @@
-/* seeded.c - models made from a seed: the demo's embedded default and test
- * or benchmark checkpoints of any SD3 shape, written as diffusers folders. */
+/* seeded.c - models made from a seed: test or benchmark checkpoints of any
+ * family and shape (the demo's embedded default among them), written as
+ * diffusers folders. */
 #include "base/base.h"
 #include "format/safetensors.h"
-#include "model/sd3.h"
+#include "model/model.h"
 #include "tensor/dtype.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-kiln_config kiln_config_demo(void) {
-    kiln_config c = sd3_config_defaults();
-    c.sample_size = 32;
-    c.patch_size = 2;
-    c.in_channels = c.out_channels = 16;
-    c.num_layers = 3;
-    c.attention_head_dim = 16;
-    c.num_attention_heads = 4;
-    c.caption_projection_dim = 64;
-    c.joint_attention_dim = 64;
-    c.pooled_projection_dim = 64;
-    c.pos_embed_max_size = 48;
-    c.qk_norm_rms = 1;
-    c.dual_attention_mask = 1; /* block 0, as SD3.5-medium's first blocks */
-    return c;
-}
-
-/* diffusers' get_2d_sincos_pos_embed(D, grid M, base_size, interpolation 1):
- * the first D/2 features encode the column, the last D/2 the row; each half
- * is sin(pos w_i) then cos(pos w_i) with w_i = 10000^(-i/(D/4)). */
-static void sincos_table(float *out, int64_t M, int64_t D, double base) {
-    int64_t quarter = D / 4;
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t c = 0; c < M; c++) {
-            float *e = out + (r * M + c) * D;
-            double pos[2] = {(double)c * base / (double)M, (double)r * base / (double)M};
-            for (int h = 0; h < 2; h++)
-                for (int64_t i = 0; i < quarter; i++) {
-                    double w = pow(10000.0, -(double)i / (double)quarter);
-                    e[h * 2 * quarter + i] = (float)sin(pos[h] * w);
-                    e[h * 2 * quarter + quarter + i] = (float)cos(pos[h] * w);
-                }
-        }
-}
 
 static uint64_t fnv1a(const char *s) {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -50,16 +16,15 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uint64_t seed,
-                                    kiln_dtype dtype) {
-    if (!dir || !cfg) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_write_seeded_model: dir and cfg are required");
+kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, uint64_t seed, kiln_dtype dtype) {
+    if (!a || !dir || !cfg) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_write_seeded_model: dir and cfg are required");
     if (!kt_dtype_is_float_source(dtype))
         return kb_fail(KILN_ERR_DTYPE, "seeded weights can be F32, F16 or BF16, not %s", kiln_dtype_name(dtype));
-    kiln_status st = sd3_config_validate(cfg);
+    kiln_status st = a->config_validate(cfg);
     if (st) return st;
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t ns = 0;
-    if ((st = sd3_weight_spec(cfg, &spec, &ns))) return st;
+    if ((st = a->weight_spec(cfg, &spec, &ns))) return st;
     st_tensor *t = kb_calloc(ns, sizeof *t);
     char *cfg_json = NULL, *path = NULL, *cfg_path = NULL;
     if (!t) {
@@ -80,10 +45,7 @@ kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uin
         }
         const char *name = spec[i].name;
         size_t len = strlen(name);
-        if (!strcmp(name, "pos_embed.pos_embed")) {
-            sincos_table(v, cfg->pos_embed_max_size, spec[i].shape[2],
-                         (double)cfg->sample_size / cfg->patch_size);
-        } else {
+        if (!a->seed_tensor || !a->seed_tensor(cfg, name, v, (size_t)n)) {
             kiln_noise(seed ^ fnv1a(name), v, (size_t)n);
             int is_bias = len > 5 && !strcmp(name + len - 5, ".bias");
             int is_norm = strstr(name, ".norm_") && !strstr(name, "linear");
@@ -106,7 +68,7 @@ kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uin
     if ((st = kb_mkdir_p(dir))) goto done;
     path = kb_path_join(dir, "diffusion_pytorch_model.safetensors");
     cfg_path = kb_path_join(dir, "config.json");
-    cfg_json = sd3_config_to_json(cfg);
+    cfg_json = a->config_to_json(cfg);
     if (!path || !cfg_path || !cfg_json) {
         st = kb_fail(KILN_ERR_NOMEM, "out of memory");
         goto done;

@@ -1,62 +1,35 @@
-/* shard.c - what one tensor-parallel rank holds of the SD3 weights, and the
- * slicing that makes it from the full tensors (docs/distributed.md). */
+/* shard.c - what one tensor-parallel rank holds of a model's weights (by
+ * the split rules of the family's weight spec) and the slicing that makes
+ * it from the full tensors; FSDP's byte ranges and block gathers
+ * (docs/distributed.md). */
 #include "base/base.h"
 #include "model/model.h"
 
 #include <string.h>
 
-/* the part of a block weight's name after "transformer_blocks.<i>." */
-static const char *block_part(const char *name) {
-    if (strncmp(name, "transformer_blocks.", 19)) return NULL;
-    const char *dot = strchr(name + 19, '.');
-    return dot ? dot + 1 : NULL;
-}
-
-static int split_of(const char *name) {
-    static const char *rows[] = {"attn.to_q.",       "attn.to_k.",       "attn.to_v.",       "attn.add_q_proj.",
-                                 "attn.add_k_proj.", "attn.add_v_proj.", "attn2.to_q.",      "attn2.to_k.",
-                                 "attn2.to_v.",      "ff.net.0.proj.",   "ff_context.net.0.proj."};
-    static const char *cols[] = {"attn.to_out.0.", "attn.to_add_out.", "attn2.to_out.0.", "ff.net.2.",
-                                 "ff_context.net.2."};
-    const char *p = block_part(name);
-    if (!p) return SD3_SPLIT_NONE;
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-        if (!strncmp(p, rows[i], strlen(rows[i]))) return SD3_SPLIT_ROWS;
-    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
-        if (!strncmp(p, cols[i], strlen(cols[i])))
-            return !strcmp(p + strlen(cols[i]), "bias") ? SD3_SPLIT_BIAS0 : SD3_SPLIT_COLS;
-    return SD3_SPLIT_NONE;
-}
-
-void sd3_shard_spec(int tp, sd3_spec *spec, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        spec[i].split = tp > 1 ? split_of(spec[i].name) : SD3_SPLIT_NONE;
-        if (spec[i].split == SD3_SPLIT_ROWS) spec[i].shape[0] /= tp;
-        if (spec[i].split == SD3_SPLIT_COLS) spec[i].shape[1] /= tp;
-    }
-}
-
-kiln_status km_shard_tp(kiln_model *m, int tp, int index) {
+kiln_status km_shard_tp(kiln_model *m, const ka_spec *spec, size_t ns, int tp, int index) {
     if (tp <= 1) return KILN_OK;
-    kiln_status st = sd3_check_parallel(&m->cfg, tp, 1);
+    kiln_status st = m->arch->check_parallel ? m->arch->check_parallel(m->cfg, tp, 1)
+                                             : kb_fail(KILN_ERR_UNSUPPORTED, "%s models do not run tensor parallel", m->arch->name);
     if (st) return st;
-    for (size_t i = 0; i < m->nw; i++) {
-        km_weight *w = &m->w[i];
-        int split = split_of(w->name);
-        if (split == SD3_SPLIT_NONE) continue;
+    for (size_t k = 0; k < ns; k++) {
+        int split = spec[k].split;
+        if (split == KA_SPLIT_NONE) continue;
+        km_weight *w = (km_weight *)km_find(m, spec[k].name);
+        if (!w) return kb_fail(KILN_ERR_MISSING, "tensor parallel: no weight %s to shard", spec[k].name);
         if (!w->data || w->packed)
             return kb_fail(KILN_ERR_INVALID_ARG, "tensor parallel: %s must be sharded before it is packed", w->name);
         int64_t R = w->shape[0], C = w->ndim > 1 ? w->shape[1] : 1;
-        if (split == SD3_SPLIT_BIAS0) { /* added once: rank 0 keeps it */
+        if (split == KA_SPLIT_BIAS0) { /* added once: rank 0 keeps it */
             if (index) memset(w->data, 0, sizeof(float) * (size_t)R);
             continue;
         }
-        int64_t r = split == SD3_SPLIT_ROWS ? R / tp : R, c = split == SD3_SPLIT_COLS ? C / tp : C;
+        int64_t r = split == KA_SPLIT_ROWS ? R / tp : R, c = split == KA_SPLIT_COLS ? C / tp : C;
         float *d = kb_alloc_aligned(sizeof(float) * (size_t)(r * c));
         if (!d) return kb_fail(KILN_ERR_NOMEM, "out of memory sharding %s", w->name);
         for (int64_t y = 0; y < r; y++) {
-            const float *src = split == SD3_SPLIT_ROWS ? w->data + ((int64_t)index * r + y) * C
-                                                       : w->data + y * C + (int64_t)index * c;
+            const float *src = split == KA_SPLIT_ROWS ? w->data + ((int64_t)index * r + y) * C
+                                                      : w->data + y * C + (int64_t)index * c;
             memcpy(d + y * c, src, sizeof(float) * (size_t)c);
         }
         kb_free_aligned(w->data);
@@ -79,13 +52,6 @@ kiln_status km_shard_tp(kiln_model *m, int tp, int index) {
 #include <stdio.h>
 #include <stdlib.h>
 
-int km_fsdp_block(const char *name) {
-    if (strncmp(name, "transformer_blocks.", 19)) return -1;
-    char *end;
-    long b = strtol(name + 19, &end, 10);
-    return end != name + 19 && *end == '.' && b >= 0 && b < SD3_MAX_LAYERS ? (int)b : -1;
-}
-
 void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len) {
     size_t chunk = (full + (size_t)n - 1) / (size_t)n;
     chunk = (chunk + 63) & ~(size_t)63; /* parts start 64-byte aligned */
@@ -96,7 +62,7 @@ void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len) {
     *len = b - a;
 }
 
-kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const kcache_entry *e, size_t i, km_compute cp) {
+kiln_status km_fsdp_map(km_weight *w, const ka_spec *s, const kcache_entry *e, size_t i, km_compute cp) {
     const kcache_tensor *t = &e->t[i];
     int64_t numel = 1;
     for (int d = 0; d < s->ndim; d++) numel *= s->shape[d];
@@ -123,7 +89,7 @@ kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const kcache_entry *e, 
     w->src_dtype = packed ? cp.dtype : KILN_F32;
     snprintf(w->layout, sizeof w->layout, "%s", layout);
     w->fsdp = 1;
-    w->block = km_fsdp_block(s->name);
+    w->block = s->block;
     w->part = t->data;
     w->part_bytes = t->nbytes;
     w->full_bytes = full;
@@ -134,9 +100,10 @@ kiln_status km_fsdp_map(km_weight *w, const sd3_spec *s, const kcache_entry *e, 
     return KILN_OK;
 }
 
-/* offset of each FSDP weight inside the workspace: blocks share it */
-static size_t ws_offsets(kiln_model *m, size_t *off) {
-    size_t need = 0, at[SD3_MAX_LAYERS] = {0};
+/* offset of each FSDP weight inside the workspace: blocks share it (at:
+ * one running offset per block) */
+static size_t ws_offsets(kiln_model *m, size_t *off, size_t *at) {
+    size_t need = 0;
     for (size_t i = 0; i < m->nw; i++) {
         km_weight *w = &m->w[i];
         if (!w->fsdp) continue;
@@ -148,9 +115,17 @@ static size_t ws_offsets(kiln_model *m, size_t *off) {
 }
 
 kiln_status km_fsdp_finish(kiln_model *m) {
-    size_t *off = kb_calloc(m->nw ? m->nw : 1, sizeof *off);
-    if (!off) return KILN_ERR_NOMEM;
-    size_t need = ws_offsets(m, off);
+    int nb = 0;
+    for (size_t i = 0; i < m->nw; i++)
+        if (m->w[i].fsdp && m->w[i].block + 1 > nb) nb = m->w[i].block + 1;
+    size_t *off = kb_calloc(m->nw ? m->nw : 1, sizeof *off), *at = kb_calloc((size_t)nb + 1, sizeof *at);
+    if (!off || !at) {
+        free(off);
+        free(at);
+        return KILN_ERR_NOMEM;
+    }
+    size_t need = ws_offsets(m, off, at);
+    free(at);
     m->fsdp_ws = kb_alloc_aligned(need ? need : 64);
     if (!m->fsdp_ws) {
         free(off);

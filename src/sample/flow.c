@@ -48,7 +48,9 @@ kiln_generate_opts kiln_generate_defaults(void) {
 
 kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out) {
     if (!m || !o || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: model, options and output are required");
-    const kiln_config *c = &m->cfg;
+    const kiln_config *c = kiln_model_config(m);
+    if (!c)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "kiln_generate samples SD3 backbones; this is a %s model", kiln_model_family(m));
     int cfg = o->guidance > 1.0;
     if (!o->cond || !o->cond_pooled)
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: conditioning (prompt_embeds, pooled_prompt_embeds) is required");

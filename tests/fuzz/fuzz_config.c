@@ -9,7 +9,7 @@
 #include "fuzz_common.h"
 
 #include "base/base.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *json = kfz_cstr(data, size);
@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     KFZ_ASSERT(st == KILN_OK);
     KFZ_ASSERT(!memcmp(&cfg, &back, sizeof cfg));
 
-    sd3_spec *spec = NULL;
+    ka_spec *spec = NULL;
     size_t n = 0;
     if (sd3_weight_spec(&cfg, &spec, &n) == KILN_OK) {
         for (size_t i = 0; i < n; i++) {

@@ -12,7 +12,7 @@
 #include "base/base.h"
 #include "format/checkpoint.h"
 #include "format/safetensors.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 static volatile uint8_t kfz_sink;
 
@@ -79,7 +79,7 @@ static void round_trip(const st_file *f) {
 /* The checkpoint layer on the same file: renames and splits are views too. */
 static void checkpoint(const char *path) {
     kc_checkpoint *c = NULL;
-    if (kc_open(path, NULL, &c) != KILN_OK) {
+    if (kc_open(path, NULL, ka_renamers(), &c) != KILN_OK) {
         KFZ_ASSERT(kiln_last_error()[0]);
         return;
     }
@@ -91,7 +91,7 @@ static void checkpoint(const char *path) {
     }
     kiln_config cfg;
     if (sd3_config_infer(c, &cfg) == KILN_OK) {
-        sd3_spec *spec = NULL;
+        ka_spec *spec = NULL;
         size_t ns = 0;
         if (sd3_weight_spec(&cfg, &spec, &ns) == KILN_OK) free(spec);
     } else {

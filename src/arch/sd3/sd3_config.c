@@ -1,7 +1,7 @@
 /* sd3_config.c - SD3Transformer2DModel config: defaults, parsing,
  * inference from shapes, validation, serialisation, and the weight list. */
 #include "base/base.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -225,7 +225,7 @@ kiln_status sd3_config_infer(const kc_checkpoint *c, kiln_config *cfg) {
 /* ---- the expected weights ------------------------------------------------ */
 
 typedef struct {
-    sd3_spec *s;
+    ka_spec *s;
     size_t n, cap;
     kiln_status st;
 } spec_list;
@@ -237,7 +237,7 @@ static void add(spec_list *l, int ndim, int64_t d0, int64_t d1, int64_t d2, int6
     if (l->st) return;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 128;
-        sd3_spec *ns = realloc(l->s, cap * sizeof *ns);
+        ka_spec *ns = realloc(l->s, cap * sizeof *ns);
         if (!ns) {
             l->st = kb_fail(KILN_ERR_NOMEM, "out of memory");
             return;
@@ -245,8 +245,10 @@ static void add(spec_list *l, int ndim, int64_t d0, int64_t d1, int64_t d2, int6
         l->s = ns;
         l->cap = cap;
     }
-    sd3_spec *s = &l->s[l->n++];
+    ka_spec *s = &l->s[l->n++];
     s->linear = 0;
+    s->split = KA_SPLIT_NONE;
+    s->block = -1;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(s->name, sizeof s->name, fmt, ap);
@@ -265,7 +267,25 @@ static void add_linear(spec_list *l, const char *name, int64_t in, int64_t out) 
     add(l, 1, out, 0, 0, 0, "%s.bias", name);
 }
 
-kiln_status sd3_weight_spec(const kiln_config *c, sd3_spec **out, size_t *n) {
+/* Tensor parallel (Megatron style): column-parallel linears (q, k, v, FF
+ * in) keep a block of output rows, row-parallel ones (attention out, FF
+ * out) a block of input columns and rank 0 keeps their bias. part: the
+ * name after "transformer_blocks.<i>." */
+static int split_of(const char *part) {
+    static const char *rows[] = {"attn.to_q.",       "attn.to_k.",       "attn.to_v.",       "attn.add_q_proj.",
+                                 "attn.add_k_proj.", "attn.add_v_proj.", "attn2.to_q.",      "attn2.to_k.",
+                                 "attn2.to_v.",      "ff.net.0.proj.",   "ff_context.net.0.proj."};
+    static const char *cols[] = {"attn.to_out.0.", "attn.to_add_out.", "attn2.to_out.0.", "ff.net.2.",
+                                 "ff_context.net.2."};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (!strncmp(part, rows[i], strlen(rows[i]))) return KA_SPLIT_ROWS;
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
+        if (!strncmp(part, cols[i], strlen(cols[i])))
+            return !strcmp(part + strlen(cols[i]), "bias") ? KA_SPLIT_BIAS0 : KA_SPLIT_COLS;
+    return KA_SPLIT_NONE;
+}
+
+kiln_status sd3_weight_spec(const kiln_config *c, ka_spec **out, size_t *n) {
     spec_list l = {0};
     int64_t D = (int64_t)c->num_attention_heads * c->attention_head_dim, Dh = c->attention_head_dim;
     int64_t p = c->patch_size, M = c->pos_embed_max_size;
@@ -329,6 +349,16 @@ kiln_status sd3_weight_spec(const kiln_config *c, sd3_spec **out, size_t *n) {
     if (l.st) {
         free(l.s);
         return l.st;
+    }
+    /* each block's weights: one FSDP block, split by the rules above */
+    for (size_t i = 0; i < l.n; i++) {
+        ka_spec *s = &l.s[i];
+        if (strncmp(s->name, "transformer_blocks.", 19)) continue;
+        char *end;
+        long b = strtol(s->name + 19, &end, 10);
+        if (end == s->name + 19 || *end != '.' || b < 0 || b >= SD3_MAX_LAYERS) continue;
+        s->block = (int)b;
+        s->split = split_of(end + 1);
     }
     *out = l.s;
     *n = l.n;

@@ -3,7 +3,7 @@
  * comments are diffusers' names so the two can be read side by side. */
 #include "base/base.h"
 #include "dist/dist.h"
-#include "model/sd3.h"
+#include "arch/sd3/sd3.h"
 
 #include <stdio.h>
 
@@ -11,7 +11,7 @@ typedef struct {
     kg_graph *g;
     const kiln_config *c;
     int64_t D, heads; /* model width; heads on this rank (all of them unless tensor parallel) */
-    sd3_parallel par; /* factors 1 for a single process */
+    ka_par par; /* factors 1 for a single process */
 } fwd;
 
 /* Linear layer by diffusers name: name.weight and name.bias */
@@ -165,7 +165,7 @@ kiln_status sd3_build_forward(const kiln_config *c, kg_graph *g, int64_t B, int6
 }
 
 kiln_status sd3_build_forward_par(const kiln_config *c, kg_graph *g, int64_t B, int64_t H, int64_t W,
-                                  int64_t T, const sd3_parallel *par) {
+                                  int64_t T, const ka_par *par) {
     kiln_status st = sd3_check_latent(c, H, W);
     if (st) return st;
     if (B <= 0 || T <= 0)
@@ -223,6 +223,6 @@ kiln_status sd3_build_forward_par(const kiln_config *c, kg_graph *g, int64_t B, 
     hs = kg_modulate(g, kg_layernorm(g, hs, SD3_NORM_EPS), chunk(&f, emb, 1), chunk(&f, emb, 0));
     hs = lin(&f, hs, "proj_out", 0);
     if (sp > 1) hs = kg_allgather(g, hs, 1, KD_SP, sp);
-    kg_mark_output(g, kg_unpatchify(g, hs, p, hp, wp, c->out_channels));
+    kg_output(g, kg_unpatchify(g, hs, p, hp, wp, c->out_channels), "sample");
     return g->status;
 }

@@ -4,6 +4,7 @@
 #ifndef KILN_SD3_H
 #define KILN_SD3_H
 
+#include "arch/arch.h"
 #include "format/checkpoint.h"
 #include "graph/graph.h"
 #include "kiln.h"
@@ -12,22 +13,12 @@
 #define SD3_NORM_EPS 1e-6f    /* every LayerNorm and RMSNorm in the block */
 #define SD3_MAX_LAYERS 64     /* dual_attention_mask is 64 bits */
 
-/* One expected weight: diffusers name and exact shape. */
-typedef struct sd3_spec {
-    char name[112];
-    int ndim;
-    int64_t shape[4];
-    int linear; /* the W of a linear layer (packed for the fast GEMM) */
-    int split;  /* tensor parallel (sd3_shard_spec): SD3_SPLIT_* */
-} sd3_spec;
+/* The family's table (sd3_arch.c) and its original single-file names (sd3_names.c). */
+extern const ka_arch ka_sd3;
+extern const kc_renamer sd3_renamer;
 
-/* How tensor parallel splits a weight: column-parallel linears (q, k, v, FF
- * in) keep a block of output rows, row-parallel ones (attention out, FF out)
- * a block of input columns; a row-parallel bias is added once, so rank 0's
- * shard holds it and the others hold zeros. Everything else is replicated. */
-enum { SD3_SPLIT_NONE = 0, SD3_SPLIT_ROWS, SD3_SPLIT_COLS, SD3_SPLIT_BIAS0 };
-/* Turn a full spec into the shapes one of tp ranks holds (sets split). */
-void sd3_shard_spec(int tp, sd3_spec *spec, size_t n);
+/* The forward's symbols: batch, the latent's patch grid, context tokens. */
+enum { SD3_SYM_BATCH, SD3_SYM_H, SD3_SYM_W, SD3_SYM_CTX, SD3_NSYM };
 
 /* diffusers' defaults for keys missing from config.json */
 kiln_config sd3_config_defaults(void);
@@ -40,8 +31,9 @@ kiln_status sd3_config_validate(const kiln_config *cfg);
 /* Serialise as a diffusers config.json (malloc'd). */
 char *sd3_config_to_json(const kiln_config *cfg);
 
-/* The weights a config needs, in a stable order. Caller frees *out. */
-kiln_status sd3_weight_spec(const kiln_config *cfg, sd3_spec **out, size_t *n);
+/* The weights a config needs, in a stable order, with each one's tensor
+ * parallel split and FSDP block. Caller frees *out. */
+kiln_status sd3_weight_spec(const kiln_config *cfg, ka_spec **out, size_t *n);
 
 /* Latent size checks shared by every entry point: H, W multiples of the
  * patch and the patch grid inside pos_embed_max_size. */
@@ -53,17 +45,15 @@ kiln_status sd3_check_latent(const kiln_config *cfg, int64_t height, int64_t wid
 kiln_status sd3_build_forward(const kiln_config *cfg, kg_graph *g, int64_t B, int64_t H,
                               int64_t W, int64_t T);
 
-/* One rank's part of a parallel run (docs/distributed.md). The graph's
- * weights must be this rank's shard (sd3_shard_spec); the collective ops
- * (graph_dist.c) join the ranks. */
-typedef struct sd3_parallel {
-    int tp;            /* tensor parallel: heads and FF columns split, row-parallel outputs all-reduced */
-    int sp, sp_index;  /* sequence parallel: image tokens split, attention by Ulysses all-to-all */
-    int fsdp;          /* gather each block's weights before it runs */
-} sd3_parallel;
+/* One rank's part of a parallel run (docs/distributed.md): tensor parallel
+ * splits heads and FF columns and all-reduces row-parallel outputs;
+ * sequence parallel splits the image tokens, attention by Ulysses
+ * all-to-all; FSDP gathers each block's weights. The graph's weights must
+ * be this rank's shard (ka_shard_spec); the collective ops (graph_dist.c)
+ * join the ranks. */
 /* The same graph for one rank; par NULL (or all factors 1) is sd3_build_forward. */
 kiln_status sd3_build_forward_par(const kiln_config *cfg, kg_graph *g, int64_t B, int64_t H, int64_t W,
-                                  int64_t T, const sd3_parallel *par);
+                                  int64_t T, const ka_par *par);
 /* Can this config run split this way? Messages name the factor and what it must divide. */
 kiln_status sd3_check_parallel(const kiln_config *cfg, int tp, int sp);
 

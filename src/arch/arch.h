@@ -1,0 +1,131 @@
+/* arch.h - the architecture table: everything kiln knows about one model
+ * family, as one struct of data and functions. The cache, quantization,
+ * sharding, the compiler and packages, the execution chain and the CLI read
+ * a family only through this table; its config is opaque to them (a blob
+ * of config_size bytes that the family's functions read).
+ *
+ * A family lives in src/arch/<family>/ and is listed in arch.c; a test or
+ * an embedding program may add one at run time (ka_register). */
+#ifndef KILN_ARCH_H
+#define KILN_ARCH_H
+
+#include "format/checkpoint.h"
+#include "graph/graph.h"
+#include "kiln.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KA_MAX_SYMS 4 /* symbolic dimensions of a family's forward (the compiler's KX_MAX_SYMS) */
+#define KA_MAX_IO 4   /* named inputs, and outputs, of a forward */
+
+/* How tensor parallel splits a weight: column-parallel linears keep a block
+ * of output rows, row-parallel ones a block of input columns; a
+ * row-parallel bias is added once, so rank 0's shard holds it and the
+ * others hold zeros. Everything else is replicated. */
+enum { KA_SPLIT_NONE = 0, KA_SPLIT_ROWS, KA_SPLIT_COLS, KA_SPLIT_BIAS0 };
+
+/* One expected weight: the diffusers (or transformers) name and exact shape. */
+typedef struct ka_spec {
+    char name[112];
+    int ndim;
+    int64_t shape[4];
+    int linear; /* the W of a linear layer: packed for the fast GEMM, quantizable */
+    int split;  /* KA_SPLIT_*, the rule tensor parallel applies (ka_shard_spec) */
+    int block;  /* FSDP: the block it belongs to, gathered before the block runs; -1: none */
+} ka_spec;
+
+/* One rank's part of a parallel run: the builder places the collectives. */
+typedef struct ka_par {
+    int tp;           /* tensor parallel factor */
+    int sp, sp_index; /* sequence parallel factor, this rank's part */
+    int fsdp;         /* gather each block's weights before it runs */
+} ka_par;
+
+/* A named input or output of the forward. Symbol 0 is the batch: every
+ * input and output has it as its first dimension (CFG parallel splits it). */
+typedef struct ka_io {
+    const char *name;
+    int ndim;
+} ka_io;
+
+typedef struct ka_arch {
+    const char *name;      /* "sd3": the family's name in package folders, caches, `kiln info` */
+    const char *title;     /* what it is, for people: "SD3 / SD3.5 MMDiT (SD3Transformer2DModel)" */
+    const char *component; /* its diffusers subfolder ("transformer") */
+    size_t config_size;
+
+    /* ---- config: parse (missing keys take the reference's defaults),
+     * validate (a message naming the key), to JSON (the one form caches and
+     * packages key on), and infer from tensor shapes (NULL: a config.json is
+     * required). claims: does this config.json describe the family
+     * (_class_name, architectures); the first family that claims it opens it. */
+    int (*claims)(const char *config_json);
+    kiln_status (*config_parse)(const char *json, void *cfg);
+    kiln_status (*config_validate)(const void *cfg);
+    char *(*config_to_json)(const void *cfg);
+    kiln_status (*config_infer)(const kc_checkpoint *c, void *cfg);
+
+    /* ---- weights: every tensor the config needs, in a stable order (the
+     * cache's order); split and block set for every entry. Caller frees. */
+    kiln_status (*weight_spec)(const void *cfg, ka_spec **out, size_t *n);
+    /* the original single-file names (NULL: diffusers names only) */
+    const kc_renamer *renamer;
+    /* the layers --quant quantizes by default (patterns as kiln_open_opts.quant_layers) */
+    const char *quant_layers;
+    /* seeded weights (kiln_write_seeded_model): fill a tensor that is not
+     * random noise (a position table); 0 = not special (NULL: none is) */
+    int (*seed_tensor)(const void *cfg, const char *name, float *v, size_t n);
+
+    /* ---- the forward: its symbolic dimensions, named inputs and outputs */
+    int nsym;
+    const char *sym[KA_MAX_SYMS];
+    int n_in, n_out;
+    ka_io in[KA_MAX_IO], out[KA_MAX_IO];
+    /* the shapes of every input and output for symbol values s */
+    void (*io_shapes)(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]);
+    /* the symbol values of input shapes in[n_in][4] (the caller then checks
+     * every input against io_shapes); an impossible shape is an error naming it */
+    kiln_status (*solve)(const void *cfg, const int64_t (*in)[4], int64_t *s);
+    /* symbol values the model can run (ranges, multiples), named in the message */
+    kiln_status (*check)(const void *cfg, const int64_t *s);
+    /* the example compile traces and --capture checks when none is given */
+    void (*example)(const void *cfg, int64_t *s);
+    /* the example from kiln_compile_opts' height, width, context_len (NULL:
+     * the family takes none; batch is symbol 0's for every family) */
+    kiln_status (*example_opts)(const void *cfg, const kiln_compile_opts *o, int64_t *s);
+    /* values of input k for the example (seeded: deterministic) */
+    void (*example_input)(const void *cfg, int k, float *x, size_t n);
+    /* can this config run split this way? (NULL: only unsplit) */
+    kiln_status (*check_parallel)(const void *cfg, int tp, int sp);
+    /* build the forward graph for symbol values s (par NULL: one process);
+     * inputs in the order of `in`, outputs in the order of `out` */
+    kiln_status (*build)(const void *cfg, kg_graph *g, const int64_t *s, const ka_par *par);
+} ka_arch;
+
+/* The families kiln knows, in the order they are asked to claim a config. */
+int ka_count(void);
+const ka_arch *ka_at(int i);
+const ka_arch *ka_find(const char *name);
+/* Add a family (its table must outlive every model of it); refused when
+ * its name is taken or the table lacks a function every family needs. */
+kiln_status ka_register(const ka_arch *a);
+/* The family that claims a config.json, else NULL with the error naming the
+ * class the config says it is. */
+const ka_arch *ka_for_config(const char *config_json);
+/* The renamers of every family, NULL-terminated (kc_open tries each). */
+const kc_renamer *const *ka_renamers(void);
+
+/* The shapes one of tp ranks holds of a full spec (by each entry's split). */
+void ka_shard_spec(int tp, ka_spec *spec, size_t n);
+/* Append a spec entry (grows *s; returns the entry, or NULL out of memory). */
+ka_spec *ka_spec_add(ka_spec **s, size_t *n, size_t *cap, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* Input i's shape agrees with the family's shapes for s; else a message
+ * naming the input, its shape and the one expected. */
+kiln_status ka_check_inputs(const ka_arch *a, const void *cfg, const int64_t (*in)[4], const int64_t *s,
+                            const char *who);
+/* The element count of shape (ndim dims), 0 on overflow of size_t. */
+size_t ka_numel(int ndim, const int64_t *shape);
+
+#endif
