@@ -201,13 +201,15 @@ KILN_API kiln_status kiln_forward(kiln_model *m, const kiln_forward_args *a, flo
  *   eager    op by op
  * All four compute the same function with the same kernels. */
 typedef struct kiln_compile_opts {
-    /* Symbols: batch, h_tok, w_tok (latent size / patch), ctx_len. Each is
-     * "name=min:max" (dynamic) or "name=value" (static), comma-separated;
-     * symbols not named are static at the example's value. */
+    /* The family's symbols (`kiln compile --help` lists them; symbol 0 is
+     * the batch). Each is "name=min:max" (dynamic) or "name=value"
+     * (static), comma-separated; symbols not named are static at the
+     * example's value. */
     const char *dims;
-    int batch, height, width, context_len; /* the example request; 0 = default
-                                            * (batch 2, latent 64 or the largest
-                                            * the position table allows, 333) */
+    int batch;                           /* the example's batch; 0 = the family's */
+    int height, width, context_len;      /* an SD3 backbone's example; 0 = default
+                                          * (latent 64 or the largest the position
+                                          * table allows, 333 context tokens) */
     int whole_graph;         /* 0: regional (each block kind emitted once) */
     int capture;             /* run the example eagerly and refuse to publish a
                               * package that does not reproduce it */
@@ -245,9 +247,8 @@ KILN_API kiln_status kiln_model_open_packages(kiln_model *m, int *n);
 /* Which step ran the last forward: "dynamic", "fixed", "planned", "eager". */
 KILN_API const char *kiln_model_last_exec(const kiln_model *m);
 /* Why the last forward did not run an earlier step of the chain that it had
- * a package for, or whose step failed, e.g. "dynamic: ctx_len = 77 (from
- * encoder_hidden_states dimension 1) is outside the package's range [333,
- * 333]"; "" when nothing was skipped that way. */
+ * a package for, or whose step failed, e.g. "dynamic: tokens = 77 (from
+ * input_ids dimension 1) is outside the package's range [256, 256]"; "" when nothing was skipped that way. */
 KILN_API const char *kiln_model_exec_note(const kiln_model *m);
 
 /* ---- the weight cache: convert once, map everywhere -------------------- */
@@ -284,7 +285,7 @@ typedef struct kiln_load_opts {
     kiln_dtype dtype;        /* compute precision, BF16 (default) or F32: what the cache stores */
     int reference;           /* reference kernels, f32 row-major weights (the oracle) */
     kiln_quant quant;        /* quantized linear layers (off by default; part of the key) */
-    const char *quant_layers;/* NULL: KILN_QUANT_DEFAULT_LAYERS (part of the key) */
+    const char *quant_layers;/* NULL: the family's default (part of the key) */
     int fsdp;                /* weights sharded across ranks (key flag) */
     int no_create_cache;     /* do not publish on a miss */
     const char *cache_root;  /* NULL: $KILN_CACHE_DIR; NULL and unset: no cache */

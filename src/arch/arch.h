@@ -80,6 +80,7 @@ typedef struct ka_arch {
     /* ---- the forward: its symbolic dimensions, named inputs and outputs */
     int nsym;
     const char *sym[KA_MAX_SYMS];
+    const char *sym_doc[KA_MAX_SYMS]; /* what each is, for --help ("latent height / patch size") */
     int n_in, n_out;
     ka_io in[KA_MAX_IO], out[KA_MAX_IO];
     /* the shapes of every input and output for symbol values s */

@@ -1,5 +1,6 @@
 /* cmd_compile.c - kiln compile MODEL [--dim name=min:max ...]: export the
  * backbone with symbolic dimensions and build a weightless package. */
+#include "arch/arch.h"
 #include "base/base.h"
 #include "cli.h"
 
@@ -16,16 +17,17 @@ static int help(void) {
            "KILN_CC (default cc) into a weightless package (shared object + manifest) and publish it\n"
            "under the package folder. Later `kiln forward` / `kiln generate` runs in any process use\n"
            "it when the request's shape is inside its ranges (see docs/package.md).\n\n"
-           "dimensions (symbols):\n"
-           "  batch     batch rows (2 with classifier-free guidance)\n"
-           "  h_tok     latent height / patch size\n"
-           "  w_tok     latent width / patch size\n"
-           "  ctx_len   context (prompt) tokens\n"
-           "  --dim NAME=MIN:MAX   make a symbol dynamic over a range (repeatable, or comma-separated)\n"
+           "dimensions (symbols), by model family:\n", k_usage);
+    for (int f = 0; f < ka_count(); f++) {
+        const ka_arch *a = ka_at(f);
+        printf("  %s (%s):\n", a->name, a->title);
+        for (int i = 0; i < a->nsym; i++) printf("    %-9s %s\n", a->sym[i], a->sym_doc[i] ? a->sym_doc[i] : "");
+    }
+    printf("  --dim NAME=MIN:MAX   make a symbol dynamic over a range (repeatable, or comma-separated)\n"
            "  --dim NAME=VALUE     fix a symbol\n"
            "  Symbols not named are fixed at the example request's value.\n\n"
-           "the example request (default: batch 2, latent 64x64 or the largest the position table\n"
-           "allows, 333 context tokens):\n"
+           "the example request of an SD3 backbone (default: batch 2, latent 64x64 or the largest\n"
+           "the position table allows, 333 context tokens; other families: --batch and --dim):\n"
            "  --batch B  --latent HxW  --context-len T\n"
            "  --capture  run the example eagerly first and publish only if the package reproduces it\n\n"
            "  --full     emit the whole graph as one function (default: regional, each distinct\n"
@@ -33,7 +35,7 @@ static int help(void) {
            "quantized backbones (--quant int8|fp8): the quality gate (as `kiln quality`) runs first\n"
            "against the unquantized model, and a package is published only when the final latents\n"
            "differ by at most --max-error (default 0.03 relative L2); --force publishes anyway.\n\n%s",
-           k_usage, cli_common_help);
+           cli_common_help);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* cmd_demo.c - kiln demo: the README's main job on an embedded default.
  * Makes a tiny SD3.5-style model from seeded weights, writes it as a
  * diffusers folder, generates at two widths and prints where the time went. */
+#include "arch/sd3/sd3.h"
 #include "base/base.h"
 #include "cli.h"
 
@@ -90,7 +91,9 @@ int cmd_demo(int argc, char **argv) {
     /* the backbone: compiled once into a package with a dynamic width (published beside the
      * weights); a later process finds it and starts from it */
     kiln_compile_opts co = kiln_compile_defaults();
-    co.dims = "w_tok=16:24";
+    char dims[64]; /* the latent width over 32..48: patch columns 16..24 */
+    snprintf(dims, sizeof dims, "%s=16:24", ka_sd3.sym[SD3_SYM_W]);
+    co.dims = dims;
     co.batch = 2;
     co.height = 32;
     co.width = 32;
@@ -102,7 +105,7 @@ int cmd_demo(int argc, char **argv) {
     } else {
         printf("  package: %s in %.1f ms: %s\n           %s\n", cr.reused ? "found" : "compiled", (kb_now() - tc) * 1e3,
                cr.reused ? "published by an earlier run; this process starts from it"
-                         : "the backbone with a dynamic width (w_tok 16..24) as C, built into a weightless package",
+                         : "the backbone with a dynamic width (latent 32..48) as C, built into a weightless package",
                cr.path);
     }
     fflush(stdout);
@@ -133,7 +136,7 @@ int cmd_demo(int argc, char **argv) {
     }
     const char *env_cache = getenv("KILN_CACHE_DIR");
     /* the demo's cache and name, and a width inside the package's range
-     * (w_tok 16..24 = latent 32..48), so that the next run maps the weights
+     * (latent 32..48), so that the next run maps the weights
      * and runs the compiled package */
     char cache_opt[1100] = "";
     if (!(env_cache && *env_cache)) snprintf(cache_opt, sizeof cache_opt, " --cache-dir %s/cache", dir);

@@ -2,6 +2,7 @@
 #include "base/base.h"
 #include "cli.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static const char k_usage[] = "kiln info MODEL [--config FILE]";
@@ -37,23 +38,35 @@ int cmd_info(int argc, char **argv) {
     char size[32];
     printf("model:          %s\n", model);
     printf("layout:         %s\n", inf.layout);
-    printf("architecture:   SD3Transformer2DModel (MMDiT%s%s)\n", c->qk_norm_rms ? ", RMS qk-norm" : "",
-           c->dual_attention_mask ? ", dual attention" : "");
-    printf("layers:         %d joint blocks", c->num_layers);
-    if (c->dual_attention_mask) {
-        printf(" (attn2 in");
-        for (int i = 0; i < c->num_layers; i++)
-            if (c->dual_attention_mask >> i & 1) printf(" %d", i);
-        printf(")");
+    printf("family:         %s\n", kiln_model_family(m));
+    if (c) { /* an SD3 backbone: what its config says */
+        printf("architecture:   SD3Transformer2DModel (MMDiT%s%s)\n", c->qk_norm_rms ? ", RMS qk-norm" : "",
+               c->dual_attention_mask ? ", dual attention" : "");
+        printf("layers:         %d joint blocks", c->num_layers);
+        if (c->dual_attention_mask) {
+            printf(" (attn2 in");
+            for (int i = 0; i < c->num_layers; i++)
+                if (c->dual_attention_mask >> i & 1) printf(" %d", i);
+            printf(")");
+        }
+        printf("\nwidth:          %d = %d heads x %d\n", c->num_attention_heads * c->attention_head_dim,
+               c->num_attention_heads, c->attention_head_dim);
+        printf("patch:          %d, in %d / out %d channels, position table %dx%d patches\n",
+               c->patch_size, c->in_channels, c->out_channels, c->pos_embed_max_size, c->pos_embed_max_size);
+        printf("conditioning:   context %d -> %d, pooled %d\n", c->joint_attention_dim,
+               c->caption_projection_dim, c->pooled_projection_dim);
+        printf("latent range:   up to %dx%d (multiples of %d)\n", c->pos_embed_max_size * c->patch_size,
+               c->pos_embed_max_size * c->patch_size, c->patch_size);
+    } else { /* any other family: its config as it writes it */
+        char *js = kiln_model_config_json(m);
+        printf("config:         %s\n", js ? js : "?");
+        free(js);
     }
-    printf("\nwidth:          %d = %d heads x %d\n", c->num_attention_heads * c->attention_head_dim,
-           c->num_attention_heads, c->attention_head_dim);
-    printf("patch:          %d, in %d / out %d channels, position table %dx%d patches\n",
-           c->patch_size, c->in_channels, c->out_channels, c->pos_embed_max_size, c->pos_embed_max_size);
-    printf("conditioning:   context %d -> %d, pooled %d\n", c->joint_attention_dim,
-           c->caption_projection_dim, c->pooled_projection_dim);
-    printf("latent range:   up to %dx%d (multiples of %d)\n", c->pos_embed_max_size * c->patch_size,
-           c->pos_embed_max_size * c->patch_size, c->patch_size);
+    printf("inputs:        ");
+    for (int i = 0; i < kiln_model_n_inputs(m); i++) printf("%s %s", i ? "," : "", kiln_model_input_name(m, i));
+    printf("\noutputs:       ");
+    for (int i = 0; i < kiln_model_n_outputs(m); i++) printf("%s %s", i ? "," : "", kiln_model_output_name(m, i));
+    printf("\nquant layers:   %s (the --quant default)\n", kiln_family_quant_layers(kiln_model_family(m)));
     printf("parameters:     %lld (%.2f M) in %lld tensors\n", (long long)inf.n_params,
            (double)inf.n_params / 1e6, (long long)inf.n_tensors);
     printf("dtypes:        ");

@@ -34,14 +34,14 @@ typedef struct kx_sym {
 
 /* A dimension as a polynomial in the symbols: sum over monomials m (bit i
  * set = symbol i is a factor) of c[m] * prod s_i. Graph dimensions are
- * multilinear (tokens = h_tok * w_tok), so this form is exact. */
+ * multilinear (tokens = h * w), so this form is exact. */
 typedef struct kx_expr {
     int64_t c[KX_NMONO];
 } kx_expr;
 
 int64_t kx_eval(const kx_expr *e, const int64_t *s);
 int kx_is_const(const kx_expr *e);
-/* "2*w_tok", "h_tok*w_tok+333", "4" */
+/* "2*w", "h*w+333", "4" */
 void kx_expr_str(const kx_expr *e, const kx_sym *syms, int nsym, char *buf, size_t cap);
 
 /* Build (and fuse/plan) the graph for symbol values s. */
@@ -205,7 +205,7 @@ kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *
 /* Check a package folder without loading it: folders, signature, manifest,
  * CPU features, library hash (all that open and load check before dlopen). */
 kiln_status kx_package_verify(const char *dir);
-/* The manifest's summary line for listings ("w_tok=8..128 regional ...") */
+/* The manifest's summary line for listings ("w=8..128 regional ...") */
 const char *kx_package_summary(const kx_package *p);
 /* Does this machine have a CPU feature named as in manifests ("amx")? */
 int kx_cpu_has(const char *feature);

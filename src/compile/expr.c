@@ -29,7 +29,7 @@ int kx_is_const(const kx_expr *e) {
 void kx_expr_str(const kx_expr *e, const kx_sym *syms, int nsym, char *buf, size_t cap) {
     size_t len = 0;
     buf[0] = 0;
-    for (int m = KX_NMONO - 1; m >= 0; m--) { /* highest monomials first: "h_tok*w_tok+333" */
+    for (int m = KX_NMONO - 1; m >= 0; m--) { /* highest monomials first: "h*w+333" */
         int64_t c = e->c[m];
         if (!c || len >= cap) continue;
         const char *sign = c < 0 ? "-" : len ? "+" : "";

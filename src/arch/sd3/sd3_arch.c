@@ -127,7 +127,7 @@ static kiln_status build(const void *cfg, kg_graph *g, const int64_t *s, const k
 
 const ka_arch ka_sd3 = {
     .name = "sd3",
-    .title = "SD3 / SD3.5 MMDiT (diffusers SD3Transformer2DModel)",
+    .title = "SD3 / SD3.5 MMDiT, diffusers SD3Transformer2DModel",
     .component = "transformer",
     .config_size = sizeof(kiln_config),
     .claims = claims,
@@ -143,6 +143,8 @@ const ka_arch ka_sd3 = {
     .seed_tensor = seed_tensor,
     .nsym = SD3_NSYM,
     .sym = {"batch", "h_tok", "w_tok", "ctx_len"},
+    .sym_doc = {"batch rows (2 with classifier-free guidance)", "latent height / patch size", "latent width / patch size",
+                "context (prompt) tokens"},
     .n_in = 4,
     .n_out = 1,
     .in = {{"hidden_states", 4}, {"encoder_hidden_states", 3}, {"pooled_projections", 2}, {"timestep", 1}},
