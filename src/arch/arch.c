@@ -130,7 +130,7 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
 }
 
 kiln_status ka_check_inputs(const ka_arch *a, const void *cfg, const int64_t (*in)[4], const int64_t *s, const char *who) {
-    int64_t want[KA_MAX_IO][4] = {{0}}, out[KA_MAX_IO][4];
+    int64_t want[KA_MAX_IO][4] = {{0}}, out[KA_MAX_OUT][4];
     a->io_shapes(cfg, s, want, out);
     for (int i = 0; i < a->n_in; i++)
         if (memcmp(in[i], want[i], sizeof(int64_t) * (size_t)a->in[i].ndim)) {

@@ -17,7 +17,8 @@
 #include <stdint.h>
 
 #define KA_MAX_SYMS 4 /* symbolic dimensions of a family's forward (the compiler's KX_MAX_SYMS) */
-#define KA_MAX_IO 4   /* named inputs, and outputs, of a forward */
+#define KA_MAX_IO 4   /* named inputs of a forward, and outputs in the table's static list */
+#define KA_MAX_OUT 80 /* outputs of a config (ka_arch.outputs): every hidden state of a text encoder */
 
 /* How tensor parallel splits a weight: column-parallel linears keep a block
  * of output rows, row-parallel ones a block of input columns; a
@@ -83,7 +84,12 @@ typedef struct ka_arch {
     const char *sym_doc[KA_MAX_SYMS]; /* what each is, for --help ("latent height / patch size") */
     int n_in, n_out;
     ka_io in[KA_MAX_IO], out[KA_MAX_IO];
-    /* the shapes of every input and output for symbol values s */
+    /* the outputs of a config when they depend on it (every layer's hidden
+     * state): fills out[] (names pointing into names[]) and returns their
+     * count, at most KA_MAX_OUT; NULL: the static list above */
+    int (*outputs)(const void *cfg, ka_io *out, char (*names)[48]);
+    /* the shapes of every input and output for symbol values s (out has
+     * room for KA_MAX_OUT) */
     void (*io_shapes)(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]);
     /* the symbol values of input shapes in[n_in][4] (the caller then checks
      * every input against io_shapes); an impossible shape is an error naming it */

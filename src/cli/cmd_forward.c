@@ -91,14 +91,20 @@ static kiln_status call_named(void *u) {
 /* Any family: every input by name (F32, F16, BF16 as values; integers, such
  * as token ids, exactly below 2^24), every output written by name. */
 static int forward_named(kiln_model *m, const char *inputs, const char *output, long repeat) {
-    kiln_tensor *file = NULL, in[8];
+    kiln_tensor *file = NULL, in[8], *w = NULL;
     size_t nf = 0;
     int n_in = kiln_model_n_inputs(m), n_out = kiln_model_n_outputs(m), rc = 1;
-    kiln_output out[8];
     float *conv[8] = {0};
-    memset(out, 0, sizeof out);
+    kiln_output *out = calloc((size_t)n_out, sizeof *out);
+    if (!out || n_in > 8) {
+        free(out);
+        return cli_error("forward", "out of memory");
+    }
     kiln_status s = kiln_tensors_read(inputs, &file, &nf);
-    if (s) return cli_fail("forward", s);
+    if (s) {
+        free(out);
+        return cli_fail("forward", s);
+    }
     for (int k = 0; k < n_in; k++) {
         const char *name = kiln_model_input_name(m, k);
         const kiln_tensor *t = kiln_tensors_find(file, nf, name);
@@ -149,7 +155,10 @@ static int forward_named(kiln_model *m, const char *inputs, const char *output, 
         goto done;
     }
     double dt = kb_now() - t0;
-    kiln_tensor w[8];
+    if (!(w = calloc((size_t)n_out, sizeof *w))) {
+        cli_error("forward", "out of memory");
+        goto done;
+    }
     for (int k = 0; k < n_out; k++) {
         w[k] = (kiln_tensor){out[k].name, KILN_F32, out[k].ndim, {0}, out[k].data};
         memcpy(w[k].shape, out[k].shape, sizeof w[k].shape);
@@ -162,10 +171,10 @@ static int forward_named(kiln_model *m, const char *inputs, const char *output, 
         fprintf(stderr, "forward: %d output%s in %.1f ms -> %s\n", n_out, n_out == 1 ? "" : "s", dt * 1e3, output);
     rc = 0;
 done:
-    for (int k = 0; k < 8; k++) {
-        free(conv[k]);
-        free(out[k].data);
-    }
+    for (int k = 0; k < 8; k++) free(conv[k]);
+    for (int k = 0; k < n_out; k++) free(out[k].data);
+    free(out);
+    free(w);
     kiln_tensors_free(file);
     return rc;
 }

@@ -426,7 +426,7 @@ kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w) {
 
 void kg_output(kg_graph *g, kg_id x, const char *name) {
     if (!ok(g, x, -1, -1)) return;
-    if (g->n_outputs >= 4) {
+    if (g->n_outputs >= KG_MAX_OUTPUTS) {
         fail(g, KILN_ERR_INVALID_ARG, "too many graph outputs");
         return;
     }

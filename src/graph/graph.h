@@ -102,13 +102,16 @@ struct kg_dist {
 };
 typedef struct kg_dist kg_dist;
 
+/* a graph's outputs: a text encoder gives every layer's hidden state */
+#define KG_MAX_OUTPUTS 80
+
 typedef struct kg_graph {
     kg_node *nodes;
     int n, cap;
     kg_region *regions;
     int n_regions;
-    kg_id outputs[4];
-    char output_names[4][48]; /* "sample"; "out<i>" when not named */
+    kg_id outputs[KG_MAX_OUTPUTS];
+    char output_names[KG_MAX_OUTPUTS][48]; /* "sample"; "out<i>" when not named */
     int n_outputs;
     int n_inputs;
     kiln_status status; /* sticky first error */

@@ -161,9 +161,9 @@ static int bind_weight(void *user, const char *name, kx_bound *b) {
 }
 
 /* the shapes of every input and output for symbol values s */
-static void io_shapes(const kiln_model *m, const int64_t *s, int64_t in[KA_MAX_IO][4], int64_t out[KA_MAX_IO][4]) {
+static void io_shapes(const kiln_model *m, const int64_t *s, int64_t in[KA_MAX_IO][4], int64_t out[KA_MAX_OUT][4]) {
     memset(in, 0, sizeof(int64_t) * KA_MAX_IO * 4);
-    memset(out, 0, sizeof(int64_t) * KA_MAX_IO * 4);
+    memset(out, 0, sizeof(int64_t) * KA_MAX_OUT * 4);
     m->arch->io_shapes(m->cfg, s, in, out);
 }
 
@@ -198,11 +198,11 @@ static kiln_status check_capture(void *user, const char *staging) {
     kiln_model *m = cap->m;
     const ka_arch *a = m->arch;
     const int64_t *s = cap->s;
-    int64_t ish[KA_MAX_IO][4], osh[KA_MAX_IO][4];
+    int64_t ish[KA_MAX_IO][4], osh[KA_MAX_OUT][4];
     io_shapes(m, s, ish, osh);
     float **in = alloc_bufs(a->in, a->n_in, (const int64_t(*)[4])ish);
-    float **want = alloc_bufs(a->out, a->n_out, (const int64_t(*)[4])osh);
-    float **got = alloc_bufs(a->out, a->n_out, (const int64_t(*)[4])osh);
+    float **want = alloc_bufs(m->out, m->n_out, (const int64_t(*)[4])osh);
+    float **got = alloc_bufs(m->out, m->n_out, (const int64_t(*)[4])osh);
     for (int k = 0; in && k < a->n_in; k++) a->example_input(m->cfg, k, in[k], ka_numel(a->in[k].ndim, ish[k]));
     kx_package *pkg = NULL;
     kiln_status st = in && want && got ? KILN_OK : KILN_ERR_NOMEM;
@@ -215,8 +215,8 @@ static kiln_status check_capture(void *user, const char *staging) {
     if (!st) st = kx_package_load(pkg, m->backend, dist_of(m), bind_weight, m);
     if (!st) st = kx_package_run(pkg, s, (const float *const *)in, got);
     cap->rel_err = 0;
-    for (int k = 0; !st && k < a->n_out; k++) {
-        double e = kb_rel_l2(got[k], want[k], ka_numel(a->out[k].ndim, osh[k]));
+    for (int k = 0; !st && k < m->n_out; k++) {
+        double e = kb_rel_l2(got[k], want[k], ka_numel(m->out[k].ndim, osh[k]));
         if (!(e <= cap->rel_err)) cap->rel_err = e;
     }
     if (!st && !(cap->rel_err <= 1e-6))
@@ -224,8 +224,8 @@ static kiln_status check_capture(void *user, const char *staging) {
                                            "example (relative L2 %.3g); not published", cap->rel_err);
     kx_package_close(pkg);
     free_bufs(in, a->n_in);
-    free_bufs(want, a->n_out);
-    free_bufs(got, a->n_out);
+    free_bufs(want, m->n_out);
+    free_bufs(got, m->n_out);
     return st;
 }
 
@@ -403,9 +403,9 @@ kiln_status kiln_model_open_packages(kiln_model *m, int *n) {
 static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, const int64_t (*sh)[4], int64_t *s,
                                 char *reason, size_t cap, int *any) {
     const ka_arch *a = m->arch;
-    const char *in[KA_MAX_IO], *out[KA_MAX_IO];
+    const char *in[KA_MAX_IO], *out[KA_MAX_OUT];
     for (int i = 0; i < a->n_in; i++) in[i] = a->in[i].name;
-    for (int i = 0; i < a->n_out; i++) out[i] = a->out[i].name;
+    for (int i = 0; i < m->n_out; i++) out[i] = m->out[i].name;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) open_new_packages(m, famdir); /* published since we last looked */
         int seen = 0;
@@ -414,7 +414,7 @@ static kx_package *find_package(kiln_model *m, const char *famdir, int fixed, co
             if (kx_package_fixed(p) != fixed) continue;
             seen++;
             *any = 1;
-            if (!kx_package_check_io(p, a->n_in, in, a->n_out, out) && !kx_package_solve(p, a->n_in, sh, s)) return p;
+            if (!kx_package_check_io(p, a->n_in, in, m->n_out, out) && !kx_package_solve(p, a->n_in, sh, s)) return p;
             snprintf(reason, cap, "%s", kiln_last_error());
         }
         if (!seen) snprintf(reason, cap, "no %s package for this model in %s", fixed ? "fixed-shape" : "dynamic", famdir);
@@ -484,7 +484,7 @@ static kiln_status run_eager(kiln_model *m, const int64_t *s, const float *const
 kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *in, float *const *out) {
     double t0 = kb_now();
     const ka_arch *a = m->arch;
-    int64_t sh[KA_MAX_IO][4], osh[KA_MAX_IO][4];
+    int64_t sh[KA_MAX_IO][4], osh[KA_MAX_OUT][4];
     io_shapes(m, sym, sh, osh);
     pthread_mutex_lock(&m->exec.lock);
     char reason[1024] = "";

@@ -28,21 +28,21 @@ kiln_status km_exec_run_dist(kiln_model *m, const int64_t *s, const float *const
     int64_t ls[KA_MAX_SYMS];
     memcpy(ls, s, sizeof ls);
     ls[0] = s[0] / cfg;
-    int64_t ish[KA_MAX_IO][4] = {{0}}, osh[KA_MAX_IO][4] = {{0}};
+    int64_t ish[KA_MAX_IO][4] = {{0}}, osh[KA_MAX_OUT][4] = {{0}};
     a->io_shapes(m->cfg, ls, ish, osh);
     const float *lin[KA_MAX_IO];
-    float *lout[KA_MAX_IO] = {0};
+    float *lout[KA_MAX_OUT] = {0};
     kiln_status st = KILN_OK;
     for (int k = 0; k < a->n_in; k++) lin[k] = in[k] + (size_t)ci * ka_numel(a->in[k].ndim, ish[k]); /* a row block */
-    for (int k = 0; k < a->n_out && !st; k++) {
-        lout[k] = cfg > 1 ? kb_alloc_aligned(sizeof(float) * ka_numel(a->out[k].ndim, osh[k])) : out[k];
-        if (!lout[k]) st = kb_fail(KILN_ERR_NOMEM, "out of memory for the forward output %s", a->out[k].name);
+    for (int k = 0; k < m->n_out && !st; k++) {
+        lout[k] = cfg > 1 ? kb_alloc_aligned(sizeof(float) * ka_numel(m->out[k].ndim, osh[k])) : out[k];
+        if (!lout[k]) st = kb_fail(KILN_ERR_NOMEM, "out of memory for the forward output %s", m->out[k].name);
     }
     /* this rank's part runs the execution chain like any forward */
     if (!st) st = km_exec_run(m, ls, lin, lout);
     /* outputs [cfg][B/cfg, ...] are the batch in order */
-    for (int k = 0; k < a->n_out && cfg > 1; k++) {
-        if (!st) kd_allgather(mesh, KD_CFG, lout[k], out[k], sizeof(float) * ka_numel(a->out[k].ndim, osh[k]));
+    for (int k = 0; k < m->n_out && cfg > 1; k++) {
+        if (!st) kd_allgather(mesh, KD_CFG, lout[k], out[k], sizeof(float) * ka_numel(m->out[k].ndim, osh[k]));
         kb_free_aligned(lout[k]);
     }
     if (!st) kb_ledger_add("forward (mesh)", kb_now() - t0, kiln_model_last_exec(m));

@@ -228,6 +228,19 @@ static kiln_status infer_family(const kc_checkpoint *c, const ka_arch **arch, vo
                   : kb_fail(KILN_ERR_UNSUPPORTED, "%s: no config.json, and no model family infers one from its tensors", c->path);
 }
 
+kiln_status km_bind_outputs(kiln_model *m) {
+    const ka_arch *a = m->arch;
+    if (!a->outputs) {
+        m->n_out = a->n_out;
+        for (int i = 0; i < a->n_out; i++) m->out[i] = a->out[i];
+        return KILN_OK;
+    }
+    m->n_out = a->outputs(m->cfg, m->out, m->out_names);
+    if (m->n_out < 1 || m->n_out > KA_MAX_OUT)
+        return kb_fail(KILN_ERR_CONFIG, "%s model: its config gives %d outputs (1 to %d)", a->name, m->n_out, KA_MAX_OUT);
+    return KILN_OK;
+}
+
 static kiln_model *model_new(km_compute cp) {
     kiln_model *m = kb_calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -255,6 +268,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
         }
     }
     if (!st) km_compute_for_arch(&m->compute, m->arch);
+    if (!st) st = km_bind_outputs(m);
     if (!st) st = m->arch->weight_spec(m->cfg, &spec, &ns);
     if (!st) st = check_tensors(c, spec, ns);
     /* shapes alone cannot tell every architecture apart (the head count of a
@@ -300,7 +314,7 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     if (!st) {
         km_compute_for_arch(&m->compute, m->arch);
         cp = m->compute;
-        st = m->arch->weight_spec(m->cfg, &spec, &ns);
+        if (!(st = km_bind_outputs(m))) st = m->arch->weight_spec(m->cfg, &spec, &ns);
     }
     if (!st && cp.tp > 1) {
         st = m->arch->check_parallel ? m->arch->check_parallel(m->cfg, cp.tp, 1)

@@ -84,6 +84,9 @@ typedef struct km_exec {
 struct kiln_model {
     const ka_arch *arch; /* the family */
     void *cfg;           /* its config (arch->config_size bytes, owned) */
+    int n_out;           /* the config's outputs (km_bind_outputs) */
+    ka_io out[KA_MAX_OUT];
+    char out_names[KA_MAX_OUT][48];
     km_compute compute;
     km_weight *w; /* sorted by name */
     size_t nw;
@@ -124,7 +127,7 @@ void km_exec_init(kiln_model *m);
 void km_exec_free(kiln_model *m);
 /* A forward in the family's terms: inputs in the order of arch->in with
  * their shapes (checked against the family's), outputs in the order of
- * arch->out (each holding the family's shape for the solved symbols). The
+ * m->out (each holding the family's shape for the solved symbols). The
  * inputs are scanned for NaN/Inf first and the outputs after, named by who
  * ("kiln_run"). On a mesh: this rank's part. */
 kiln_status km_run(kiln_model *m, const int64_t (*in_shape)[4], const float *const *in, float *const *out, const char *who);
@@ -164,6 +167,8 @@ void km_quant_tag(const km_compute *cp, char *buf, size_t cap);
 kiln_status km_config_parse(const char *json, const ka_arch **arch, void **cfg);
 /* Write a seeded model of a family as a diffusers folder (seeded.c). */
 kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, uint64_t seed, kiln_dtype dtype);
+/* The outputs of the model's config (arch->outputs, else the static list). */
+kiln_status km_bind_outputs(kiln_model *m);
 /* Free a model for real (the registry calls this at refcount 0). */
 void km_destroy(kiln_model *m);
 

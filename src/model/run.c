@@ -15,37 +15,37 @@ const char *kiln_model_family(const kiln_model *m) { return m ? m->arch->name : 
 char *kiln_model_config_json(const kiln_model *m) { return m ? m->arch->config_to_json(m->cfg) : NULL; }
 
 int kiln_model_n_inputs(const kiln_model *m) { return m ? m->arch->n_in : 0; }
-int kiln_model_n_outputs(const kiln_model *m) { return m ? m->arch->n_out : 0; }
+int kiln_model_n_outputs(const kiln_model *m) { return m ? m->n_out : 0; }
 const char *kiln_model_input_name(const kiln_model *m, int i) {
     return m && i >= 0 && i < m->arch->n_in ? m->arch->in[i].name : NULL;
 }
 const char *kiln_model_output_name(const kiln_model *m, int i) {
-    return m && i >= 0 && i < m->arch->n_out ? m->arch->out[i].name : NULL;
+    return m && i >= 0 && i < m->n_out ? m->out[i].name : NULL;
 }
 
 kiln_status km_solve(const kiln_model *m, const int64_t (*in)[4], int64_t *s, int64_t (*out)[4], const char *who) {
     const ka_arch *a = m->arch;
-    int64_t ish[KA_MAX_IO][4] = {{0}}, osh[KA_MAX_IO][4] = {{0}};
+    int64_t ish[KA_MAX_IO][4] = {{0}}, osh[KA_MAX_OUT][4] = {{0}};
     memset(s, 0, sizeof(int64_t) * KA_MAX_SYMS);
     kiln_status st = a->solve(m->cfg, in, s);
     if (st) return kb_wrap(st, "%s", who);
     if ((st = ka_check_inputs(a, m->cfg, in, s, who))) return st;
     a->io_shapes(m->cfg, s, ish, osh);
-    for (int k = 0; k < a->n_in + a->n_out; k++) {
-        const ka_io *io = k < a->n_in ? &a->in[k] : &a->out[k - a->n_in];
+    for (int k = 0; k < a->n_in + m->n_out; k++) {
+        const ka_io *io = k < a->n_in ? &a->in[k] : &m->out[k - a->n_in];
         const int64_t *sh = k < a->n_in ? ish[k] : osh[k - a->n_in];
         size_t n = ka_numel(io->ndim, sh), bytes;
         if (!n || !kb_mul_ok(n, sizeof(float), &bytes))
             return kb_fail(KILN_ERR_RANGE, "%s: %s %s is empty or too large to address", who,
                            k < a->n_in ? "input" : "output", io->name);
     }
-    if (out) memcpy(out, osh, sizeof(int64_t) * 4 * (size_t)a->n_out);
+    if (out) memcpy(out, osh, sizeof(int64_t) * 4 * (size_t)m->n_out);
     return KILN_OK;
 }
 
 kiln_status km_run(kiln_model *m, const int64_t (*in_shape)[4], const float *const *in, float *const *out, const char *who) {
     const ka_arch *a = m->arch;
-    int64_t s[KA_MAX_SYMS], osh[KA_MAX_IO][4];
+    int64_t s[KA_MAX_SYMS], osh[KA_MAX_OUT][4];
     kiln_status st = km_solve(m, in_shape, s, osh, who);
     if (st) return st;
     /* NaN or Inf in, error out: one fast scan of each input (finite.c) */
@@ -55,19 +55,20 @@ kiln_status km_run(kiln_model *m, const int64_t (*in_shape)[4], const float *con
         if ((st = kt_check_finite(what, in[k], ka_numel(a->in[k].ndim, in_shape[k])))) return st;
     }
     st = m->mesh ? km_exec_run_dist(m, s, in, out) : km_exec_run(m, s, in, out);
-    for (int k = 0; !st && k < a->n_out; k++) {
-        size_t n = ka_numel(a->out[k].ndim, osh[k]), bad = kt_find_nonfinite(out[k], n);
+    for (int k = 0; !st && k < m->n_out; k++) {
+        size_t n = ka_numel(m->out[k].ndim, osh[k]), bad = kt_find_nonfinite(out[k], n);
         if (bad < n)
             st = kb_fail(KILN_ERR_NONFINITE, "forward (%s) gave a non-finite output %s (%s at index %zu)",
-                         kiln_model_last_exec(m), a->out[k].name, kt_nonfinite_name(out[k][bad]), bad);
+                         kiln_model_last_exec(m), m->out[k].name, kt_nonfinite_name(out[k][bad]), bad);
     }
     return st;
 }
 
 /* kiln_run's names: every input given once, every output known */
-static kiln_status match_names(const ka_arch *a, const kiln_tensor *in, size_t n_in, const kiln_output *out,
+static kiln_status match_names(const kiln_model *m, const kiln_tensor *in, size_t n_in, const kiln_output *out,
                                size_t n_out, int *in_of, int *out_of) {
-    char names[512] = "";
+    const ka_arch *a = m->arch;
+    char names[2048] = "";
     for (int k = 0; k < a->n_in; k++) snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", a->in[k].name);
     for (int k = 0; k < a->n_in; k++) in_of[k] = -1;
     for (size_t i = 0; i < n_in; i++) {
@@ -88,15 +89,15 @@ static kiln_status match_names(const ka_arch *a, const kiln_tensor *in, size_t n
     for (int k = 0; k < a->n_in; k++)
         if (in_of[k] < 0) return kb_fail(KILN_ERR_MISSING, "kiln_run: input %s is missing (the inputs: %s)", a->in[k].name, names);
     names[0] = 0;
-    for (int k = 0; k < a->n_out; k++) snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", a->out[k].name);
-    for (int k = 0; k < a->n_out; k++) out_of[k] = -1;
+    for (int k = 0; k < m->n_out; k++) snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", m->out[k].name);
+    for (int k = 0; k < m->n_out; k++) out_of[k] = -1;
     for (size_t i = 0; i < n_out; i++) {
         int k = 0;
-        while (k < a->n_out && (!out[i].name || strcmp(out[i].name, a->out[k].name))) k++;
-        if (k == a->n_out)
+        while (k < m->n_out && (!out[i].name || strcmp(out[i].name, m->out[k].name))) k++;
+        if (k == m->n_out)
             return kb_fail(KILN_ERR_INVALID_ARG, "kiln_run: %s model has no output %s (its outputs: %s)", a->name,
                            out[i].name ? out[i].name : "(unnamed)", names);
-        if (out_of[k] >= 0) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_run: output %s is asked for twice", a->out[k].name);
+        if (out_of[k] >= 0) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_run: output %s is asked for twice", m->out[k].name);
         out_of[k] = (int)i;
     }
     return KILN_OK;
@@ -106,10 +107,10 @@ kiln_status kiln_run(kiln_model *m, const kiln_tensor *in, size_t n_in, kiln_out
     if (!m || (n_in && !in) || (n_out && !out))
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_run: model, inputs and outputs are required");
     const ka_arch *a = m->arch;
-    int in_of[KA_MAX_IO], out_of[KA_MAX_IO];
-    kiln_status st = match_names(a, in, n_in, out, n_out, in_of, out_of);
+    int in_of[KA_MAX_IO], out_of[KA_MAX_OUT];
+    kiln_status st = match_names(m, in, n_in, out, n_out, in_of, out_of);
     if (st) return st;
-    int64_t ish[KA_MAX_IO][4] = {{0}}, s[KA_MAX_SYMS], osh[KA_MAX_IO][4];
+    int64_t ish[KA_MAX_IO][4] = {{0}}, s[KA_MAX_SYMS], osh[KA_MAX_OUT][4];
     const float *ip[KA_MAX_IO];
     for (int k = 0; k < a->n_in; k++) {
         const kiln_tensor *t = &in[in_of[k]];
@@ -119,10 +120,10 @@ kiln_status kiln_run(kiln_model *m, const kiln_tensor *in, size_t n_in, kiln_out
     if ((st = km_solve(m, (const int64_t(*)[4])ish, s, osh, "kiln_run"))) return st;
     int query = 0;
     for (size_t i = 0; i < n_out; i++) query |= !out[i].data;
-    for (int k = 0; k < a->n_out; k++) {
+    for (int k = 0; k < m->n_out; k++) {
         if (out_of[k] < 0) continue;
         kiln_output *o = &out[out_of[k]];
-        o->ndim = a->out[k].ndim;
+        o->ndim = m->out[k].ndim;
         memset(o->shape, 0, sizeof o->shape);
         memcpy(o->shape, osh[k], sizeof(int64_t) * (size_t)o->ndim);
         size_t need = ka_numel(o->ndim, osh[k]);
@@ -132,13 +133,13 @@ kiln_status kiln_run(kiln_model *m, const kiln_tensor *in, size_t n_in, kiln_out
     }
     if (query) return KILN_OK; /* a data pointer left NULL: the shapes only */
     /* outputs not asked for still get a buffer: every executor writes all */
-    float *op[KA_MAX_IO] = {0}, *own[KA_MAX_IO] = {0};
-    for (int k = 0; k < a->n_out && !st; k++) {
+    float *op[KA_MAX_OUT] = {0}, *own[KA_MAX_OUT] = {0};
+    for (int k = 0; k < m->n_out && !st; k++) {
         if (out_of[k] >= 0) op[k] = out[out_of[k]].data;
-        else if (!(op[k] = own[k] = kb_alloc_aligned(sizeof(float) * ka_numel(a->out[k].ndim, osh[k]))))
-            st = kb_fail(KILN_ERR_NOMEM, "kiln_run: out of memory for output %s", a->out[k].name);
+        else if (!(op[k] = own[k] = kb_alloc_aligned(sizeof(float) * ka_numel(m->out[k].ndim, osh[k]))))
+            st = kb_fail(KILN_ERR_NOMEM, "kiln_run: out of memory for output %s", m->out[k].name);
     }
     if (!st) st = km_run(m, (const int64_t(*)[4])ish, ip, op, "kiln_run");
-    for (int k = 0; k < a->n_out; k++) kb_free_aligned(own[k]);
+    for (int k = 0; k < m->n_out; k++) kb_free_aligned(own[k]);
     return st;
 }
