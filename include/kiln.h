@@ -450,6 +450,26 @@ KILN_API int64_t kiln_tokenizer_pad_id(const kiln_tokenizer *t);
 KILN_API kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *utf8, int max_length, int64_t *ids,
                           int64_t *mask, int *n_tokens);
 
+/* ---- prompt encoding for SD3 / SD3.5 (src/pipeline/sd3_text.c) ---------
+ * The text side of a diffusers StableDiffusion3Pipeline folder: tokenizer/,
+ * tokenizer_2/, tokenizer_3/ and text_encoder/ (CLIP-L), text_encoder_2/
+ * (CLIP-G), text_encoder_3/ (T5; a pipeline without it gets zeros in its
+ * place, as diffusers gives). base: how to load each encoder (the weight
+ * cache: model_name, cache_root, dtype, quant ...; source and component are
+ * set per encoder), NULL: kiln_model_open without a cache. */
+typedef struct kiln_sd3_text kiln_sd3_text;
+KILN_API kiln_status kiln_sd3_text_open(const char *pipeline, const kiln_load_opts *base, kiln_sd3_text **out);
+KILN_API void kiln_sd3_text_free(kiln_sd3_text *t);
+/* encode_prompt for n prompts: embeds [B, 77 + max_sequence_length, T5
+ * width] (CLIP-L and CLIP-G penultimate states joined on features and
+ * zero-padded to the T5 width, then T5's states), pooled [B, P_L + P_G]
+ * (both projections), B = n * images_per_prompt (each prompt's rows in a
+ * row); malloc'd, free() them. max_sequence_length <= 0: 256. A negative
+ * prompt is encoded by another call (diffusers: "" when none is given). */
+KILN_API kiln_status kiln_sd3_encode(kiln_sd3_text *t, const char *const *prompts, int n, int images_per_prompt,
+                                     int max_sequence_length, float **embeds, int64_t embeds_shape[3], float **pooled,
+                                     int64_t pooled_shape[2]);
+
 /* ---- seeded models ---------------------------------------------------- */
 
 /* The embedded default of `kiln demo`: a tiny SD3.5-style model (RMS qk-norm,

@@ -5,6 +5,7 @@
 #include "arch/sd3/sd3.h"
 #include "base/base.h"
 
+#include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,7 +76,25 @@ kiln_status ka_register(const ka_arch *a) {
 const ka_arch *ka_for_config(const char *json) {
     for (int i = 0, n = ka_count(); i < n; i++)
         if (ka_at(i)->claims(json ? json : "")) return ka_at(i);
-    return ka_at(0);
+    /* a class no family claims is named as such; a config that names none
+     * goes to the first family, whose parser says what is wrong with it */
+    cJSON *r = cJSON_Parse(json ? json : "");
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(r, "_class_name"),
+                *arch = cJSON_GetObjectItemCaseSensitive(r, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    const char *named = cJSON_IsString(cls) ? cls->valuestring : cJSON_IsString(a0) ? a0->valuestring : NULL;
+    if (!named) {
+        cJSON_Delete(r);
+        return ka_at(0);
+    }
+    char known[512] = "";
+    for (int i = 0, n = ka_count(); i < n; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s (%s)", i ? "; " : "", ka_at(i)->name,
+                 ka_at(i)->title);
+    kb_fail(KILN_ERR_UNSUPPORTED, "config.json describes %s, which no model family of kiln runs (it runs: %s)", named,
+            known);
+    cJSON_Delete(r);
+    return NULL;
 }
 
 const kc_renamer *const *ka_renamers(void) {

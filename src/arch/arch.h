@@ -117,8 +117,10 @@ const ka_arch *ka_find(const char *name);
 /* Add a family (its table must outlive every model of it); refused when
  * its name is taken or the table lacks a function every family needs. */
 kiln_status ka_register(const ka_arch *a);
-/* The family that claims a config.json, else NULL with the error naming the
- * class the config says it is. */
+/* The family that claims a config.json; one that names a class no family
+ * claims (_class_name, architectures) is NULL with the error naming it; one
+ * that names none goes to the first family (SD3's configs predate
+ * _class_name). */
 const ka_arch *ka_for_config(const char *config_json);
 /* The renamers of every family, NULL-terminated (kc_open tries each). */
 const kc_renamer *const *ka_renamers(void);

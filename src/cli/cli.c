@@ -388,10 +388,9 @@ int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q) {
     return 0;
 }
 
-kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out) {
+kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap) {
     kiln_load_opts o = kiln_load_defaults();
-    char name[128];
-    cli_model_name(model, name, sizeof name);
+    cli_model_name(model, name, cap);
     o.model_name = c->name ? c->name : name;
     if (c->component) o.component = c->component;
     o.cache_root = c->cache_dir;
@@ -407,6 +406,12 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     o.reference = c->reference;
     o.quant = c->quant;
     o.quant_layers = c->quant_layers;
+    return o;
+}
+
+kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out) {
+    char name[128];
+    kiln_load_opts o = cli_load_opts(model, c, name, sizeof name);
     kiln_status st = cli_check_ranks(c);
     if (st) return st;
     st = kiln_load_model(&o, out);

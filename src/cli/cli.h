@@ -20,6 +20,7 @@ int cmd_compile(int argc, char **argv);
 int cmd_package(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_encode(int argc, char **argv);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -73,6 +74,9 @@ extern const char cli_common_help[];
 /* Open MODEL through the load flow: with a cache root, map or build the
  * cache; without one, convert (kiln_load_model prints a hint). */
 kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out);
+/* The load options the common options say for MODEL (name: a buffer of cap
+ * bytes the default cache name is written to; it must outlive the options). */
+kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap);
 /* The cache folder name derived from a MODEL path: its name plus a short
  * hash of its absolute path ("sd3-medium-3f2a91" for .../sd3-medium/transformer
  * or sd3-medium.safetensors), so two folders of one name never collide. */

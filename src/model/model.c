@@ -187,6 +187,7 @@ static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const ka_
 
 kiln_status km_config_parse(const char *json, const ka_arch **arch, void **cfg) {
     const ka_arch *a = ka_for_config(json);
+    if (!a) return KILN_ERR_UNSUPPORTED; /* the message names the class */
     void *c = kb_calloc(1, a->config_size);
     if (!c) return KILN_ERR_NOMEM;
     kiln_status st = a->config_parse(json ? json : "", c);

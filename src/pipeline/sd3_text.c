@@ -1,0 +1,203 @@
+/* sd3_text.c - the text side of an SD3 / SD3.5 pipeline folder, exactly as
+ * diffusers' StableDiffusion3Pipeline.encode_prompt: each prompt through
+ * CLIP-L (tokenizer/, text_encoder/), CLIP-G (tokenizer_2/, text_encoder_2/)
+ * and T5 (tokenizer_3/, text_encoder_3/; zeros when the pipeline has none);
+ *
+ *   prompt_embeds = cat(pad(cat(clipL.h[-2], clipG.h[-2], -1), T5 width), T5, dim 1)
+ *                   [B, 77 + max_sequence_length, T5 width]
+ *   pooled        = cat(clipL.text_embeds, clipG.text_embeds)   [B, P_L + P_G]
+ *
+ * with every prompt's rows repeated images_per_prompt times in a row. Each
+ * encoder is a model of the spine (its family's table), so it goes through
+ * the weight cache and the compiled packages like the transformer. */
+#include "base/base.h"
+#include "kiln.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CLIP_LEN 77
+#define SD3_JOINT_DEFAULT 4096 /* SD3Transformer2DModel's joint_attention_dim without a config */
+
+static const char *const k_tok[3] = {"tokenizer", "tokenizer_2", "tokenizer_3"};
+static const char *const k_enc[3] = {"text_encoder", "text_encoder_2", "text_encoder_3"};
+
+struct kiln_sd3_text {
+    kiln_tokenizer *tok[3];
+    kiln_model *enc[3]; /* CLIP-L, CLIP-G, T5 (NULL: none, zeros) */
+    int joint;          /* the T5 width, or the transformer's joint_attention_dim without T5 */
+};
+
+void kiln_sd3_text_free(kiln_sd3_text *t) {
+    if (!t) return;
+    for (int i = 0; i < 3; i++) {
+        kiln_tokenizer_free(t->tok[i]);
+        kiln_model_free(t->enc[i]);
+    }
+    free(t);
+}
+
+/* transformer/config.json's joint_attention_dim (SD3's default without one) */
+static int joint_dim(const char *pipeline) {
+    char *path = kb_strfmt("%s/transformer/config.json", pipeline), *text = NULL;
+    int d = SD3_JOINT_DEFAULT;
+    if (path && kb_is_file(path) && !kb_read_file(path, &text, NULL)) {
+        cJSON *j = cJSON_Parse(text);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "joint_attention_dim");
+        if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1 << 20) d = v->valueint;
+        cJSON_Delete(j);
+    }
+    free(path);
+    free(text);
+    return d;
+}
+
+static kiln_status open_encoder(const char *dir, const char *component, const kiln_load_opts *base, kiln_model **out) {
+    if (!base) return kiln_model_open(dir, NULL, out);
+    kiln_load_opts o = *base;
+    o.source = dir;
+    o.source_fn = NULL;
+    o.config_path = NULL;
+    o.component = component;
+    return kiln_load_model(&o, out);
+}
+
+/* an encoder's output by name, and its shape */
+static int has_output(const kiln_model *m, const char *name) {
+    for (int i = 0; i < kiln_model_n_outputs(m); i++)
+        if (!strcmp(kiln_model_output_name(m, i), name)) return 1;
+    return 0;
+}
+
+kiln_status kiln_sd3_text_open(const char *pipeline, const kiln_load_opts *base, kiln_sd3_text **out) {
+    if (!pipeline || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_text_open: pipeline folder and out are required");
+    *out = NULL;
+    if (!kb_is_dir(pipeline)) return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", pipeline);
+    kiln_sd3_text *t = kb_calloc(1, sizeof *t);
+    if (!t) return KILN_ERR_NOMEM;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        char *td = kb_path_join(pipeline, k_tok[i]), *ed = kb_path_join(pipeline, k_enc[i]);
+        if (!td || !ed) st = KILN_ERR_NOMEM;
+        else if (i == 2 && !kb_is_dir(ed)) { /* no T5: zeros in its place, as diffusers */
+        } else if (!kb_is_dir(td) || !kb_is_dir(ed)) {
+            st = kb_fail(KILN_ERR_MISSING, "%s: an SD3 pipeline needs %s/ and %s/%s", pipeline, k_tok[i], k_enc[i],
+                         i == 2 ? " (or neither)" : "");
+        } else if (!(st = kiln_tokenizer_open(td, &t->tok[i]))) {
+            st = open_encoder(ed, k_enc[i], base, &t->enc[i]);
+            if (st) st = kb_wrap(st, "%s", k_enc[i]);
+        }
+        free(td);
+        free(ed);
+    }
+    for (int i = 0; i < 2 && !st; i++)
+        if (!has_output(t->enc[i], "hidden_states_penultimate") || !has_output(t->enc[i], "text_embeds"))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/%s is a %s model without hidden_states_penultimate and text_embeds "
+                         "(SD3 needs CLIPTextModelWithProjection)", pipeline, k_enc[i], kiln_model_family(t->enc[i]));
+    if (!st && t->enc[2] && !has_output(t->enc[2], "last_hidden_state"))
+        st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/text_encoder_3 is a %s model without last_hidden_state (SD3 needs a T5 "
+                     "encoder)", pipeline, kiln_model_family(t->enc[2]));
+    if (!st && !t->enc[2]) t->joint = joint_dim(pipeline);
+    if (st) {
+        kiln_sd3_text_free(t);
+        return st;
+    }
+    *out = t;
+    return KILN_OK;
+}
+
+/* one encoder over n prompts: ids [n, len] through kiln_run; the outputs
+ * asked for (names[k]) land in bufs[k] (malloc'd), their shapes in sh[k] */
+static kiln_status encode_one(kiln_model *m, const kiln_tokenizer *tok, const char *const *prompts, int n, int len,
+                              int k_out, const char *const *names, float **bufs, int64_t (*sh)[3]) {
+    size_t cells = (size_t)n * (size_t)len;
+    int64_t *ids = malloc(sizeof(int64_t) * cells);
+    float *f = malloc(sizeof(float) * cells);
+    kiln_status st = ids && f ? KILN_OK : KILN_ERR_NOMEM;
+    for (int p = 0; p < n && !st; p++) {
+        st = kiln_tokenize(tok, prompts[p], len, ids + (size_t)p * (size_t)len, NULL, NULL);
+        if (st) st = kb_wrap(st, "prompt %d", p);
+    }
+    for (size_t i = 0; !st && i < cells; i++) f[i] = (float)ids[i]; /* ids < 2^24: exact */
+    kiln_tensor in = {"input_ids", KILN_F32, 2, {n, len}, f};
+    kiln_output out[2];
+    memset(out, 0, sizeof out);
+    for (int k = 0; k < k_out; k++) out[k].name = names[k];
+    if (!st) st = kiln_run(m, &in, 1, out, (size_t)k_out); /* shapes */
+    for (int k = 0; k < k_out && !st; k++) {
+        size_t c = 1;
+        for (int d = 0; d < out[k].ndim; d++) c *= (size_t)out[k].shape[d];
+        if (!(out[k].data = bufs[k] = malloc(sizeof(float) * c))) st = KILN_ERR_NOMEM;
+        out[k].capacity = c;
+        memset(sh[k], 0, sizeof sh[k]);
+        memcpy(sh[k], out[k].shape, sizeof(int64_t) * (size_t)out[k].ndim);
+    }
+    if (!st) st = kiln_run(m, &in, 1, out, (size_t)k_out);
+    free(ids);
+    free(f);
+    return st;
+}
+
+kiln_status kiln_sd3_encode(kiln_sd3_text *t, const char *const *prompts, int n, int images_per_prompt,
+                            int max_sequence_length, float **embeds, int64_t embeds_shape[3], float **pooled,
+                            int64_t pooled_shape[2]) {
+    if (!t || !prompts || !embeds || !pooled || !embeds_shape || !pooled_shape)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_encode: encoders, prompts and outputs are required");
+    *embeds = *pooled = NULL;
+    if (n < 1 || n > 1024) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_encode: %d prompts (1 to 1024)", n);
+    if (images_per_prompt < 1 || images_per_prompt > 1024 || n * images_per_prompt > 1024)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_encode: %d images per prompt for %d prompts (a batch of at "
+                       "most 1024)", images_per_prompt, n);
+    if (max_sequence_length <= 0) max_sequence_length = 256;
+    if (max_sequence_length > 512)
+        return kb_fail(KILN_ERR_INVALID_ARG, "max_sequence_length %d: at most 512 (T5's)", max_sequence_length);
+    for (int p = 0; p < n; p++)
+        if (!prompts[p]) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_encode: prompt %d is NULL", p);
+    static const char *const clip_out[2] = {"hidden_states_penultimate", "text_embeds"}, *t5_out[1] = {"last_hidden_state"};
+    float *b[3][2] = {{0}};
+    int64_t sh[3][2][3];
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < 2 && !st; i++) {
+        st = encode_one(t->enc[i], t->tok[i], prompts, n, CLIP_LEN, 2, clip_out, b[i], sh[i]);
+        if (st) st = kb_wrap(st, "%s", k_enc[i]);
+    }
+    if (!st && t->enc[2]) {
+        st = encode_one(t->enc[2], t->tok[2], prompts, n, max_sequence_length, 1, t5_out, b[2], sh[2]);
+        if (st) st = kb_wrap(st, "text_encoder_3");
+    }
+    int64_t Dl = st ? 0 : sh[0][0][2], Dg = st ? 0 : sh[1][0][2], W = t->enc[2] && !st ? sh[2][0][2] : t->joint;
+    int64_t L = max_sequence_length, S = CLIP_LEN + L, B = (int64_t)n * images_per_prompt;
+    int64_t Pl = st ? 0 : sh[0][1][1], Pg = st ? 0 : sh[1][1][1];
+    if (!st && Dl + Dg > W)
+        st = kb_fail(KILN_ERR_SHAPE, "the CLIP widths %lld + %lld do not fit in the T5 width %lld", (long long)Dl,
+                     (long long)Dg, (long long)W);
+    float *e = st ? NULL : kb_calloc((size_t)(B * S * W), sizeof(float));
+    float *po = st ? NULL : malloc(sizeof(float) * (size_t)(B * (Pl + Pg)));
+    if (!st && (!e || !po)) st = kb_fail(KILN_ERR_NOMEM, "out of memory for the prompt embeddings");
+    for (int64_t r = 0; !st && r < B; r++) {
+        int64_t p = r / images_per_prompt; /* diffusers repeats each prompt's rows in a row */
+        float *row = e + r * S * W;
+        for (int64_t k = 0; k < CLIP_LEN; k++) {
+            memcpy(row + k * W, b[0][0] + (p * CLIP_LEN + k) * Dl, sizeof(float) * (size_t)Dl);
+            memcpy(row + k * W + Dl, b[1][0] + (p * CLIP_LEN + k) * Dg, sizeof(float) * (size_t)Dg);
+        }
+        if (t->enc[2]) memcpy(row + CLIP_LEN * W, b[2][0] + p * L * W, sizeof(float) * (size_t)(L * W));
+        memcpy(po + r * (Pl + Pg), b[0][1] + p * Pl, sizeof(float) * (size_t)Pl);
+        memcpy(po + r * (Pl + Pg) + Pl, b[1][1] + p * Pg, sizeof(float) * (size_t)Pg);
+    }
+    for (int i = 0; i < 3; i++) {
+        free(b[i][0]);
+        free(b[i][1]);
+    }
+    if (st) {
+        free(e);
+        free(po);
+        return st;
+    }
+    *embeds = e;
+    *pooled = po;
+    embeds_shape[0] = B, embeds_shape[1] = S, embeds_shape[2] = W;
+    pooled_shape[0] = B, pooled_shape[1] = Pl + Pg;
+    return KILN_OK;
+}
