@@ -356,6 +356,47 @@ done:
     kiln_tensors_free(wt);
 }
 
+/* a quantized model of the family is published only after the gate, which
+ * for a family that does not sample compares the example's outputs */
+TEST(quality_gate) {
+    kiln_open_opts bo = {.dtype = KILN_BF16}, qo = {.dtype = KILN_BF16, .quant = KILN_QUANT_INT8};
+    kiln_model *base = NULL, *q = NULL;
+    CHECK_OK(kiln_model_open(g_model, &bo, &base));
+    kiln_status st = kiln_model_open(g_model, &qo, &q);
+    if (st == KILN_ERR_UNSUPPORTED) { /* no VNNI or bf16 GEMM here */
+        printf("  (int8 not available on this CPU: %s)\n", kiln_last_error());
+        kiln_model_free(base);
+        return;
+    }
+    CHECK_OK(st);
+    if (!base || !q) goto done;
+    kiln_quality_report rep;
+    CHECK_OK(kiln_quality_check(base, q, NULL, &rep));
+    CHECK_MSG(rep.pass && rep.rel_l2 > 0 && rep.rel_l2 < 0.03, "int8 against bf16: %.3g", rep.rel_l2);
+    char pk[400];
+    snprintf(pk, sizeof pk, "%s/gate-packages", g_dir);
+    kiln_compile_opts co = kiln_compile_defaults();
+    co.package_dir = pk;
+    co.quality_base = base;
+    co.max_rel_l2 = rep.rel_l2 / 2; /* a gate it cannot pass */
+    kiln_compile_result cr;
+    CHECK_FAILS(kiln_compile(q, &co, &cr), KILN_ERR_RANGE, "outputs on the example differ");
+    co.max_rel_l2 = 0;
+    CHECK_OK(kiln_compile(q, &co, &cr));
+    CHECK(fabs(cr.quality_rel_l2 - rep.rel_l2) < 1e-12);
+    kiln_model *other = NULL;
+    char od[400];
+    snprintf(od, sizeof od, "%s/two-layers", g_dir);
+    toy_config two = {8, 16, 2};
+    CHECK_OK(km_write_seeded(&toy_arch, &two, od, 11, KILN_F32));
+    CHECK_OK(kiln_model_open(od, &bo, &other));
+    CHECK_FAILS(kiln_quality_check(other, q, NULL, &rep), KILN_ERR_INVALID_ARG, "different configs");
+    kiln_model_free(other);
+done:
+    kiln_model_free(base);
+    kiln_model_free(q);
+}
+
 TEST(named_tensor_errors) {
     kiln_model *m = NULL;
     CHECK_OK(kiln_model_open(g_model, NULL, &m));
@@ -405,6 +446,7 @@ int main(void) {
     }
     RUN(registers_once);
     RUN(every_path_equal);
+    RUN(quality_gate);
     RUN(named_tensor_errors);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
