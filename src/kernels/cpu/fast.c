@@ -469,8 +469,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[17];
-    static _Thread_local size_t cap[17];
+    static _Thread_local void *buf[20];
+    static _Thread_local size_t cap[20];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -1290,10 +1290,133 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
     if (o_fmt == KK_FMT_BLOCKED) kk_block_segments(of, B, Na, qb ? Nb : 0, D, o);
 }
 
+/* ---- convolutions (the VAE) ------------------------------------------------------- */
+
+/* oneDNN's convolution on x and y as they are (nchw f32) with the weights in
+ * the primitive's own layout: a reorder from [Cout,Cin,kh,kw] row-major
+ * into this thread's scratch each call (the VAE's weights are small next to
+ * its activations; packing them once at conversion needs a model-layer hook,
+ * docs in the VAE family). One primitive per geometry, kept. */
+typedef struct {
+    kk_conv p;
+    dnnl_primitive_t prim, wreorder; /* wreorder NULL: the plain weights are the primitive's */
+    dnnl_memory_desc_t src, wplain, wei, bias, dst, sp;
+} conv_entry;
+
+static conv_entry **g_convs; /* entries never move once made */
+static size_t g_nconvs;
+
+static const conv_entry *get_conv(const kk_conv *p) {
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_nconvs; i++)
+        if (!memcmp(&g_convs[i]->p, p, sizeof *p)) {
+            pthread_mutex_unlock(&g_lock);
+            return g_convs[i];
+        }
+    conv_entry e;
+    memset(&e, 0, sizeof e);
+    e.p = *p;
+    dnnl_dims_t ds = {p->B, p->Cin, p->H, p->W}, dw = {p->Cout, p->Cin, p->kh, p->kw}, db = {p->Cout},
+                dd = {p->B, p->Cout, p->Ho, p->Wo}, st = {p->stride, p->stride}, pl = {p->pad_lo, p->pad_lo};
+    /* oneDNN's right padding is what makes its output size ours: the last
+     * window may leave some of pad_hi unread, as PyTorch's does */
+    dnnl_dims_t pr = {(p->Ho - 1) * p->stride + p->kh - p->H - p->pad_lo, (p->Wo - 1) * p->stride + p->kw - p->W - p->pad_lo};
+    dnnl_memory_desc_t wany;
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL, rpd = NULL;
+    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.src, 4, ds, dnnl_f32, dnnl_nchw) &&
+             !dnnl_memory_desc_init_by_tag(&e.wplain, 4, dw, dnnl_f32, dnnl_oihw) &&
+             !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dnnl_f32, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&e.bias, 1, db, dnnl_f32, dnnl_a) &&
+             !dnnl_memory_desc_init_by_tag(&e.dst, 4, dd, dnnl_f32, dnnl_nchw) &&
+             !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &e.src, &wany,
+                                                 &e.bias, &e.dst, st, pl, pr) &&
+             !dnnl_primitive_attr_create(&attr) &&
+             !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) &&
+             !dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL);
+    if (ok) {
+        e.wei = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        e.sp = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        const char *impl = "";
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        kb_log(KILN_LOG_DEBUG, "conv2d [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s", (long long)p->B,
+               (long long)p->Cin, (long long)p->H, (long long)p->W, (long long)p->Cout, (long long)p->Cin,
+               (long long)p->kh, (long long)p->kw, (long long)p->stride, impl);
+        ok = !dnnl_primitive_create(&e.prim, pd);
+    }
+    if (ok && !dnnl_memory_desc_equal(&e.wei, &e.wplain))
+        ok = !dnnl_reorder_primitive_desc_create(&rpd, &e.wplain, g_eng, &e.wei, g_eng, NULL) &&
+             !dnnl_primitive_create(&e.wreorder, rpd);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    conv_entry **nc = ok ? realloc(g_convs, (g_nconvs + 1) * sizeof *nc) : NULL;
+    conv_entry *out = nc ? malloc(sizeof *out) : NULL;
+    if (nc) g_convs = nc;
+    if (out) {
+        *out = e;
+        g_convs[g_nconvs++] = out;
+    } else {
+        if (e.prim) dnnl_primitive_destroy(e.prim);
+        if (e.wreorder) dnnl_primitive_destroy(e.wreorder);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return out;
+}
+
+static int conv_run(const conv_entry *e, const float *x, const float *w, const float *b, float *y) {
+    size_t wbytes = e->wreorder ? dnnl_memory_desc_get_size(&e->wei) : 0, spbytes = dnnl_memory_desc_get_size(&e->sp);
+    void *wbuf = wbytes ? scratch_must(17, wbytes) : (void *)w, *sp = spbytes ? scratch_must(18, spbytes) : NULL;
+    dnnl_stream_t strm = stream();
+    if (!wbuf || (spbytes && !sp) || !strm) return 0;
+    if (e->wreorder) {
+        dnnl_memory_t mf, mt;
+        if (dnnl_memory_create(&mf, &e->wplain, g_eng, (void *)w)) return 0;
+        dnnl_memory_create(&mt, &e->wei, g_eng, wbuf);
+        dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
+        int ok = !dnnl_primitive_execute(e->wreorder, strm, 2, ra) && !dnnl_stream_wait(strm);
+        dnnl_memory_destroy(mf);
+        dnnl_memory_destroy(mt);
+        if (!ok) return 0;
+    }
+    /* no bias given: zeros (the primitive was made with one) */
+    const float *bias = b;
+    if (!bias) {
+        float *z = scratch_must(19, sizeof(float) * (size_t)e->p.Cout);
+        if (!z) return 0;
+        memset(z, 0, sizeof(float) * (size_t)e->p.Cout);
+        bias = z;
+    }
+    dnnl_memory_t m[5] = {NULL};
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_BIAS, NULL},
+                               {DNNL_ARG_DST, NULL}, {DNNL_ARG_SCRATCHPAD, NULL}};
+    const dnnl_memory_desc_t *md[5] = {&e->src, &e->wei, &e->bias, &e->dst, &e->sp};
+    void *data[5] = {(void *)x, wbuf, (void *)bias, y, sp};
+    int n = spbytes ? 5 : 4, ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = !dnnl_memory_create(&m[i], md[i], g_eng, data[i]);
+        args[i].memory = m[i];
+    }
+    if (ok) ok = !dnnl_primitive_execute(e->prim, strm, n, args) && !dnnl_stream_wait(strm);
+    for (int i = 0; i < 5; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    return ok;
+}
+
+/* f32 on both fast backends for now (a bf16 convolution is the next step) */
+static void fast_conv2d(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
+    const conv_entry *e = engine() ? get_conv(p) : NULL;
+    if (e && conv_run(e, x, w, b, y)) return;
+    kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN declined, the reference kernel runs");
+    kk_reference()->conv2d(x, w, b, y, p);
+}
+
 #define FAST_COMMON                                                                         \
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
-    .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack
+    .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
+    .conv2d = fast_conv2d
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
                                       .attention_joint = attention_joint_f32,

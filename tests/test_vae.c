@@ -1,0 +1,231 @@
+/* test_vae.c - diffusers' AutoencoderKL decoder (family vae-decoder) on the
+ * reference case vae-sd3-tiny (16 latent channels, no quant convs, a
+ * mid-block attention, 2 blocks: 8x12 latent -> 16x24 image): through the
+ * real loader (kiln_model_open on the vae folder; kiln_load_model with a
+ * cache root, a miss then a hit) and kiln_run, on every path of the
+ * execution chain: the reference kernels and the fast backend in f32 within
+ * 1e-5 relative L2 of diffusers' float64 decode, bf16 within 1e-2; a
+ * compiled dynamic package over h and w, a fixed-shape package, the planned
+ * executor, eager. And the refusals: a latent of the wrong channel count,
+ * impossible configs. */
+#include "arch/vae/vae.h"
+#include "golden_util.h"
+
+#define CASE "vae-sd3-tiny"
+
+typedef struct {
+    const char *label;
+    kiln_open_opts o;
+    double tol;
+    const char *exec; /* the only step allowed (NULL: the default chain) */
+} mode;
+
+static const mode k_modes[] = {
+    {"reference f32", {.dtype = KILN_F32, .reference = 1}, 1e-5, NULL},
+    {"fast f32", {.dtype = KILN_F32}, 1e-5, NULL},
+    {"fast bf16", {.dtype = KILN_BF16}, 1e-2, NULL},
+    {"fast f32, dynamic package", {.dtype = KILN_F32}, 1e-5, "dynamic"},
+    {"fast bf16, dynamic package", {.dtype = KILN_BF16}, 1e-2, "dynamic"},
+    {"fast f32, fixed-shape package", {.dtype = KILN_F32}, 1e-5, "fixed"},
+    {"fast f32, planned executor", {.dtype = KILN_F32}, 1e-5, "planned"},
+    {"fast f32, eager", {.dtype = KILN_F32}, 1e-5, "eager"},
+    {"reference f32, dynamic package", {.dtype = KILN_F32, .reference = 1}, 1e-5, "dynamic"},
+    {"reference f32, eager", {.dtype = KILN_F32, .reference = 1}, 1e-5, "eager"},
+};
+
+static char g_pkg_dir[1024];
+
+/* the case's decode_input and decode_sample */
+typedef struct {
+    float *latent, *want;
+    int64_t lshape[4], oshape[4];
+    size_t nl, no;
+} golden;
+
+static void golden_read(golden *gd) {
+    st_file *io = NULL;
+    CHECK_OK(st_open(golden_path(CASE, "io.safetensors"), &io));
+    if (!io) exit(2);
+    const st_tensor *l = golden_info(io, "decode_input"), *o = golden_info(io, "decode_sample");
+    for (int d = 0; d < 4; d++) {
+        gd->lshape[d] = l->shape[d];
+        gd->oshape[d] = o->shape[d];
+    }
+    gd->latent = golden_tensor(io, "decode_input", &gd->nl);
+    gd->want = golden_tensor(io, "decode_sample", &gd->no);
+    st_close(io);
+}
+
+/* decode through kiln_run; the output's shape checked; returns the relative L2 error */
+static double decode(kiln_model *m, const golden *gd, float *got) {
+    kiln_tensor in = {.name = "latent", .dtype = KILN_F32, .ndim = 4, .data = gd->latent};
+    memcpy(in.shape, gd->lshape, sizeof gd->lshape);
+    kiln_output out = {.name = "sample", .data = got, .capacity = gd->no};
+    kiln_status st = kiln_run(m, &in, 1, &out, 1);
+    CHECK_MSG(st == KILN_OK, "kiln_run: %s", kiln_last_error());
+    if (st) return INFINITY;
+    CHECK(out.ndim == 4 && !memcmp(out.shape, gd->oshape, sizeof gd->oshape));
+    return rel_l2(got, gd->want, gd->no);
+}
+
+/* Restrict m to the mode's one step; for a dynamic package, compile one
+ * whose ranges cover the latent but are wider than it. */
+static void prepare_exec(kiln_model *m, const mode *md, const golden *gd) {
+    if (!md->exec) return;
+    CHECK_OK(kiln_model_set_package_dir(m, g_pkg_dir));
+    CHECK_OK(kiln_model_set_exec(m, md->exec));
+    if (strcmp(md->exec, "dynamic")) return;
+    int h = (int)gd->lshape[2], w = (int)gd->lshape[3];
+    char dims[160];
+    snprintf(dims, sizeof dims, "batch=1:2,h=%d:%d,w=%d:%d", h - 2, h + 1, w - 2, w + 1);
+    kiln_compile_opts co = kiln_compile_defaults();
+    co.dims = dims;
+    co.batch = (int)gd->lshape[0];
+    co.height = h;
+    co.width = w;
+    kiln_compile_result r;
+    CHECK_OK(kiln_compile(m, &co, &r));
+}
+
+TEST(vae_decode_every_path) {
+    golden gd;
+    golden_read(&gd);
+    float *got = calloc(gd.no, sizeof(float));
+    for (size_t i = 0; i < sizeof k_modes / sizeof k_modes[0]; i++) {
+        const mode *md = &k_modes[i];
+        kiln_model *m = NULL;
+        CHECK_OK(kiln_model_open(golden_path(CASE, NULL), &md->o, &m));
+        if (!m) continue;
+        CHECK(!strcmp(kiln_model_family(m), "vae-decoder") && kiln_model_config(m) == NULL);
+        prepare_exec(m, md, &gd);
+        memset(got, 0, sizeof(float) * gd.no);
+        double err = decode(m, &gd, got);
+        if (md->exec)
+            CHECK_MSG(!strcmp(kiln_model_last_exec(m), md->exec), "ran by %s, not %s", kiln_model_last_exec(m), md->exec);
+        fprintf(stderr, "  %s, %s (%s): relative L2 error %.3g\n", CASE, md->label, kiln_model_last_exec(m), err);
+        CHECK_MSG(err <= md->tol, "%s: error %.3g > %.1g", md->label, err, md->tol);
+        kiln_model_free(m);
+    }
+    free(got);
+    free(gd.latent);
+    free(gd.want);
+}
+
+/* kiln_load_model with a cache root under the vae component: a miss that
+ * converts and publishes, then (in a fresh load) a hit that maps it; both decode alike */
+TEST(vae_decode_through_the_cache) {
+    golden gd;
+    golden_read(&gd);
+    char root[1024];
+    test_tmpdir(root, sizeof root, "vae-cache");
+    float *a = calloc(gd.no, sizeof(float)), *b = calloc(gd.no, sizeof(float));
+    const kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
+    for (int k = 0; k < 2; k++) {
+        for (int pass = 0; pass < 2; pass++) {
+            kiln_load_opts o = kiln_load_defaults();
+            o.model_name = "vae-sd3-tiny";
+            o.component = "vae";
+            o.dtype = dts[k];
+            o.cache_root = root;
+            o.source = golden_path(CASE, NULL);
+            kiln_model *m = NULL;
+            CHECK_OK(kiln_load_model(&o, &m));
+            if (!m) continue;
+            const char *want = pass ? "hit" : "miss";
+            CHECK_MSG(!strcmp(kiln_model_origin(m), want), "%s load %d: origin %s, not %s", kiln_dtype_name(dts[k]), pass,
+                      kiln_model_origin(m), want);
+            CHECK(strstr(kiln_model_cache_path(m), "/vae") != NULL);
+            double err = decode(m, &gd, pass ? b : a);
+            fprintf(stderr, "  %s load (%s, %s): relative L2 error %.3g\n", kiln_dtype_name(dts[k]), kiln_model_origin(m),
+                    kiln_model_last_exec(m), err);
+            CHECK(err <= (dts[k] == KILN_F32 ? 1e-5 : 1e-2));
+            kiln_model_free(m);
+        }
+        CHECK_MSG(!memcmp(a, b, sizeof(float) * gd.no), "%s: the hit decodes differently from the miss",
+                  kiln_dtype_name(dts[k]));
+    }
+    free(a);
+    free(b);
+    test_rmrf(root);
+    free(gd.latent);
+    free(gd.want);
+}
+
+TEST(vae_refuses_bad_latents) {
+    kiln_open_opts o = {.dtype = KILN_F32};
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_open(golden_path(CASE, NULL), &o, &m));
+    if (!m) return;
+    float x[4 * 8 * 12] = {0}, y[3 * 16 * 24];
+    kiln_tensor in = {.name = "latent", .dtype = KILN_F32, .ndim = 4, .shape = {1, 4, 8, 12}, .data = x};
+    kiln_output out = {.name = "sample", .data = y, .capacity = sizeof y / sizeof y[0]};
+    CHECK_FAILS(kiln_run(m, &in, 1, &out, 1), KILN_ERR_SHAPE, "input latent has shape [1, 4, 8, 12], the model needs [1, 16, 8, 12]");
+    in.ndim = 3;
+    CHECK_FAILS(kiln_run(m, &in, 1, &out, 1), KILN_ERR_SHAPE, "input latent has 3 dimensions, the model needs 4");
+    in.ndim = 4;
+    in.shape[1] = 16;
+    in.shape[2] = 0;
+    CHECK_FAILS(kiln_run(m, &in, 1, &out, 1), KILN_ERR_SHAPE, "each side must be in 1..");
+    in.name = "hidden_states";
+    CHECK_FAILS(kiln_run(m, &in, 1, &out, 1), KILN_ERR_INVALID_ARG, "has no input hidden_states (its inputs: latent)");
+    /* the shapes alone: a 5x7 latent decodes to 10x14 */
+    in.name = "latent";
+    in.shape[2] = 5;
+    in.shape[3] = 7;
+    out.data = NULL;
+    CHECK_OK(kiln_run(m, &in, 1, &out, 1));
+    CHECK(out.shape[0] == 1 && out.shape[1] == 3 && out.shape[2] == 10 && out.shape[3] == 14);
+    kiln_model_free(m);
+}
+
+TEST(vae_config_refusals) {
+    vae_config c;
+    /* the keys under test come first: cJSON reads a repeated key's first value */
+    const char *base = "{%s\"_class_name\": \"AutoencoderKL\", \"block_out_channels\": [16, 32], \"norm_num_groups\": 8, "
+                       "\"down_block_types\": [\"DownEncoderBlock2D\", \"DownEncoderBlock2D\"], "
+                       "\"up_block_types\": [\"UpDecoderBlock2D\", \"UpDecoderBlock2D\"], \"latent_channels\": 16}";
+    char json[1024];
+    snprintf(json, sizeof json, base, "");
+    CHECK_OK(vae_config_parse(json, &c));
+    CHECK(c.n_blocks == 2 && c.block_out_channels[1] == 32 && c.latent_channels == 16 && c.use_quant_conv == 1 &&
+          c.has_shift == 0 && vae_scale(&c) == 2);
+    /* to JSON and back: the same config */
+    char *j = vae_config_to_json(&c);
+    vae_config c2;
+    CHECK_OK(vae_config_parse(j, &c2));
+    CHECK(!memcmp(&c, &c2, sizeof c));
+    free(j);
+    struct {
+        const char *extra, *msg;
+    } bad[] = {
+        {"\"norm_num_groups\": 12, ", "block_out_channels[0] = 16 is not a multiple of norm_num_groups = 12"},
+        {"\"latent_channels\": 0, ", "latent_channels = 0 is impossible"},
+        {"\"layers_per_block\": 1.5, ", "\"layers_per_block\" must be an integer"},
+        {"\"use_quant_conv\": 2, ", "\"use_quant_conv\" must be true or false"},
+        {"\"scaling_factor\": 0, ", "scaling_factor = 0 is impossible"},
+        {"\"shift_factor\": \"x\", ", "\"shift_factor\" must be a finite number"},
+        {"\"act_fn\": \"gelu\", ", "act_fn is gelu"},
+        {"\"block_out_channels\": [16], ", "1 block_out_channels, 2 down_block_types and 2 up_block_types"},
+        {"\"block_out_channels\": [], ", "block_out_channels must be a list of 1 to 8"},
+        {"\"up_block_types\": [\"UpDecoderBlock2D\", \"AttnUpDecoderBlock2D\"], ", "up_block_types[1] is AttnUpDecoderBlock2D"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(json, sizeof json, base, bad[i].extra);
+        kiln_status st = vae_config_parse(json, &c);
+        CHECK_MSG(st == KILN_ERR_CONFIG && strstr(kiln_last_error(), bad[i].msg), "%s: %s (%s)", bad[i].extra,
+                  kiln_last_error(), kiln_status_name(st));
+    }
+    CHECK_FAILS(vae_config_parse("{\"_class_name\": \"AutoencoderTiny\"}", &c), KILN_ERR_CONFIG,
+                "_class_name is AutoencoderTiny");
+    CHECK_FAILS(vae_config_parse("[1]", &c), KILN_ERR_FORMAT, "must hold a JSON object");
+}
+
+int main(void) {
+    test_tmpdir(g_pkg_dir, sizeof g_pkg_dir, "vae-packages");
+    RUN(vae_config_refusals);
+    RUN(vae_refuses_bad_latents);
+    RUN(vae_decode_every_path);
+    RUN(vae_decode_through_the_cache);
+    test_rmrf(g_pkg_dir);
+    return TEST_SUMMARY();
+}
