@@ -29,6 +29,8 @@ static const mode k_modes[] = {
     {"fast f32, fixed-shape package", {.dtype = KILN_F32}, 1e-5, "fixed"},
     {"fast f32, planned executor", {.dtype = KILN_F32}, 1e-5, "planned"},
     {"fast f32, eager", {.dtype = KILN_F32}, 1e-5, "eager"},
+    {"fast bf16, fixed-shape package", {.dtype = KILN_BF16}, 1e-2, "fixed"},
+    {"fast bf16, eager", {.dtype = KILN_BF16}, 1e-2, "eager"},
     {"reference f32, dynamic package", {.dtype = KILN_F32, .reference = 1}, 1e-5, "dynamic"},
     {"reference f32, eager", {.dtype = KILN_F32, .reference = 1}, 1e-5, "eager"},
 };

@@ -258,6 +258,13 @@ TEST(fast_conv_matches_reference) {
                 (long long)p.stride, (long long)p.pad_lo, (long long)p.pad_hi, (long long)p.Ho, (long long)p.Wo, e);
         CHECK_MSG(e < 1e-5, "geometry %zu: fast conv error %.3g", i, e);
         CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: a second call differs", i);
+        const kk_backend *f16 = kk_fast(KILN_BF16); /* bf16 inputs and weights, f32 sums: within bf16 rounding */
+        if (f16) {
+            f16->conv2d(x, w, geo[i].bias ? b : NULL, y1, &p);
+            double e16 = rel_l2(y1, y0, ny);
+            fprintf(stderr, "    bf16: %.3g\n", e16);
+            CHECK_MSG(e16 < 1e-2 && e16 > 0, "geometry %zu: bf16 conv error %.3g", i, e16);
+        }
         free(x), free(w), free(b), free(y0), free(y1), free(y2);
     }
 }

@@ -469,8 +469,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[20];
-    static _Thread_local size_t cap[20];
+    static _Thread_local void *buf[21];
+    static _Thread_local size_t cap[21];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -1295,10 +1295,13 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
 /* oneDNN's convolution on x and y as they are (nchw f32) with the weights in
  * the primitive's own layout: a reorder from [Cout,Cin,kh,kw] row-major
  * into this thread's scratch each call (the VAE's weights are small next to
- * its activations; packing them once at conversion needs a model-layer hook,
- * docs in the VAE family). One primitive per geometry, kept. */
+ * its activations; packing them once at conversion needs a model-layer
+ * hook). One primitive per geometry and dtype, kept. In bf16 (the bf16
+ * backend) x is rounded to bf16 first (nearest even), the weights by the
+ * reorder; sums in f32, y f32. */
 typedef struct {
     kk_conv p;
+    int bf16;
     dnnl_primitive_t prim, wreorder; /* wreorder NULL: the plain weights are the primitive's */
     dnnl_memory_desc_t src, wplain, wei, bias, dst, sp;
 } conv_entry;
@@ -1306,16 +1309,18 @@ typedef struct {
 static conv_entry **g_convs; /* entries never move once made */
 static size_t g_nconvs;
 
-static const conv_entry *get_conv(const kk_conv *p) {
+static const conv_entry *get_conv(const kk_conv *p, int bf16) {
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_nconvs; i++)
-        if (!memcmp(&g_convs[i]->p, p, sizeof *p)) {
+        if (!memcmp(&g_convs[i]->p, p, sizeof *p) && g_convs[i]->bf16 == bf16) {
             pthread_mutex_unlock(&g_lock);
             return g_convs[i];
         }
     conv_entry e;
     memset(&e, 0, sizeof e);
     e.p = *p;
+    e.bf16 = bf16;
+    dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_dims_t ds = {p->B, p->Cin, p->H, p->W}, dw = {p->Cout, p->Cin, p->kh, p->kw}, db = {p->Cout},
                 dd = {p->B, p->Cout, p->Ho, p->Wo}, st = {p->stride, p->stride}, pl = {p->pad_lo, p->pad_lo};
     /* oneDNN's right padding is what makes its output size ours: the last
@@ -1325,9 +1330,9 @@ static const conv_entry *get_conv(const kk_conv *p) {
     dnnl_convolution_desc_t cd;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_primitive_desc_t pd = NULL, rpd = NULL;
-    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.src, 4, ds, dnnl_f32, dnnl_nchw) &&
+    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.src, 4, ds, dt, dnnl_nchw) &&
              !dnnl_memory_desc_init_by_tag(&e.wplain, 4, dw, dnnl_f32, dnnl_oihw) &&
-             !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dnnl_f32, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
              !dnnl_memory_desc_init_by_tag(&e.bias, 1, db, dnnl_f32, dnnl_a) &&
              !dnnl_memory_desc_init_by_tag(&e.dst, 4, dd, dnnl_f32, dnnl_nchw) &&
              !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &e.src, &wany,
@@ -1340,7 +1345,7 @@ static const conv_entry *get_conv(const kk_conv *p) {
         e.sp = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         const char *impl = "";
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        kb_log(KILN_LOG_DEBUG, "conv2d [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s", (long long)p->B,
+        kb_log(KILN_LOG_DEBUG, "conv2d %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s", bf16 ? "bf16" : "f32", (long long)p->B,
                (long long)p->Cin, (long long)p->H, (long long)p->W, (long long)p->Cout, (long long)p->Cin,
                (long long)p->kh, (long long)p->kw, (long long)p->stride, impl);
         ok = !dnnl_primitive_create(&e.prim, pd);
@@ -1366,6 +1371,14 @@ static const conv_entry *get_conv(const kk_conv *p) {
 }
 
 static int conv_run(const conv_entry *e, const float *x, const float *w, const float *b, float *y) {
+    const void *src = x;
+    if (e->bf16) { /* x in bf16 rows, this thread's scratch */
+        int64_t n = e->p.B * e->p.Cin * e->p.H * e->p.W;
+        uint16_t *xb = scratch_must(20, sizeof(uint16_t) * (size_t)n);
+        if (!xb) return 0;
+        to_bf16_par(x, xb, n);
+        src = xb;
+    }
     size_t wbytes = e->wreorder ? dnnl_memory_desc_get_size(&e->wei) : 0, spbytes = dnnl_memory_desc_get_size(&e->sp);
     void *wbuf = wbytes ? scratch_must(17, wbytes) : (void *)w, *sp = spbytes ? scratch_must(18, spbytes) : NULL;
     dnnl_stream_t strm = stream();
@@ -1392,7 +1405,7 @@ static int conv_run(const conv_entry *e, const float *x, const float *w, const f
     dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_BIAS, NULL},
                                {DNNL_ARG_DST, NULL}, {DNNL_ARG_SCRATCHPAD, NULL}};
     const dnnl_memory_desc_t *md[5] = {&e->src, &e->wei, &e->bias, &e->dst, &e->sp};
-    void *data[5] = {(void *)x, wbuf, (void *)bias, y, sp};
+    void *data[5] = {(void *)src, wbuf, (void *)bias, y, sp};
     int n = spbytes ? 5 : 4, ok = 1;
     for (int i = 0; i < n && ok; i++) {
         ok = !dnnl_memory_create(&m[i], md[i], g_eng, data[i]);
@@ -1404,24 +1417,37 @@ static int conv_run(const conv_entry *e, const float *x, const float *w, const f
     return ok;
 }
 
-/* f32 on both fast backends for now (a bf16 convolution is the next step) */
-static void fast_conv2d(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
-    const conv_entry *e = engine() ? get_conv(p) : NULL;
+/* in bf16 where oneDNN has the primitive, else in f32; the reference's
+ * loops where it has neither */
+static void fast_conv(int bf16, const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
+    const conv_entry *e = engine() ? get_conv(p, bf16) : NULL;
+    if (!e && bf16) {
+        kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
+        e = get_conv(p, 0);
+    }
     if (e && conv_run(e, x, w, b, y)) return;
     kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN declined, the reference kernel runs");
     kk_reference()->conv2d(x, w, b, y, p);
 }
 
+static void conv2d_f32(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
+    fast_conv(0, x, w, b, y, p);
+}
+static void conv2d_bf16(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
+    fast_conv(1, x, w, b, y, p);
+}
+
 #define FAST_COMMON                                                                         \
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
-    .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
-    .conv2d = fast_conv2d
+    .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
+                                      .conv2d = conv2d_f32,
                                       .attention_joint = attention_joint_f32,
                                       .linear_gate_add = linear_gate_add_f32, FAST_COMMON};
 static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16,
+                                       .conv2d = conv2d_bf16,
                                        .attention_joint = attention_joint_bf16,
                                        .attention_joint_bf16 = attention_joint_bf16_in,
                                        .linear_gate_add = linear_gate_add_bf16,
