@@ -9,6 +9,8 @@
  * executor, eager. And the refusals: a latent of the wrong channel count,
  * impossible configs. */
 #include "arch/vae/vae.h"
+#include "base/base.h"
+#include "compile/compile.h"
 #include "golden_util.h"
 
 #define CASE "vae-sd3-tiny"
@@ -222,12 +224,90 @@ TEST(vae_config_refusals) {
     CHECK_FAILS(vae_config_parse("[1]", &c), KILN_ERR_FORMAT, "must hold a JSON object");
 }
 
+/* The encoder, graph level: its weights are in every vae-decoder model (the
+ * family keeps the whole file), so the encoder graph binds the model's
+ * weights (km_resolve) and runs on eager (reference and fast backends, f32
+ * and bf16) and the planned executor; mean and std of latent_dist within
+ * 1e-5 (f32) and 1e-2 (bf16) of diffusers' float64 encode. A family of its
+ * own (kiln_run "image" -> "mean", "std") needs the model layer to choose a
+ * family by name where one config.json serves two (see the report). */
+TEST(vae_encode_graph) {
+    st_file *io = NULL;
+    CHECK_OK(st_open(golden_path(CASE, "io.safetensors"), &io));
+    if (!io) return;
+    const st_tensor *it = golden_info(io, "encode_input");
+    size_t nm;
+    float *image = golden_tensor(io, "encode_input", NULL), *want_mean = golden_tensor(io, "encode_mean", &nm);
+    float *want_std = golden_tensor(io, "encode_std", NULL);
+    float *mean = calloc(nm, sizeof(float)), *stdv = calloc(nm, sizeof(float));
+    struct {
+        const char *label;
+        kiln_open_opts o;
+        double tol;
+        int planned;
+    } modes[] = {
+        {"reference f32, eager", {.dtype = KILN_F32, .reference = 1}, 1e-5, 0},
+        {"fast f32, eager", {.dtype = KILN_F32}, 1e-5, 0},
+        {"fast f32, planned", {.dtype = KILN_F32}, 1e-5, 1},
+        {"fast bf16, planned", {.dtype = KILN_BF16}, 1e-2, 1},
+    };
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        kiln_model *m = NULL;
+        CHECK_OK(kiln_model_open(golden_path(CASE, NULL), &modes[i].o, &m));
+        if (!m) continue;
+        /* the encoder's table: the symbols from the image's shape, its shapes, its graph */
+        const ka_arch *a = &ka_vae_encoder;
+        int64_t ish[1][4] = {{it->shape[0], it->shape[1], it->shape[2], it->shape[3]}}, s[KA_MAX_SYMS] = {0};
+        int64_t want_in[KA_MAX_IO][4], want_out[KA_MAX_IO][4];
+        CHECK_OK(a->solve(m->cfg, (const int64_t(*)[4])ish, s));
+        CHECK_OK(ka_check_inputs(a, m->cfg, (const int64_t(*)[4])ish, s, "encode"));
+        a->io_shapes(m->cfg, s, want_in, want_out);
+        CHECK(ka_numel(4, want_out[0]) == nm && ka_numel(4, want_out[1]) == nm);
+        kg_graph g;
+        kg_init(&g, km_resolve, m);
+        CHECK_OK(a->build(m->cfg, &g, s, NULL));
+        CHECK(g.n_outputs == 2 && kg_numel(&g.nodes[g.outputs[0]]) == (int64_t)nm);
+        const float *in[1] = {image};
+        float *out[2] = {mean, stdv};
+        if (modes[i].planned) {
+            kg_fuse(&g);
+            kg_plan_bf16(&g, m->backend);
+            kx_plan plan;
+            CHECK_OK(kx_plan_graph(&g, &plan));
+            void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+            CHECK_OK(kx_run_planned(&g, &plan, m->backend, arena, NULL, in, out));
+            kb_free_aligned(arena);
+            kx_plan_free(&plan);
+        } else {
+            CHECK_OK(kg_run_eager(&g, m->backend, in, out));
+        }
+        double em = rel_l2(mean, want_mean, nm), es = rel_l2(stdv, want_std, nm);
+        fprintf(stderr, "  encode, %s: mean %.3g, std %.3g relative L2\n", modes[i].label, em, es);
+        CHECK_MSG(em <= modes[i].tol && es <= modes[i].tol, "%s: mean %.3g, std %.3g > %.1g", modes[i].label, em, es,
+                  modes[i].tol);
+        kg_free(&g);
+        kiln_model_free(m);
+    }
+    /* an image whose sides are not multiples of the scale is refused */
+    vae_config c;
+    CHECK_OK(vae_config_parse("{\"_class_name\": \"AutoencoderKL\", \"block_out_channels\": [16, 32, 32, 32], "
+                              "\"norm_num_groups\": 8, \"down_block_types\": [\"DownEncoderBlock2D\", \"DownEncoderBlock2D\", "
+                              "\"DownEncoderBlock2D\", \"DownEncoderBlock2D\"], \"up_block_types\": [\"UpDecoderBlock2D\", "
+                              "\"UpDecoderBlock2D\", \"UpDecoderBlock2D\", \"UpDecoderBlock2D\"]}", &c));
+    CHECK_FAILS(vae_check_image(&c, 1, 64, 60), KILN_ERR_SHAPE, "image 64x60 (height x width): each side must be a positive multiple of 8");
+    int64_t bad[1][4] = {{1, 3, 64, 60}}, s[KA_MAX_SYMS];
+    CHECK_FAILS(ka_vae_encoder.solve(&c, (const int64_t(*)[4])bad, s), KILN_ERR_SHAPE, "must be a positive multiple of 8");
+    free(image), free(want_mean), free(want_std), free(mean), free(stdv);
+    st_close(io);
+}
+
 int main(void) {
     test_tmpdir(g_pkg_dir, sizeof g_pkg_dir, "vae-packages");
     RUN(vae_config_refusals);
     RUN(vae_refuses_bad_latents);
     RUN(vae_decode_every_path);
     RUN(vae_decode_through_the_cache);
+    RUN(vae_encode_graph);
     test_rmrf(g_pkg_dir);
     return TEST_SUMMARY();
 }

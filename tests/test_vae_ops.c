@@ -1,10 +1,10 @@
 /* test_vae_ops.c - the VAE's ops (ops.def: conv2d, group_norm,
- * upsample_nearest): against plain loops in double, through eager, the
+ * upsample_nearest, logvar_std): against plain loops in double, through eager, the
  * planned executor and a compiled package with a symbolic dimension, bit
  * for bit alike across the three; the fast backend's convolution (oneDNN)
  * against the reference kernel on the geometries the VAE has (3x3 stride 1
- * pad 1, 1x1, 3x3 stride 2 padded 0 / 1 as diffusers' downsample); and the
- * builders' refusals. */
+ * pad 1, 1x1, 3x3 stride 2 padded 0 / 1 as diffusers' downsample), in f32
+ * and bf16; the encoder's logvar_std; and the builders' refusals. */
 #include "base/base.h"
 #include "compile/compile.h"
 #include "graph/graph.h"
@@ -308,7 +308,33 @@ TEST(vae_ops_refuse_bad_shapes) {
     kg_free(&g);
 }
 
+/* the encoder's std: exp(0.5 * clamp(logvar, -30, 20)), planned as eager */
+TEST(logvar_std) {
+    float x[6] = {-45, -30, -1.5f, 0, 19, 33}, y[6], y2[6];
+    kg_graph g;
+    kg_init(&g, NULL, NULL);
+    kg_mark_output(&g, kg_logvar_std(&g, kg_input(&g, "x", 2, (int64_t[]){2, 3})));
+    CHECK_OK(g.status);
+    const float *in[1] = {x};
+    float *out[1] = {y};
+    CHECK_OK(kg_run_eager(&g, kk_reference(), in, out));
+    for (int i = 0; i < 6; i++) {
+        double v = x[i] < -30 ? -30 : x[i] > 20 ? 20 : x[i], want = exp(0.5 * v);
+        CHECK_MSG(fabs(y[i] - want) <= 1e-7 * want, "logvar %g: std %.9g, want %.9g", (double)x[i], (double)y[i], want);
+    }
+    kx_plan plan;
+    CHECK_OK(kx_plan_graph(&g, &plan));
+    void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+    out[0] = y2;
+    CHECK_OK(kx_run_planned(&g, &plan, kk_reference(), arena, NULL, in, out));
+    CHECK(!memcmp(y, y2, sizeof y));
+    kb_free_aligned(arena);
+    kx_plan_free(&plan);
+    kg_free(&g);
+}
+
 int main(void) {
+    RUN(logvar_std);
     RUN(vae_ops_refuse_bad_shapes);
     RUN(fast_conv_matches_reference);
     RUN(vae_ops_match_loops_on_every_path);

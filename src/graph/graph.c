@@ -815,3 +815,5 @@ kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f) {
     if (id >= 0) g->nodes[id].iparam[0] = f;
     return id;
 }
+
+kg_id kg_logvar_std(kg_graph *g, kg_id x) { return unary(g, KG_LOGVAR_STD, x); }

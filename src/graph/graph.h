@@ -222,5 +222,7 @@ kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, 
 kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu);
 /* x [B,C,H,W] -> [B,C,f*H,f*W], nearest */
 kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f);
+/* exp(0.5 * clamp(x, -30, 20)) elementwise (a log-variance's std) */
+kg_id kg_logvar_std(kg_graph *g, kg_id x);
 
 #endif

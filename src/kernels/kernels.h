@@ -244,6 +244,9 @@ void kk_group_norm(const float *x, const float *w, const float *b, float *y, int
 /* x [B,C,H,W] -> y [B,C,f*H,f*W], nearest (each value repeated f x f) */
 void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f);
 
+/* y [n] = exp(0.5 * clamp(x, -30, 20)) (in double, rounded once) */
+void kk_logvar_std(const float *x, float *y, int64_t n);
+
 /* The reference kernels: straightforward loops, double accumulation. */
 const kk_backend *kk_reference(void);
 

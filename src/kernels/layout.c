@@ -341,3 +341,11 @@ void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t
             for (int64_t k = 1; k < f; k++) memcpy(y0 + k * W * f, y0, sizeof(float) * (size_t)(W * f));
         }
 }
+
+void kk_logvar_std(const float *x, float *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 2 * PIECE)
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i] < -30.0f ? -30.0 : x[i] > 20.0f ? 20.0 : (double)x[i];
+        y[i] = (float)exp(0.5 * v);
+    }
+}

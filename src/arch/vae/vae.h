@@ -28,8 +28,11 @@ typedef struct vae_config {
     int has_shift;
 } vae_config;
 
-/* The family's table (vae_arch.c). */
+/* The families' tables (vae_arch.c): the decoder (built in: it claims
+ * AutoencoderKL configs) and the encoder (image -> mean, std; not listed,
+ * as both would claim the same config.json) */
 extern const ka_arch ka_vae_decoder;
+extern const ka_arch ka_vae_encoder;
 
 /* The forward's symbols: batch, the latent's height and width. */
 enum { VAE_SYM_BATCH, VAE_SYM_H, VAE_SYM_W, VAE_NSYM };
@@ -54,5 +57,11 @@ kiln_status vae_check_latent(const vae_config *cfg, int64_t batch, int64_t h, in
 /* Build the decoder for latent [B, latent_channels, h, w] -> output 0,
  * sample [B, out_channels, h*f, w*f]. Input slot 0 is the latent. */
 kiln_status vae_build_decoder(const vae_config *cfg, kg_graph *g, int64_t B, int64_t h, int64_t w);
+/* image H, W (positive multiples of the scale) and batch the encoder runs */
+kiln_status vae_check_image(const vae_config *cfg, int64_t batch, int64_t H, int64_t W);
+/* Build the encoder for image [B, in_channels, H, W] (input slot 0, in
+ * [-1, 1]) -> output 0 mean, output 1 std of latent_dist, each
+ * [B, latent_channels, H/f, W/f] (no scaling or shift applied). */
+kiln_status vae_build_encoder(const vae_config *cfg, kg_graph *g, int64_t B, int64_t H, int64_t W);
 
 #endif

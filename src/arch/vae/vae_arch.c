@@ -94,3 +94,73 @@ const ka_arch ka_vae_decoder = {
     .example_input = example_input,
     .build = build,
 };
+
+/* ---- the encoder: image [batch, in_channels, H, W] (in [-1, 1], sides
+ * multiples of f) -> mean, std [batch, latent_channels, H/f, W/f]; symbols
+ * batch, h, w are the latent's, as the decoder's. Not in the built-in list:
+ * one config.json describes both halves and the decoder claims it (the
+ * model layer has no way yet to open a model as a family it names) */
+
+static void enc_io_shapes(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]) {
+    const vae_config *c = cfg;
+    int64_t B = s[VAE_SYM_BATCH], h = s[VAE_SYM_H], w = s[VAE_SYM_W], f = vae_scale(c);
+    int64_t img[4] = {B, c->in_channels, h * f, w * f}, lat[4] = {B, c->latent_channels, h, w};
+    memcpy(in[0], img, sizeof img);
+    memcpy(out[0], lat, sizeof lat);
+    memcpy(out[1], lat, sizeof lat);
+}
+
+static kiln_status enc_solve(const void *cfg, const int64_t (*in)[4], int64_t *s) {
+    const vae_config *c = cfg;
+    kiln_status st = vae_check_image(c, in[0][0], in[0][2], in[0][3]);
+    if (st) return st;
+    s[VAE_SYM_BATCH] = in[0][0];
+    s[VAE_SYM_H] = in[0][2] / vae_scale(c);
+    s[VAE_SYM_W] = in[0][3] / vae_scale(c);
+    return KILN_OK;
+}
+
+/* values in [-1, 1], as an image the pipeline hands the encoder */
+static void enc_example_input(const void *cfg, int k, float *x, size_t n) {
+    (void)cfg;
+    kiln_noise(0xe5c0de + (uint64_t)k, x, n);
+    for (size_t i = 0; i < n; i++) x[i] = x[i] > 1 ? 1 : x[i] < -1 ? -1 : x[i];
+}
+
+static kiln_status enc_build(const void *cfg, kg_graph *g, const int64_t *s, const ka_par *par) {
+    const vae_config *c = cfg;
+    if (par && (par->tp > 1 || par->sp > 1 || par->fsdp))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "the VAE encoder runs in one process (no tensor, sequence or FSDP split)");
+    int64_t f = vae_scale(c);
+    return vae_build_encoder(c, g, s[VAE_SYM_BATCH], s[VAE_SYM_H] * f, s[VAE_SYM_W] * f);
+}
+
+static int claims_none(const char *json) {
+    (void)json;
+    return 0;
+}
+
+const ka_arch ka_vae_encoder = {
+    .name = "vae-encoder",
+    .title = "VAE encoder (diffusers AutoencoderKL, latent_dist mean and std)",
+    .component = "vae",
+    .config_size = sizeof(vae_config),
+    .claims = claims_none,
+    .config_parse = parse,
+    .config_validate = validate,
+    .config_to_json = to_json,
+    .weight_spec = spec,
+    .nsym = VAE_NSYM,
+    .sym = {"batch", "h", "w"},
+    .n_in = 1,
+    .n_out = 2,
+    .in = {{"image", 4}},
+    .out = {{"mean", 4}, {"std", 4}},
+    .io_shapes = enc_io_shapes,
+    .solve = enc_solve,
+    .check = check,
+    .example = example,
+    .example_opts = example_opts,
+    .example_input = enc_example_input,
+    .build = enc_build,
+};

@@ -1,8 +1,9 @@
-/* vae_decoder.c - AutoencoderKL's decoder, written once as graph building.
- * It follows diffusers 0.42 Decoder.forward (autoencoders/vae.py) with
- * ResnetBlock2D, UNetMidBlock2D, UpDecoderBlock2D and the Attention of
- * AttnProcessor2_0; names in the comments are diffusers' names so the two
- * can be read side by side. Activations are NCHW. */
+/* vae_forward.c - AutoencoderKL's decoder and encoder, written once as
+ * graph building. They follow diffusers 0.42 Decoder.forward and
+ * Encoder.forward (autoencoders/vae.py) with ResnetBlock2D, UNetMidBlock2D,
+ * UpDecoderBlock2D / DownEncoderBlock2D, the Attention of AttnProcessor2_0
+ * and DiagonalGaussianDistribution; names in the comments are diffusers'
+ * names so the two can be read side by side. Activations are NCHW. */
 #include "arch/vae/vae.h"
 #include "base/base.h"
 
@@ -75,6 +76,17 @@ static kg_id attention(dec *d, kg_id x, const char *base) {
     return kg_add(g, kg_unpatchify(g, o, 1, H, W, C), x);
 }
 
+/* UNetMidBlock2D: resnets[0], attentions[0] (mid_block_add_attention), resnets[1] */
+static kg_id mid_block(dec *d, kg_id x, const char *part) {
+    char b[64];
+    snprintf(b, sizeof b, "%s.mid_block.resnets.0", part);
+    x = resnet(d, x, b);
+    snprintf(b, sizeof b, "%s.mid_block.attentions.0", part);
+    if (d->c->mid_block_add_attention) x = attention(d, x, b);
+    snprintf(b, sizeof b, "%s.mid_block.resnets.1", part);
+    return resnet(d, x, b);
+}
+
 kiln_status vae_build_decoder(const vae_config *c, kg_graph *g, int64_t B, int64_t h, int64_t w) {
     kiln_status st = vae_check_latent(c, B, h, w);
     if (st) return st;
@@ -84,10 +96,7 @@ kiln_status vae_build_decoder(const vae_config *c, kg_graph *g, int64_t B, int64
     if (c->use_post_quant_conv) z = conv(&d, z, "post_quant_conv", 0);
     kg_id x = conv(&d, z, "decoder.conv_in", 1);
 
-    /* mid_block: resnets[0], attentions[0] (mid_block_add_attention), resnets[1] */
-    x = resnet(&d, x, "decoder.mid_block.resnets.0");
-    if (c->mid_block_add_attention) x = attention(&d, x, "decoder.mid_block.attentions.0");
-    x = resnet(&d, x, "decoder.mid_block.resnets.1");
+    x = mid_block(&d, x, "decoder");
 
     /* up_blocks: layers_per_block + 1 resnets each, then Upsample2D
      * (interpolate nearest x2, conv) in every block but the last */
@@ -106,5 +115,49 @@ kiln_status vae_build_decoder(const vae_config *c, kg_graph *g, int64_t B, int64
     x = norm(&d, x, "decoder.conv_norm_out", 1);
     x = conv(&d, x, "decoder.conv_out", 1);
     kg_output(g, x, "sample");
+    return g->status;
+}
+
+kiln_status vae_check_image(const vae_config *c, int64_t batch, int64_t H, int64_t W) {
+    int64_t f = vae_scale(c);
+    if (H % f || W % f || H < f || W < f)
+        return kb_fail(KILN_ERR_SHAPE, "VAE image %lldx%lld (height x width): each side must be a positive multiple of "
+                       "%lld (the encoder halves it %d times)", (long long)H, (long long)W, (long long)f, c->n_blocks - 1);
+    return vae_check_latent(c, batch, H / f, W / f);
+}
+
+kiln_status vae_build_encoder(const vae_config *c, kg_graph *g, int64_t B, int64_t H, int64_t W) {
+    kiln_status st = vae_check_image(c, B, H, W);
+    if (st) return st;
+    dec d = {g, c};
+    char b[128];
+    int L = c->latent_channels;
+    kg_id x = kg_input(g, "image", 4, (int64_t[]){B, c->in_channels, H, W});
+    x = conv(&d, x, "encoder.conv_in", 1);
+
+    /* down_blocks: layers_per_block resnets each, then Downsample2D in every
+     * block but the last: F.pad (0, 1, 0, 1) (a zero column on the right, a
+     * zero row at the bottom), conv 3x3 stride 2 */
+    for (int i = 0; i < c->n_blocks; i++) {
+        for (int j = 0; j < c->layers_per_block; j++) {
+            snprintf(b, sizeof b, "encoder.down_blocks.%d.resnets.%d", i, j);
+            x = resnet(&d, x, b);
+        }
+        if (i < c->n_blocks - 1) {
+            snprintf(b, sizeof b, "encoder.down_blocks.%d.downsamplers.0.conv", i);
+            x = kg_conv2d(g, x, weight(&d, b, "weight"), weight(&d, b, "bias"), 2, 0, 1);
+        }
+    }
+    x = mid_block(&d, x, "encoder");
+
+    /* conv_norm_out, conv_act (SiLU), conv_out to 2 L moments; quant_conv */
+    x = norm(&d, x, "encoder.conv_norm_out", 1);
+    x = conv(&d, x, "encoder.conv_out", 1);
+    if (c->use_quant_conv) x = conv(&d, x, "quant_conv", 0);
+
+    /* DiagonalGaussianDistribution: mean, logvar = moments.chunk(2, dim 1);
+     * std = exp(0.5 * clamp(logvar, -30, 20)) */
+    kg_output(g, kg_slice(g, x, 1, 0, L), "mean");
+    kg_output(g, kg_logvar_std(g, kg_slice(g, x, 1, L, L)), "std");
     return g->status;
 }
