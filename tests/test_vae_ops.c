@@ -4,7 +4,8 @@
  * for bit alike across the three; the fast backend's convolution (oneDNN)
  * against the reference kernel on the geometries the VAE has (3x3 stride 1
  * pad 1, 1x1, 3x3 stride 2 padded 0 / 1 as diffusers' downsample), in f32
- * and bf16; the encoder's logvar_std; and the builders' refusals. */
+ * and bf16; its group norm against the double-precision form; the
+ * encoder's logvar_std; and the builders' refusals. */
 #include "base/base.h"
 #include "compile/compile.h"
 #include "graph/graph.h"
@@ -333,8 +334,42 @@ TEST(logvar_std) {
     kg_free(&g);
 }
 
+/* the fast backend's group norm against the double-precision general form,
+ * with and without SiLU and affine, on groups of a size where the partial
+ * sums and the tails both show; an offset mean as activations have */
+TEST(fast_group_norm_matches_reference) {
+    const kk_backend *fast = kk_fast(KILN_F32);
+    if (!fast || !fast->group_norm) {
+        fprintf(stderr, "  no fast group norm on this machine: skipped\n");
+        return;
+    }
+    struct {
+        int64_t B, C, S, G;
+        int silu, affine;
+    } geo[] = {{1, 64, 33 * 17, 32, 1, 1}, {2, 12, 5, 3, 0, 1}, {1, 32, 4096, 8, 1, 0}, {2, 16, 7, 16, 0, 0}};
+    for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
+        size_t n = (size_t)(geo[i].B * geo[i].C * geo[i].S);
+        float *x = malloc(sizeof(float) * n), *y0 = malloc(sizeof(float) * n), *y1 = malloc(sizeof(float) * n);
+        float *w = malloc(sizeof(float) * (size_t)geo[i].C), *b = malloc(sizeof(float) * (size_t)geo[i].C);
+        kiln_noise(400 + i, x, n);
+        for (size_t k = 0; k < n; k++) x[k] = 3.0f + 2.0f * x[k];
+        kiln_noise(500 + i, w, (size_t)geo[i].C);
+        kiln_noise(600 + i, b, (size_t)geo[i].C);
+        const float *wp = geo[i].affine ? w : NULL, *bp = geo[i].affine ? b : NULL;
+        kk_group_norm(x, wp, bp, y0, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu);
+        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu);
+        double e = rel_l2(y1, y0, n);
+        fprintf(stderr, "  group norm [%lld,%lld,%lld] / %lld groups%s%s: fast vs reference %.3g\n", (long long)geo[i].B,
+                (long long)geo[i].C, (long long)geo[i].S, (long long)geo[i].G, geo[i].silu ? ", silu" : "",
+                geo[i].affine ? ", affine" : "", e);
+        CHECK_MSG(e < 1e-6, "geometry %zu: fast group norm error %.3g", i, e);
+        free(x), free(y0), free(y1), free(w), free(b);
+    }
+}
+
 int main(void) {
     RUN(logvar_std);
+    RUN(fast_group_norm_matches_reference);
     RUN(vae_ops_refuse_bad_shapes);
     RUN(fast_conv_matches_reference);
     RUN(vae_ops_match_loops_on_every_path);

@@ -218,9 +218,9 @@ static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
 
 /* x [B,C,...]: every dim after the channels is one position axis */
 static void kg_run_group_norm(const kg_ctx *x, const kg_call *c) {
-    (void)x;
     int64_t B = c->sh[0][0], C = c->sh[0][1], BC = B * C, S = numel_of(c, KG_Y) / (BC ? BC : 1);
-    kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
+    if (x->be->group_norm) x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
+    else kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
 }
 
 static void kg_run_upsample(const kg_ctx *x, const kg_call *c) {

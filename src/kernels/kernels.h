@@ -175,6 +175,11 @@ typedef struct kk_backend {
      * + b [Cout] (b may be NULL), geometry p; w f32 [Cout,Cin,kh,kw]
      * row-major. Optional: NULL runs the reference's. */
     void (*conv2d)(const float *x, const float *w, const float *b, float *y, const kk_conv *p);
+    /* Optional (NULL: kk_group_norm, the double-precision form): the group
+     * norm of x [B,C,S] over G groups, * w + b, SiLU when silu, as
+     * kk_group_norm computes it */
+    void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
+                       int64_t G, float eps, int silu);
 } kk_backend;
 
 /* A backend's memory (host memory where it has none of its own). */
