@@ -301,6 +301,56 @@ TEST(vae_encode_graph) {
     st_close(io);
 }
 
+/* The pipelines' decode: the stored final latents, scaled and shifted by
+ * the factors the VAE's config gives (SD3 1.5305 / 0.0609, Flux 0.3611 /
+ * 0.1159: read, never hard-coded), are the stored decoder input, and its
+ * decode through the pipeline's vae folder is the stored image_decoded.
+ * (Only vae/, io.safetensors and case.json of the two pipeline cases are
+ * copied into the test data.) */
+TEST(vae_pipeline_decodes) {
+    static const char *cases[2] = {"sd3-pipeline-tiny", "flux-pipeline-tiny"};
+    static const char *latent_names[2] = {"latents", "latents_unpacked"};
+    const double want_scale[2] = {1.5305, 0.3611}, want_shift[2] = {0.0609, 0.1159};
+    for (int k = 0; k < 2; k++) {
+        st_file *io = NULL;
+        CHECK_OK(st_open(golden_path(cases[k], "io.safetensors"), &io));
+        if (!io) continue;
+        size_t n, no;
+        float *lat = golden_tensor(io, latent_names[k], &n), *dec_in = golden_tensor(io, "decoder_input", NULL);
+        float *want = golden_tensor(io, "image_decoded", &no), *got = calloc(no, sizeof(float));
+        const st_tensor *it = golden_info(io, "decoder_input");
+        const kiln_open_opts opts[3] = {{.dtype = KILN_F32, .reference = 1}, {.dtype = KILN_F32}, {.dtype = KILN_BF16}};
+        for (int o = 0; o < 3; o++) {
+            kiln_model *m = NULL;
+            CHECK_OK(kiln_model_open(golden_path(cases[k], "vae"), &opts[o], &m));
+            if (!m) continue;
+            const vae_config *c = m->cfg;
+            CHECK_MSG(c->scaling_factor == want_scale[k] && c->has_shift && c->shift_factor == want_shift[k],
+                      "%s: scaling %g, shift %g", cases[k], c->scaling_factor, c->shift_factor);
+            /* the pipeline's step before decoding, in f32 as the pipeline does it */
+            double e_in = 0, r_in = 0;
+            for (size_t i = 0; i < n; i++) {
+                float z = lat[i] / (float)c->scaling_factor + (float)c->shift_factor;
+                e_in += (z - dec_in[i]) * (double)(z - dec_in[i]);
+                r_in += (double)dec_in[i] * dec_in[i];
+            }
+            CHECK_MSG(sqrt(e_in / r_in) < 1e-7, "%s: latents / scaling + shift differ from decoder_input by %.3g",
+                      cases[k], sqrt(e_in / r_in));
+            kiln_tensor in = {.name = "latent", .dtype = KILN_F32, .ndim = 4, .data = dec_in};
+            for (int d = 0; d < 4; d++) in.shape[d] = it->shape[d];
+            kiln_output out = {.name = "sample", .data = got, .capacity = no};
+            CHECK_OK(kiln_run(m, &in, 1, &out, 1));
+            double err = rel_l2(got, want, no), tol = opts[o].dtype == KILN_F32 ? 1e-5 : 1e-2;
+            fprintf(stderr, "  %s decode, %s%s: relative L2 error %.3g\n", cases[k], opts[o].reference ? "reference " : "fast ",
+                    kiln_dtype_name(opts[o].dtype), err);
+            CHECK_MSG(err <= tol, "%s: error %.3g > %.1g", cases[k], err, tol);
+            kiln_model_free(m);
+        }
+        free(lat), free(dec_in), free(want), free(got);
+        st_close(io);
+    }
+}
+
 int main(void) {
     test_tmpdir(g_pkg_dir, sizeof g_pkg_dir, "vae-packages");
     RUN(vae_config_refusals);
@@ -308,6 +358,7 @@ int main(void) {
     RUN(vae_decode_every_path);
     RUN(vae_decode_through_the_cache);
     RUN(vae_encode_graph);
+    RUN(vae_pipeline_decodes);
     test_rmrf(g_pkg_dir);
     return TEST_SUMMARY();
 }
