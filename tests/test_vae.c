@@ -87,8 +87,11 @@ static void prepare_exec(kiln_model *m, const mode *md, const golden *gd) {
     co.batch = (int)gd->lshape[0];
     co.height = h;
     co.width = w;
+    co.capture = 1; /* the package reproduces an eager run of the example (the family's example_input) */
     kiln_compile_result r;
     CHECK_OK(kiln_compile(m, &co, &r));
+    CHECK_MSG(r.capture_rel_err >= 0 && r.capture_rel_err < 1e-6, "capture: relative error %.3g against eager",
+              r.capture_rel_err);
 }
 
 TEST(vae_decode_every_path) {
