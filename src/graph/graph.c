@@ -751,3 +751,69 @@ size_t kg_out_bytes(const kg_node *n) {
     /* the format's size is the backend's rule; an attention's output may hold two token segments */
     return kk_act_bytes(n->out_bf16, K ? numel / K : 0, K, n->op == KG_ATTENTION ? 2 : 1);
 }
+
+/* ---- the VAE's ops ------------------------------------------------------------ */
+
+kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi) {
+    if (!ok(g, x, w, b) || w < 0) return -1;
+    const kg_node *X = node(g, x), *Wn = node(g, w);
+    char xs[64], ws[64];
+    kg_shape_str(X, xs, sizeof xs);
+    kg_shape_str(Wn, ws, sizeof ws);
+    const char *name = Wn->name ? Wn->name : "(an input)";
+    if (X->ndim != 4 || Wn->ndim != 4 || Wn->shape[1] != X->shape[1])
+        return fail(g, KILN_ERR_SHAPE, "conv2d %s: input %s and weight %s are not [B, Cin, H, W] and [Cout, Cin, kh, kw]",
+                    name, xs, ws);
+    if (stride < 1 || pad_lo < 0 || pad_hi < 0 || Wn->shape[2] < 1 || Wn->shape[3] < 1)
+        return fail(g, KILN_ERR_SHAPE, "conv2d %s: stride %d must be positive, padding %d, %d not negative", name,
+                    stride, pad_lo, pad_hi);
+    int64_t Hp = X->shape[2] + pad_lo + pad_hi, Wp = X->shape[3] + pad_lo + pad_hi;
+    if (Hp < Wn->shape[2] || Wp < Wn->shape[3])
+        return fail(g, KILN_ERR_SHAPE, "conv2d %s: input %s padded by %d, %d is smaller than the kernel %s", name, xs,
+                    pad_lo, pad_hi, ws);
+    if (b >= 0 && (node(g, b)->ndim != 1 || node(g, b)->shape[0] != Wn->shape[0]))
+        return fail(g, KILN_ERR_SHAPE, "conv2d %s: the bias must be [%lld]", name, (long long)Wn->shape[0]);
+    int64_t shape[4] = {X->shape[0], Wn->shape[0], (Hp - Wn->shape[2]) / stride + 1, (Wp - Wn->shape[3]) / stride + 1};
+    kg_id id = push(g, KG_CONV2D, 4, shape, x, w, b);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = stride;
+        g->nodes[id].iparam[1] = pad_lo;
+        g->nodes[id].iparam[2] = pad_hi;
+    }
+    return id;
+}
+
+kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu) {
+    if (!ok(g, x, w, b)) return -1;
+    const kg_node *X = node(g, x);
+    char xs[64];
+    kg_shape_str(X, xs, sizeof xs);
+    if (X->ndim < 2 || groups < 1 || X->shape[1] % groups)
+        return fail(g, KILN_ERR_SHAPE, "group_norm: input %s is not [B, C, ...] with C a multiple of %d groups", xs,
+                    groups);
+    int64_t C = X->shape[1];
+    if (!is_row_vec(g, w, C) || !is_row_vec(g, b, C))
+        return fail(g, KILN_ERR_SHAPE, "group_norm: weight and bias must be [%lld], the input's channels", (long long)C);
+    kg_id id = push(g, KG_GROUP_NORM, X->ndim, X->shape, x, w, b);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = groups;
+        g->nodes[id].iparam[1] = silu != 0;
+        g->nodes[id].fparam = eps;
+    }
+    return id;
+}
+
+kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    char xs[64];
+    kg_shape_str(X, xs, sizeof xs);
+    if (X->ndim != 4 || f < 1)
+        return fail(g, KILN_ERR_SHAPE, "upsample_nearest: input %s is not [B, C, H, W] or factor %d is not positive", xs, f);
+    int64_t shape[4] = {X->shape[0], X->shape[1], X->shape[2] * f, X->shape[3] * f};
+    kg_id id = push(g, KG_UPSAMPLE, 4, shape, x, -1, -1);
+    if (id >= 0) g->nodes[id].iparam[0] = f;
+    return id;
+}
+
+kg_id kg_logvar_std(kg_graph *g, kg_id x) { return unary(g, KG_LOGVAR_STD, x); }

@@ -212,4 +212,17 @@ void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, flo
 kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *const *inputs,
                          float *const *outputs);
 
+/* ---- the VAE's ops ------------------------------------------------------ */
+/* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] + b [Cout] (-1: none) -> [B,Cout,Ho,Wo]
+ * with Ho = (H + pad_lo + pad_hi - kh) / stride + 1: pad_lo rows / columns
+ * of zeros before (top, left), pad_hi after (bottom, right) */
+kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi);
+/* group norm of x [B,C,...] over groups of C/groups channels, * w [C] + b [C]
+ * (each optional, -1), SiLU after when silu is set */
+kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu);
+/* x [B,C,H,W] -> [B,C,f*H,f*W], nearest */
+kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f);
+/* exp(0.5 * clamp(x, -30, 20)) elementwise (a log-variance's std) */
+kg_id kg_logvar_std(kg_graph *g, kg_id x);
+
 #endif

@@ -205,6 +205,34 @@ static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
     kg_run_dist_op(x->dist, c->op, c->ip, c->sh[0], c->sh[KG_Y], F(0), Y);
 }
 
+/* ---- the VAE's ops ---------------------------------------------------------- */
+
+/* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] (+ b) -> [B,Cout,Ho,Wo]; a backend
+ * without a conv of its own runs the reference's */
+static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
+    kk_conv p = {c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
+                 c->ip[0], c->ip[1], c->ip[2]};
+    const kk_backend *be = x->be->conv2d ? x->be : kk_reference();
+    be->conv2d(F(0), F(1), F(2), Y, &p);
+}
+
+/* x [B,C,...]: every dim after the channels is one position axis */
+static void kg_run_group_norm(const kg_ctx *x, const kg_call *c) {
+    int64_t B = c->sh[0][0], C = c->sh[0][1], BC = B * C, S = numel_of(c, KG_Y) / (BC ? BC : 1);
+    if (x->be->group_norm) x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
+    else kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
+}
+
+static void kg_run_upsample(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_upsample_nearest(F(0), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], c->ip[0]);
+}
+
+static void kg_run_logvar_std(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_logvar_std(F(0), Y, numel_of(c, KG_Y));
+}
+
 const kg_op_info kg_ops[KG_OP_COUNT] = {
 #define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
 #include "graph/ops.def"

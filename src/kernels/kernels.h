@@ -81,6 +81,15 @@ static inline int kk_segment_row(int64_t b, int64_t i, int64_t Na, int64_t Nb, i
  * (attention_joint_bf16) */
 void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_t K, uint16_t *out);
 
+/* A 2-D convolution's geometry (the conv2d slot, kg_conv2d): x [B,Cin,H,W],
+ * w [Cout,Cin,kh,kw], y [B,Cout,Ho,Wo]; pad_lo rows / columns of zeros
+ * before (top, left), pad_hi after (bottom, right):
+ * Ho = (H + pad_lo + pad_hi - kh) / stride + 1, Wo alike. */
+typedef struct kk_conv {
+    int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
+    int64_t stride, pad_lo, pad_hi;
+} kk_conv;
+
 typedef struct kk_backend {
     const char *name;
     /* y [rows,M] = act(x [rows,K] . W^T + b [M]) (b may be NULL) */
@@ -161,6 +170,16 @@ typedef struct kk_backend {
      * fast backends; NULL: f32 row-major weights, the reference) */
     kiln_status (*pack_layout)(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
     kiln_status (*pack)(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
+
+    /* ---- the VAE's convolutions. y [B,Cout,Ho,Wo] = conv(x [B,Cin,H,W], w)
+     * + b [Cout] (b may be NULL), geometry p; w f32 [Cout,Cin,kh,kw]
+     * row-major. Optional: NULL runs the reference's. */
+    void (*conv2d)(const float *x, const float *w, const float *b, float *y, const kk_conv *p);
+    /* Optional (NULL: kk_group_norm, the double-precision form): the group
+     * norm of x [B,C,S] over G groups, * w + b, SiLU when silu, as
+     * kk_group_norm computes it */
+    void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
+                       int64_t G, float eps, int silu);
 } kk_backend;
 
 /* A backend's memory (host memory where it has none of its own). */
@@ -220,6 +239,18 @@ void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, con
 void kk_attention_joint_concat(const kk_backend *be, const float *qa, const float *ka, const float *va,
                                const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
                                int64_t Nb, int64_t H, int64_t Dh, float *work);
+
+/* y [B,C,S] = group norm of x [B,C,S] (S: every position) over G groups of
+ * C/G channels, * w [C] + b [C] (either may be NULL), then SiLU when silu:
+ * mean and variance summed in double per (batch entry, group), the
+ * normalised value formed in double and rounded once */
+void kk_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
+                   int64_t G, float eps, int silu);
+/* x [B,C,H,W] -> y [B,C,f*H,f*W], nearest (each value repeated f x f) */
+void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f);
+
+/* y [n] = exp(0.5 * clamp(x, -30, 20)) (in double, rounded once) */
+void kk_logvar_std(const float *x, float *y, int64_t n);
 
 /* The reference kernels: straightforward loops, double accumulation. */
 const kk_backend *kk_reference(void);

@@ -157,6 +157,32 @@ static void ref_attention_joint(const float *qa, const float *ka, const float *v
     free(work);
 }
 
+/* y [B,Cout,Ho,Wo]: each output a double sum over Cin x kh x kw, positions
+ * outside x (the padding) skipped */
+static void ref_conv2d(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
+    const int64_t Cin = p->Cin, H = p->H, W = p->W, kh = p->kh, kw = p->kw, Ho = p->Ho, Wo = p->Wo;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t n = 0; n < p->B; n++)
+        for (int64_t co = 0; co < p->Cout; co++)
+            for (int64_t oy = 0; oy < Ho; oy++)
+                for (int64_t ox = 0; ox < Wo; ox++) {
+                    double acc = b ? (double)b[co] : 0.0;
+                    int64_t iy0 = oy * p->stride - p->pad_lo, ix0 = ox * p->stride - p->pad_lo;
+                    for (int64_t ci = 0; ci < Cin; ci++) {
+                        const float *xc = x + (n * Cin + ci) * H * W, *wc = w + (co * Cin + ci) * kh * kw;
+                        for (int64_t ky = 0; ky < kh; ky++) {
+                            int64_t iy = iy0 + ky;
+                            if (iy < 0 || iy >= H) continue;
+                            for (int64_t kx = 0; kx < kw; kx++) {
+                                int64_t ix = ix0 + kx;
+                                if (ix >= 0 && ix < W) acc += (double)xc[iy * W + ix] * (double)wc[ky * kw + kx];
+                            }
+                        }
+                    }
+                    y[((n * p->Cout + co) * Ho + oy) * Wo + ox] = (float)acc;
+                }
+}
+
 static const kk_backend k_ref = {
     .name = "reference",
     .linear = ref_linear,
@@ -170,6 +196,7 @@ static const kk_backend k_ref = {
     .attention = ref_attention,
     .attention_joint = ref_attention_joint,
     .linear_gate_add = ref_linear_gate_add,
+    .conv2d = ref_conv2d,
 };
 
 const kk_backend *kk_reference(void) { return &k_ref; }

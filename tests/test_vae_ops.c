@@ -1,0 +1,377 @@
+/* test_vae_ops.c - the VAE's ops (ops.def: conv2d, group_norm,
+ * upsample_nearest, logvar_std): against plain loops in double, through eager, the
+ * planned executor and a compiled package with a symbolic dimension, bit
+ * for bit alike across the three; the fast backend's convolution (oneDNN)
+ * against the reference kernel on the geometries the VAE has (3x3 stride 1
+ * pad 1, 1x1, 3x3 stride 2 padded 0 / 1 as diffusers' downsample), in f32
+ * and bf16; its group norm against the double-precision form; the
+ * encoder's logvar_std; and the builders' refusals. */
+#include "base/base.h"
+#include "compile/compile.h"
+#include "graph/graph.h"
+#include "kernels/kernels.h"
+#include "test.h"
+
+#include <math.h>
+
+enum { B = 2, C = 8, W = 7, C1 = 6, C2 = 5, C3 = 4 };
+
+/* the inputs: x [B,C,h,W], the group norm's gw, gb [C], conv weights
+ * w3 [C1,C,3,3] b3 [C1], w1 [C2,C1,1,1] b1 [C2], ws [C3,C2,3,3] (no bias) */
+enum { IN_X, IN_GW, IN_GB, IN_W3, IN_B3, IN_W1, IN_B1, IN_WS, N_IN };
+static const int64_t k_shapes[N_IN][4] = {{B, C, 0, W}, {C}, {C}, {C1, C, 3, 3}, {C1}, {C2, C1, 1, 1}, {C2}, {C3, C2, 3, 3}};
+static const int k_nd[N_IN] = {4, 1, 1, 4, 1, 4, 1, 4};
+
+static size_t numel(int k, int64_t h) {
+    size_t n = 1;
+    for (int d = 0; d < k_nd[k]; d++) n *= (size_t)(d == 2 && k == IN_X ? h : k_shapes[k][d]);
+    return n;
+}
+
+/*   a  = silu(group_norm(x, 4 groups) * gw + gb)
+ *   c1 = conv3x3(a, pad 1) ; u = upsample2(c1) ; c2 = conv1x1(u)
+ *   c3 = conv3x3 stride 2 (pad 0 top/left, 1 bottom/right) of c2, no bias
+ *   out = group_norm(c3, 2 groups, no affine) */
+/* the weights (every input but x) are the graph's weights, by name: a
+ * package takes at most 4 inputs; g_in points at this size's data */
+static const char *k_names[N_IN] = {"x", "gw", "gb", "w3", "b3", "w1", "b1", "ws"};
+static float *g_in[N_IN];
+
+static int find(const char *name) {
+    for (int k = 1; k < N_IN; k++)
+        if (!strcmp(name, k_names[k])) return k;
+    return -1;
+}
+
+static int resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data, const kk_weight **kw) {
+    (void)user;
+    int k = find(name);
+    if (k < 0) return 0;
+    *ndim = k_nd[k];
+    memcpy(shape, k_shapes[k], sizeof k_shapes[k]);
+    *data = g_in[k];
+    *kw = NULL;
+    return 1;
+}
+
+static int bind(void *user, const char *name, kx_bound *b) {
+    (void)user;
+    int k = find(name);
+    if (k < 0) return 0;
+    memset(b, 0, sizeof *b);
+    b->ndim = k_nd[k];
+    memcpy(b->shape, k_shapes[k], sizeof b->shape);
+    b->data = g_in[k];
+    b->dtype = KILN_F32;
+    return 1;
+}
+
+static kiln_status build(void *user, const int64_t *s, kg_graph *g) {
+    (void)user;
+    int64_t h = s[0];
+    kg_init(g, resolve, NULL);
+    kg_id in[N_IN];
+    in[IN_X] = kg_input(g, "x", 4, (int64_t[]){B, C, h, W});
+    for (int k = 1; k < N_IN; k++) in[k] = kg_weight(g, k_names[k]);
+    kg_id a = kg_group_norm(g, in[IN_X], in[IN_GW], in[IN_GB], 4, 1e-6f, 1);
+    kg_id c1 = kg_conv2d(g, a, in[IN_W3], in[IN_B3], 1, 1, 1);
+    kg_id c2 = kg_conv2d(g, kg_upsample_nearest(g, c1, 2), in[IN_W1], in[IN_B1], 1, 0, 0);
+    kg_id c3 = kg_conv2d(g, c2, in[IN_WS], -1, 2, 0, 1);
+    kg_mark_output(g, kg_group_norm(g, c3, -1, -1, 2, 1e-5f, 0));
+    return g->status;
+}
+
+/* ---- the same in plain loops, double -------------------------------------------- */
+
+static void conv_d(const double *x, int64_t Cin, int64_t H, int64_t Wd, const float *w, const float *b, int64_t Cout,
+                   int64_t k, int64_t stride, int64_t lo, int64_t hi, double *y, int64_t *Ho, int64_t *Wo) {
+    *Ho = (H + lo + hi - k) / stride + 1;
+    *Wo = (Wd + lo + hi - k) / stride + 1;
+    for (int64_t n = 0; n < B; n++)
+        for (int64_t co = 0; co < Cout; co++)
+            for (int64_t oy = 0; oy < *Ho; oy++)
+                for (int64_t ox = 0; ox < *Wo; ox++) {
+                    double acc = b ? b[co] : 0;
+                    for (int64_t ci = 0; ci < Cin; ci++)
+                        for (int64_t ky = 0; ky < k; ky++)
+                            for (int64_t kx = 0; kx < k; kx++) {
+                                int64_t iy = oy * stride - lo + ky, ix = ox * stride - lo + kx;
+                                if (iy >= 0 && iy < H && ix >= 0 && ix < Wd)
+                                    acc += x[((n * Cin + ci) * H + iy) * Wd + ix] * w[((co * Cin + ci) * k + ky) * k + kx];
+                            }
+                    y[((n * Cout + co) * *Ho + oy) * *Wo + ox] = acc;
+                }
+}
+
+static void group_norm_d(double *x, int64_t Ch, int64_t S, int64_t G, double eps, const float *w, const float *b,
+                         int silu) {
+    int64_t n = Ch / G * S;
+    for (int64_t bg = 0; bg < B * G; bg++) {
+        double *v = x + bg * n, m = 0, var = 0;
+        for (int64_t i = 0; i < n; i++) m += v[i];
+        m /= (double)n;
+        for (int64_t i = 0; i < n; i++) var += (v[i] - m) * (v[i] - m);
+        var /= (double)n;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t c = (bg % G) * (Ch / G) + i / S;
+            double t = (v[i] - m) / sqrt(var + eps) * (w ? w[c] : 1) + (b ? b[c] : 0);
+            v[i] = silu ? t / (1 + exp(-t)) : t;
+        }
+    }
+}
+
+/* out [B, C3, Ho, Wo]; returns its element count */
+static size_t direct(int64_t h, const float *const *in, double **out) {
+    size_t nx = numel(IN_X, h);
+    double *a = malloc(sizeof(double) * nx);
+    for (size_t i = 0; i < nx; i++) a[i] = in[IN_X][i];
+    group_norm_d(a, C, h * W, 4, 1e-6, in[IN_GW], in[IN_GB], 1);
+    int64_t H1, W1, H2, W2, H3, W3;
+    double *c1 = malloc(sizeof(double) * (size_t)(B * C1 * h * W));
+    conv_d(a, C, h, W, in[IN_W3], in[IN_B3], C1, 3, 1, 1, 1, c1, &H1, &W1);
+    double *u = malloc(sizeof(double) * (size_t)(B * C1 * 4 * H1 * W1));
+    for (int64_t bc = 0; bc < B * C1; bc++)
+        for (int64_t y = 0; y < 2 * H1; y++)
+            for (int64_t x = 0; x < 2 * W1; x++) u[(bc * 2 * H1 + y) * 2 * W1 + x] = c1[(bc * H1 + y / 2) * W1 + x / 2];
+    double *c2 = malloc(sizeof(double) * (size_t)(B * C2 * 4 * H1 * W1));
+    conv_d(u, C1, 2 * H1, 2 * W1, in[IN_W1], in[IN_B1], C2, 1, 1, 0, 0, c2, &H2, &W2);
+    double *c3 = malloc(sizeof(double) * (size_t)(B * C3 * H2 * W2));
+    conv_d(c2, C2, H2, W2, in[IN_WS], NULL, C3, 3, 2, 0, 1, c3, &H3, &W3);
+    group_norm_d(c3, C3, H3 * W3, 2, 1e-5, NULL, NULL, 0);
+    free(a), free(c1), free(u), free(c2);
+    *out = c3;
+    return (size_t)(B * C3 * H3 * W3);
+}
+
+static double rel_err_d(const float *got, const double *want, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        e += (got[i] - want[i]) * (got[i] - want[i]);
+        r += want[i] * want[i];
+    }
+    return sqrt(e / (r > 0 ? r : 1));
+}
+
+TEST(vae_ops_match_loops_on_every_path) {
+    const int64_t sizes[] = {3, 6, 11};
+    char dir[256];
+    test_tmpdir(dir, sizeof dir, "vae-ops");
+    kx_compile_req req = {.build = build, .weight = bind, .nsym = 1, .regional = 1, .root = dir,
+                          .family = "vae-ops-test", .dtype = "f32", .quant = "none"};
+    req.sym[0] = (kx_sym){"h", 2, 12};
+    kx_compile_info info;
+    for (int i = 1; i < N_IN; i++) { /* the weights, the same for every size */
+        g_in[i] = malloc(sizeof(float) * numel(i, 0));
+        kiln_noise(10 + (uint64_t)i, g_in[i], numel(i, 0));
+    }
+    for (size_t i = 0; i < C; i++) g_in[IN_GW][i] = 1 + 0.2f * g_in[IN_GW][i]; /* a norm's weight near 1 */
+    CHECK_OK(kx_compile(&req, &info));
+    kx_package *pkg = NULL;
+    CHECK_OK(kx_package_open(info.path, &pkg));
+    const kk_backend *bes[2] = {kk_reference(), kk_fast(KILN_F32)};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int64_t h = sizes[k], s[1] = {h};
+        float **in = g_in;
+        in[IN_X] = malloc(sizeof(float) * numel(IN_X, h));
+        kiln_noise(1 + (uint64_t)h, in[IN_X], numel(IN_X, h));
+        double *want;
+        size_t n = direct(h, (const float *const *)in, &want);
+        float *out[4];
+        for (int p = 0; p < 4; p++) out[p] = calloc(n, sizeof(float));
+        for (int bi = 0; bi < 2; bi++) {
+            if (!bes[bi]) continue;
+            kg_graph g;
+            CHECK_OK(build(NULL, s, &g));
+            CHECK(kg_numel(&g.nodes[g.outputs[0]]) == (int64_t)n);
+            CHECK_OK(kg_run_eager(&g, bes[bi], (const float *const *)in, &out[bi]));
+            double e = rel_err_d(out[bi], want, n);
+            fprintf(stderr, "  h %lld, %s: relative L2 error %.3g\n", (long long)h, bes[bi]->name, e);
+            CHECK_MSG(e < 1e-5, "h %lld, %s backend: error %.3g", (long long)h, bes[bi]->name, e);
+            kg_free(&g);
+        }
+        /* planned and compiled: the fast backend's graph, bit for bit its eager run */
+        const kk_backend *be = bes[1] ? bes[1] : bes[0];
+        kg_graph g;
+        CHECK_OK(build(NULL, s, &g));
+        kx_plan plan;
+        CHECK_OK(kx_plan_graph(&g, &plan));
+        void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+        CHECK_OK(kx_run_planned(&g, &plan, be, arena, NULL, (const float *const *)in, &out[2]));
+        int64_t shapes[1][4] = {{B, C, h, W}}, sol[1];
+        CHECK_OK(kx_package_solve(pkg, 1, (const int64_t(*)[4])shapes, sol));
+        CHECK(sol[0] == h);
+        CHECK_OK(kx_package_load(pkg, be, NULL, bind, NULL));
+        CHECK_OK(kx_package_run(pkg, sol, (const float *const *)in, &out[3]));
+        int eager = be == bes[1] ? 1 : 0;
+        CHECK_MSG(!memcmp(out[eager], out[2], sizeof(float) * n), "h %lld: planned differs from eager", (long long)h);
+        CHECK_MSG(!memcmp(out[2], out[3], sizeof(float) * n), "h %lld: package differs from planned", (long long)h);
+        kb_free_aligned(arena);
+        kx_plan_free(&plan);
+        kg_free(&g);
+        for (int p = 0; p < 4; p++) free(out[p]);
+        free(in[IN_X]);
+        free(want);
+    }
+    for (int i = 1; i < N_IN; i++) free(g_in[i]);
+    kx_package_close(pkg);
+    test_rmrf(dir);
+}
+
+/* the fast backend's convolution against the reference kernel: the VAE's
+ * geometries at channel counts where oneDNN's blocking shows */
+TEST(fast_conv_matches_reference) {
+    const kk_backend *fast = kk_fast(KILN_F32);
+    if (!fast) {
+        fprintf(stderr, "  no fast f32 backend on this machine: skipped\n");
+        return;
+    }
+    struct {
+        int64_t B, Cin, H, W, Cout, k, stride, lo, hi;
+        int bias;
+    } geo[] = {
+        {1, 64, 20, 17, 32, 3, 1, 1, 1, 1}, /* a resnet's conv */
+        {2, 3, 16, 24, 16, 3, 1, 1, 1, 1},  /* conv_in of an image */
+        {1, 48, 9, 13, 96, 1, 1, 0, 0, 1},  /* conv_shortcut */
+        {2, 32, 16, 22, 32, 3, 2, 0, 1, 1}, /* the encoder's downsample */
+        {1, 16, 7, 5, 3, 3, 1, 1, 1, 0},    /* conv_out, no bias */
+    };
+    for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
+        kk_conv p = {geo[i].B, geo[i].Cin, geo[i].H, geo[i].W, geo[i].Cout, geo[i].k, geo[i].k, 0, 0,
+                     geo[i].stride, geo[i].lo, geo[i].hi};
+        p.Ho = (p.H + p.pad_lo + p.pad_hi - p.kh) / p.stride + 1;
+        p.Wo = (p.W + p.pad_lo + p.pad_hi - p.kw) / p.stride + 1;
+        size_t nx = (size_t)(p.B * p.Cin * p.H * p.W), nw = (size_t)(p.Cout * p.Cin * p.kh * p.kw),
+               ny = (size_t)(p.B * p.Cout * p.Ho * p.Wo);
+        float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *b = malloc(sizeof(float) * (size_t)p.Cout);
+        float *y0 = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny), *y2 = malloc(sizeof(float) * ny);
+        kiln_noise(100 + i, x, nx);
+        kiln_noise(200 + i, w, nw);
+        kiln_noise(300 + i, b, (size_t)p.Cout);
+        kk_reference()->conv2d(x, w, geo[i].bias ? b : NULL, y0, &p);
+        unsigned long mark = kb_deferred_mark();
+        fast->conv2d(x, w, geo[i].bias ? b : NULL, y1, &p);
+        fast->conv2d(x, w, geo[i].bias ? b : NULL, y2, &p); /* the kept primitive, again */
+        CHECK_OK(kb_deferred_since(mark));
+        double e = rel_l2(y1, y0, ny);
+        fprintf(stderr, "  conv [%lld,%lld,%lld,%lld] * %lldx%lld stride %lld pad %lld/%lld -> %lldx%lld: fast vs reference %.3g\n",
+                (long long)p.B, (long long)p.Cin, (long long)p.H, (long long)p.W, (long long)p.kh, (long long)p.kw,
+                (long long)p.stride, (long long)p.pad_lo, (long long)p.pad_hi, (long long)p.Ho, (long long)p.Wo, e);
+        CHECK_MSG(e < 1e-5, "geometry %zu: fast conv error %.3g", i, e);
+        CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: a second call differs", i);
+        const kk_backend *f16 = kk_fast(KILN_BF16); /* bf16 inputs and weights, f32 sums: within bf16 rounding */
+        if (f16) {
+            f16->conv2d(x, w, geo[i].bias ? b : NULL, y1, &p);
+            double e16 = rel_l2(y1, y0, ny);
+            fprintf(stderr, "    bf16: %.3g\n", e16);
+            CHECK_MSG(e16 < 1e-2 && e16 > 0, "geometry %zu: bf16 conv error %.3g", i, e16);
+        }
+        free(x), free(w), free(b), free(y0), free(y1), free(y2);
+    }
+}
+
+TEST(vae_ops_refuse_bad_shapes) {
+    kg_graph g;
+    kg_init(&g, NULL, NULL);
+    kg_id x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5}), w = kg_input(&g, "w", 4, (int64_t[]){4, 6, 3, 3});
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1) < 0);
+    CHECK(strstr(kiln_last_error(), "input [1, 8, 5, 5] and weight [4, 6, 3, 3] are not [B, Cin, H, W] and [Cout, Cin, kh, kw]"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 2, 5});
+    w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 0, 0) < 0 && strstr(kiln_last_error(), "is smaller than the kernel"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
+    w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
+    kg_id b = kg_input(&g, "b", 1, (int64_t[]){5});
+    CHECK(kg_conv2d(&g, x, w, b, 1, 1, 1) < 0 && strstr(kiln_last_error(), "the bias must be [4]"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
+    w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
+    CHECK(kg_conv2d(&g, x, w, -1, 0, 1, 1) < 0 && strstr(kiln_last_error(), "stride 0 must be positive"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 12, 5, 5});
+    CHECK(kg_group_norm(&g, x, -1, -1, 8, 1e-6f, 0) < 0 &&
+          strstr(kiln_last_error(), "input [1, 12, 5, 5] is not [B, C, ...] with C a multiple of 8 groups"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 12, 5, 5});
+    w = kg_input(&g, "w", 1, (int64_t[]){8});
+    CHECK(kg_group_norm(&g, x, w, -1, 4, 1e-6f, 0) < 0 && strstr(kiln_last_error(), "weight and bias must be [12]"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 3, (int64_t[]){1, 12, 5});
+    CHECK(kg_upsample_nearest(&g, x, 2) < 0 && strstr(kiln_last_error(), "input [1, 12, 5] is not [B, C, H, W]"));
+    kg_free(&g);
+}
+
+/* the encoder's std: exp(0.5 * clamp(logvar, -30, 20)), planned as eager */
+TEST(logvar_std) {
+    float x[6] = {-45, -30, -1.5f, 0, 19, 33}, y[6], y2[6];
+    kg_graph g;
+    kg_init(&g, NULL, NULL);
+    kg_mark_output(&g, kg_logvar_std(&g, kg_input(&g, "x", 2, (int64_t[]){2, 3})));
+    CHECK_OK(g.status);
+    const float *in[1] = {x};
+    float *out[1] = {y};
+    CHECK_OK(kg_run_eager(&g, kk_reference(), in, out));
+    for (int i = 0; i < 6; i++) {
+        double v = x[i] < -30 ? -30 : x[i] > 20 ? 20 : x[i], want = exp(0.5 * v);
+        CHECK_MSG(fabs(y[i] - want) <= 1e-7 * want, "logvar %g: std %.9g, want %.9g", (double)x[i], (double)y[i], want);
+    }
+    kx_plan plan;
+    CHECK_OK(kx_plan_graph(&g, &plan));
+    void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+    out[0] = y2;
+    CHECK_OK(kx_run_planned(&g, &plan, kk_reference(), arena, NULL, in, out));
+    CHECK(!memcmp(y, y2, sizeof y));
+    kb_free_aligned(arena);
+    kx_plan_free(&plan);
+    kg_free(&g);
+}
+
+/* the fast backend's group norm against the double-precision general form,
+ * with and without SiLU and affine, on groups of a size where the partial
+ * sums and the tails both show; an offset mean as activations have */
+TEST(fast_group_norm_matches_reference) {
+    const kk_backend *fast = kk_fast(KILN_F32);
+    if (!fast || !fast->group_norm) {
+        fprintf(stderr, "  no fast group norm on this machine: skipped\n");
+        return;
+    }
+    struct {
+        int64_t B, C, S, G;
+        int silu, affine;
+    } geo[] = {{1, 64, 33 * 17, 32, 1, 1}, {2, 12, 5, 3, 0, 1}, {1, 32, 4096, 8, 1, 0}, {2, 16, 7, 16, 0, 0}};
+    for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
+        size_t n = (size_t)(geo[i].B * geo[i].C * geo[i].S);
+        float *x = malloc(sizeof(float) * n), *y0 = malloc(sizeof(float) * n), *y1 = malloc(sizeof(float) * n);
+        float *w = malloc(sizeof(float) * (size_t)geo[i].C), *b = malloc(sizeof(float) * (size_t)geo[i].C);
+        kiln_noise(400 + i, x, n);
+        for (size_t k = 0; k < n; k++) x[k] = 3.0f + 2.0f * x[k];
+        kiln_noise(500 + i, w, (size_t)geo[i].C);
+        kiln_noise(600 + i, b, (size_t)geo[i].C);
+        const float *wp = geo[i].affine ? w : NULL, *bp = geo[i].affine ? b : NULL;
+        kk_group_norm(x, wp, bp, y0, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu);
+        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu);
+        double e = rel_l2(y1, y0, n);
+        fprintf(stderr, "  group norm [%lld,%lld,%lld] / %lld groups%s%s: fast vs reference %.3g\n", (long long)geo[i].B,
+                (long long)geo[i].C, (long long)geo[i].S, (long long)geo[i].G, geo[i].silu ? ", silu" : "",
+                geo[i].affine ? ", affine" : "", e);
+        CHECK_MSG(e < 1e-6, "geometry %zu: fast group norm error %.3g", i, e);
+        free(x), free(y0), free(y1), free(w), free(b);
+    }
+}
+
+int main(void) {
+    RUN(logvar_std);
+    RUN(fast_group_norm_matches_reference);
+    RUN(vae_ops_refuse_bad_shapes);
+    RUN(fast_conv_matches_reference);
+    RUN(vae_ops_match_loops_on_every_path);
+    return TEST_SUMMARY();
+}
