@@ -212,4 +212,8 @@ void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, flo
 kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *const *inputs,
                          float *const *outputs);
 
+/* x [B,T,D] at one token per batch entry chosen by ids [B,T] -> [B,D]:
+ * eos < 0 the first largest id, else the first id equal to eos (ops.def) */
+kg_id kg_select_token(kg_graph *g, kg_id x, kg_id ids, int64_t eos);
+
 #endif

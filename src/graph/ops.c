@@ -205,6 +205,11 @@ static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
     kg_run_dist_op(x->dist, c->op, c->ip, c->sh[0], c->sh[KG_Y], F(0), Y);
 }
 
+static void kg_run_select_token(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_select_token(F(0), F(1), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->ip[0]);
+}
+
 const kg_op_info kg_ops[KG_OP_COUNT] = {
 #define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
 #include "graph/ops.def"

@@ -290,3 +290,21 @@ void kk_gather_rows(const float *table, int64_t V, int64_t D, const float *ids, 
         memcpy(y + i * D, table + id * D, sizeof(float) * (size_t)D);
     }
 }
+
+void kk_select_token(const float *x, const float *ids, float *y, int64_t B, int64_t T, int64_t D, int64_t eos) {
+    for (int64_t b = 0; b < B; b++) {
+        const float *r = ids + b * T;
+        int64_t t = 0;
+        if (eos < 0) {
+            for (int64_t j = 1; j < T; j++)
+                if (r[j] > r[t]) t = j; /* strictly larger: the first maximum stays */
+        } else {
+            for (int64_t j = 0; j < T; j++)
+                if (r[j] == (float)eos) {
+                    t = j;
+                    break;
+                }
+        }
+        memcpy(y + b * D, x + (b * T + t) * D, sizeof(float) * (size_t)D);
+    }
+}
