@@ -297,6 +297,72 @@ TEST(text_model_without_projection) {
     golden_close(&g);
 }
 
+/* A copy of case c's folder whose config.json has from replaced by to
+ * (once); the folder's path in dir. */
+static int edited_copy(const char *c, const char *tag, const char *from, const char *to, char *dir, size_t cap) {
+    char path[800], src[800], *cfg = NULL, *data = NULL;
+    size_t len;
+    snprintf(dir, cap, "%s/%s", g_tmp, tag);
+    kb_mkdir_p(dir);
+    snprintf(path, sizeof path, "%s/config.json", case_dir(c));
+    CHECK_OK(kb_read_file(path, &cfg, &len));
+    char *at = cfg ? strstr(cfg, from) : NULL;
+    CHECK_MSG(at != NULL, "%s: config.json lacks %s", c, from);
+    if (!at) {
+        free(cfg);
+        return 0;
+    }
+    size_t head = (size_t)(at - cfg), nf = strlen(from), nt = strlen(to);
+    char *out = malloc(len + nt + 1);
+    memcpy(out, cfg, head);
+    memcpy(out + head, to, nt);
+    memcpy(out + head + nt, at + nf, len - head - nf + 1);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK_OK(kb_write_file_atomic(path, out, strlen(out)));
+    free(out);
+    free(cfg);
+    snprintf(src, sizeof src, "%s/model.safetensors", case_dir(c));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(kb_read_file(src, &data, &len));
+    if (data) CHECK_OK(kb_write_file_atomic(path, data, len));
+    free(data);
+    return 1;
+}
+
+/* eos_token_id 49407 (the real configs') pools the first 49407: the same
+ * token as the legacy argmax (49407 is the largest id), also with CLIP-G's
+ * padding by 0 */
+TEST(eos_rule) {
+    const char *cases[] = {"clip-l-tiny", "clip-g-tiny"};
+    for (int i = 0; i < 2; i++) {
+        golden g;
+        if (!golden_open(cases[i], &g)) return;
+        char dir[700], tag[64];
+        snprintf(tag, sizeof tag, "eos-%s", cases[i]);
+        if (edited_copy(cases[i], tag, "\"eos_token_id\": 2,", "\"eos_token_id\": 49407,", dir, sizeof dir)) {
+            kiln_open_opts oo = {.dtype = KILN_F32};
+            kiln_model *m = NULL;
+            CHECK_OK(kiln_model_open(dir, &oo, &m));
+            if (m) {
+                kiln_model_set_exec(m, "planned");
+                check_golden(m, &g, NOUT, 1e-5, "eos_token_id 49407", NULL);
+                /* and with no 49407 in a row, transformers takes position 0 */
+                float *ids = malloc(sizeof(float) * (size_t)(g.B * g.T)), *out[NOUT] = {0};
+                memcpy(ids, g.ids, sizeof(float) * (size_t)(g.B * g.T));
+                for (int64_t t = 0; t < g.T; t++)
+                    if (ids[t] == 49407) ids[t] = 320;
+                CHECK_OK(run_ids(m, ids, g.B, g.T, NOUT, out));
+                size_t D = g.want_n[2] / (size_t)g.B;
+                if (out[0] && out[2]) CHECK(!memcmp(out[2], out[0], sizeof(float) * D)); /* row 0's token 0 */
+                for (int k = 0; k < NOUT; k++) free(out[k]);
+                free(ids);
+                kiln_model_free(m);
+            }
+        }
+        golden_close(&g);
+    }
+}
+
 /* which family claims which config.json */
 TEST(claims) {
     CHECK(clip_config_kind("{\"architectures\": [\"CLIPTextModelWithProjection\"]}") == 1);
@@ -345,24 +411,8 @@ TEST(bad_configs) {
         CHECK_FAILS(clip_config_parse(cases[i].json, 1, &c), cases[i].code, cases[i].msg);
 
     /* through the loader: a folder whose config.json has a bad value */
-    char dir[700], path[800], *cfg = NULL;
-    size_t len;
-    snprintf(dir, sizeof dir, "%s/bad-config", g_tmp);
-    kb_mkdir_p(dir);
-    snprintf(path, sizeof path, "%s/config.json", case_dir("clip-g-tiny"));
-    CHECK_OK(kb_read_file(path, &cfg, &len));
-    char *at = cfg ? strstr(cfg, "\"gelu\"") : NULL;
-    CHECK(at != NULL);
-    if (at) memcpy(at, "\"gelx\"", 6);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (cfg) CHECK_OK(kb_write_file_atomic(path, cfg, strlen(cfg)));
-    free(cfg);
-    char src[800], *data = NULL;
-    snprintf(src, sizeof src, "%s/model.safetensors", case_dir("clip-g-tiny"));
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    CHECK_OK(kb_read_file(src, &data, &len));
-    if (data) CHECK_OK(kb_write_file_atomic(path, data, len));
-    free(data);
+    char dir[700];
+    if (!edited_copy("clip-g-tiny", "bad-config", "\"gelu\"", "\"gelx\"", dir, sizeof dir)) return;
     kiln_model *m = NULL;
     CHECK_FAILS(kiln_model_open(dir, NULL, &m), KILN_ERR_CONFIG, "hidden_act is \"gelx\"");
     CHECK(m == NULL);
@@ -457,6 +507,7 @@ int main(void) {
     RUN(bad_inputs);
     RUN(fewer_tokens);
     RUN(text_model_without_projection);
+    RUN(eos_rule);
     RUN(clip_l_f32);
     RUN(clip_g_f32);
     RUN(clip_l_bf16);
