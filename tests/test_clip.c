@@ -1,10 +1,11 @@
-/* test_clip.c - the CLIP text encoder families ("clip":
- * CLIPTextModelWithProjection, "clip_text": CLIPTextModel) against the
- * float64 transformers goldens clip-l-tiny (quick_gelu, f16 weights) and
+/* test_clip.c - the CLIP text encoder family "clip"
+ * (CLIPTextModelWithProjection, CLIPTextModel) against the float64
+ * transformers goldens clip-l-tiny (quick_gelu, f16 weights) and
  * clip-g-tiny (gelu, bf16 weights): the real loader, a cache miss then a
  * hit, and every execution path (eager, planned, reference kernels, a
  * dynamic package over the batch, a fixed package), in f32 (relative L2
- * within 1e-5) and bf16 (1e-2), every output of all four prompts. Then the
+ * within 1e-5) and bf16 (1e-2), every output of all four prompts (the
+ * named four and hidden_states_0 .. L). Then the
  * refusals: config values, input shapes, ids outside the vocabulary; fewer
  * tokens than 77; int8 linears, converted and compiled. */
 #include "arch/clip/clip.h"
@@ -36,6 +37,7 @@ typedef struct golden {
     int64_t B, T;
     const float *want[NOUT];
     size_t want_n[NOUT];
+    int n_out; /* float tensors: the outputs, hidden_states_0 .. L among them */
 } golden;
 
 static int golden_open(const char *c, golden *g) {
@@ -59,6 +61,7 @@ static int golden_open(const char *c, golden *g) {
         g->want_n[k] = 1;
         for (int d = 0; d < o->ndim; d++) g->want_n[k] *= (size_t)o->shape[d];
     }
+    for (size_t i = 0; i < g->n; i++) g->n_out += g->t[i].dtype == KILN_F32;
     return 1;
 }
 
@@ -85,18 +88,36 @@ static kiln_status run_ids(kiln_model *m, const float *ids, int64_t B, int64_t T
     return kiln_run(m, &in, 1, o, (size_t)nout);
 }
 
-/* every output of the golden's prompts through m's current chain within tol;
- * the largest error in *worst */
+/* every output of m (nout of them: the four named ones, then
+ * hidden_states_0 .. L) for the golden's prompts through m's current chain,
+ * each against the golden's tensor of its name, within tol; the largest
+ * error in *worst */
 static void check_golden(kiln_model *m, const golden *g, int nout, double tol, const char *what, double *worst) {
-    float *out[NOUT] = {0};
-    kiln_status st = run_ids(m, g->ids, g->B, g->T, nout, out);
+    enum { MAX = 64 };
+    int n = kiln_model_n_outputs(m);
+    CHECK_MSG(n == nout && n <= MAX, "%s: the model has %d outputs, want %d", what, n, nout);
+    if (n > MAX) return;
+    kiln_tensor in = {.name = "input_ids", .dtype = KILN_F32, .ndim = 2, .shape = {g->B, g->T}, .data = g->ids};
+    kiln_output o[MAX];
+    const kiln_tensor *want[MAX];
+    memset(o, 0, sizeof o);
+    for (int k = 0; k < n; k++) {
+        o[k].name = kiln_model_output_name(m, k);
+        want[k] = kiln_tensors_find(g->t, g->n, o[k].name);
+        CHECK_MSG(want[k] != NULL, "%s: output %s is not in the golden", what, o[k].name);
+        if (!want[k]) return;
+        o[k].capacity = 1;
+        for (int d = 0; d < want[k]->ndim; d++) o[k].capacity *= (size_t)want[k]->shape[d];
+        o[k].data = calloc(o[k].capacity, sizeof(float));
+    }
+    kiln_status st = kiln_run(m, &in, 1, o, (size_t)n);
     CHECK_MSG(st == KILN_OK, "%s: %s", what, kiln_last_error());
-    for (int k = 0; !st && k < nout; k++) {
-        double e = rel_l2(out[k], g->want[k], g->want_n[k]);
-        CHECK_MSG(e <= tol, "%s: %s relative L2 %.3g (bar %.0e)", what, k_out[k], e, tol);
+    for (int k = 0; !st && k < n; k++) {
+        double e = rel_l2(o[k].data, want[k]->data, o[k].capacity);
+        CHECK_MSG(e <= tol, "%s: %s relative L2 %.3g (bar %.0e)", what, o[k].name, e, tol);
         if (worst && e > *worst) *worst = e;
     }
-    for (int k = 0; k < nout; k++) free(out[k]);
+    for (int k = 0; k < n; k++) free(o[k].data);
 }
 
 static kiln_load_opts load_opts(const char *c, const char *root, kiln_dtype dt) {
@@ -127,11 +148,11 @@ static void case_paths(const char *c, kiln_dtype dt) {
     CHECK_OK(kiln_load_model(&o, &m));
     if (!m) goto out;
     CHECK_MSG(!strcmp(kiln_model_origin(m), "miss"), "%s: first load %s", c, kiln_model_origin(m));
-    CHECK(!strcmp(kiln_model_family(m), "clip") && kiln_model_n_outputs(m) == 4);
+    CHECK(!strcmp(kiln_model_family(m), "clip") && kiln_model_n_outputs(m) == g.n_out);
     double e_miss = 0;
     kiln_model_set_exec(m, "eager");
     snprintf(what, sizeof what, "%s %s converted, eager", c, dn);
-    check_golden(m, &g, NOUT, tol, what, &e_miss);
+    check_golden(m, &g, g.n_out, tol, what, &e_miss);
     kiln_model_free(m);
 
     /* the second start maps the cache */
@@ -145,7 +166,7 @@ static void case_paths(const char *c, kiln_dtype dt) {
     for (int i = 0; i < 2; i++) {
         CHECK_OK(kiln_model_set_exec(m, chains[i]));
         snprintf(what, sizeof what, "%s %s cache hit, %s", c, dn, chains[i]);
-        check_golden(m, &g, NOUT, tol, what, &worst[i]);
+        check_golden(m, &g, g.n_out, tol, what, &worst[i]);
         CHECK(!strcmp(kiln_model_last_exec(m), chains[i]));
     }
     /* a package with a dynamic batch (tokens static at 77) */
@@ -157,7 +178,7 @@ static void case_paths(const char *c, kiln_dtype dt) {
     double tc = kb_now() - t0;
     CHECK_OK(kiln_model_set_exec(m, "dynamic"));
     snprintf(what, sizeof what, "%s %s dynamic package", c, dn);
-    check_golden(m, &g, NOUT, tol, what, &worst[2]);
+    check_golden(m, &g, g.n_out, tol, what, &worst[2]);
     CHECK_MSG(!strcmp(kiln_model_last_exec(m), "dynamic"), "ran by %s (%s)", kiln_model_last_exec(m), kiln_model_exec_note(m));
     /* batch 3 (inside the range) gives the first three prompts' rows */
     float *part[NOUT] = {0};
@@ -171,7 +192,7 @@ static void case_paths(const char *c, kiln_dtype dt) {
     CHECK_OK(kiln_model_set_exec(m, "fixed"));
     snprintf(what, sizeof what, "%s %s fixed package", c, dn);
     t0 = kb_now();
-    check_golden(m, &g, NOUT, tol, what, &worst[3]);
+    check_golden(m, &g, g.n_out, tol, what, &worst[3]);
     double tf = kb_now() - t0;
     CHECK_MSG(!strcmp(kiln_model_last_exec(m), "fixed"), "ran by %s (%s)", kiln_model_last_exec(m), kiln_model_exec_note(m));
     fprintf(stderr, "  %s %s: worst relative L2 converted %.2e, eager %.2e, planned %.2e, dynamic %.2e, fixed %.2e "
@@ -186,10 +207,10 @@ static void case_paths(const char *c, kiln_dtype dt) {
             double e = 0;
             kiln_model_set_exec(m, "eager");
             snprintf(what, sizeof what, "%s reference, eager", c);
-            check_golden(m, &g, NOUT, tol, what, &e);
+            check_golden(m, &g, g.n_out, tol, what, &e);
             kiln_model_set_exec(m, "planned");
             snprintf(what, sizeof what, "%s reference, planned", c);
-            check_golden(m, &g, NOUT, tol, what, &e);
+            check_golden(m, &g, g.n_out, tol, what, &e);
             fprintf(stderr, "  %s reference: worst relative L2 %.2e\n", c, e);
             kiln_model_free(m);
         }
@@ -248,7 +269,7 @@ out:
 }
 
 /* CLIPTextModel (Flux.1's text_encoder, the clip-l-tiny weights without the
- * projection, the text_model. prefix kept): family clip_text, 3 outputs */
+ * projection, the text_model. prefix kept): no text_embeds */
 TEST(text_model_without_projection) {
     golden g;
     if (!golden_open("clip-l-tiny", &g)) return;
@@ -279,10 +300,10 @@ TEST(text_model_without_projection) {
     kiln_model *m = NULL;
     CHECK_OK(kiln_model_open(dir, &oo, &m));
     if (m) {
-        CHECK(!strcmp(kiln_model_family(m), "clip_text") && kiln_model_n_outputs(m) == 3);
-        CHECK(kiln_model_output_name(m, 3) == NULL);
+        CHECK(!strcmp(kiln_model_family(m), "clip") && kiln_model_n_outputs(m) == 6);
+        CHECK(!strcmp(kiln_model_output_name(m, 2), "pooler_output") && !strcmp(kiln_model_output_name(m, 3), "hidden_states_0"));
         kiln_model_set_exec(m, "planned");
-        check_golden(m, &g, 3, 1e-5, "CLIPTextModel planned", NULL);
+        check_golden(m, &g, g.n_out - 1, 1e-5, "CLIPTextModel planned", NULL); /* no text_embeds */
         kiln_model_free(m);
     }
     /* the model with its projection is refused as a CLIPTextModel: the tensor is named */
@@ -345,7 +366,7 @@ TEST(eos_rule) {
             CHECK_OK(kiln_model_open(dir, &oo, &m));
             if (m) {
                 kiln_model_set_exec(m, "planned");
-                check_golden(m, &g, NOUT, 1e-5, "eos_token_id 49407", NULL);
+                check_golden(m, &g, g.n_out, 1e-5, "eos_token_id 49407", NULL);
                 /* and with no 49407 in a row, transformers takes position 0 */
                 float *ids = malloc(sizeof(float) * (size_t)(g.B * g.T)), *out[NOUT] = {0};
                 memcpy(ids, g.ids, sizeof(float) * (size_t)(g.B * g.T));
@@ -371,18 +392,32 @@ TEST(claims) {
     CHECK(clip_config_kind("{\"architectures\": [\"T5EncoderModel\"], \"model_type\": \"clip_text_model\"}") == -1);
     CHECK(clip_config_kind("{\"_class_name\": \"SD3Transformer2DModel\"}") == -1);
     CHECK(clip_config_kind("not json") == -1);
-    CHECK(ka_find("clip") == &ka_clip && ka_find("clip_text") == &ka_clip_text);
+    CHECK(ka_find("clip") == &ka_clip);
     CHECK(ka_for_config("{\"architectures\": [\"CLIPTextModelWithProjection\"]}") == &ka_clip);
-    CHECK(ka_for_config("{\"architectures\": [\"CLIPTextModel\"]}") == &ka_clip_text);
+    CHECK(ka_for_config("{\"architectures\": [\"CLIPTextModel\"]}") == &ka_clip);
     /* the config written for caches and packages is claimed and parsed back the same */
     clip_config c, back;
-    CHECK_OK(clip_config_parse("{\"architectures\": [\"CLIPTextModelWithProjection\"], \"hidden_act\": \"gelu\", "
-                               "\"hidden_size\": 48, \"num_attention_heads\": 4, \"eos_token_id\": 2}", 1, &c));
-    char *j = clip_config_to_json(&c);
-    CHECK(j && ka_for_config(j) == &ka_clip);
-    CHECK_OK(clip_config_parse(j ? j : "", 1, &back));
-    CHECK(!memcmp(&c, &back, sizeof c));
-    free(j);
+    const char *models[2] = {"CLIPTextModel", "CLIPTextModelWithProjection"};
+    for (int w = 0; w < 2; w++) {
+        char in[300];
+        snprintf(in, sizeof in, "{\"architectures\": [\"%s\"], \"hidden_act\": \"gelu\", \"hidden_size\": 48, "
+                 "\"num_attention_heads\": 4, \"eos_token_id\": 2}", models[w]);
+        CHECK_OK(clip_config_parse(in, &c));
+        CHECK(c.with_projection == w && c.hidden_act == CLIP_ACT_GELU && c.hidden_size == 48);
+        char *j = clip_config_to_json(&c);
+        CHECK(j && ka_for_config(j) == &ka_clip);
+        memset(&back, 0x55, sizeof back);
+        CHECK_OK(clip_config_parse(j ? j : "", &back));
+        CHECK(!memcmp(&c, &back, sizeof c));
+        free(j);
+    }
+    /* the outputs: the named four (three without the projection), then every hidden state */
+    ka_io io[KA_MAX_OUT];
+    char names[KA_MAX_OUT][48];
+    c.num_hidden_layers = 32; /* CLIP-G */
+    CHECK(clip_outputs(&c, io, names) == 4 + 33 && !strcmp(io[3].name, "text_embeds") && !strcmp(io[36].name, "hidden_states_32"));
+    c.with_projection = 0;
+    CHECK(clip_outputs(&c, io, names) == 3 + 33 && !strcmp(io[3].name, "hidden_states_0"));
     CHECK(!strcmp(kiln_family_quant_layers("clip"), "text_model.encoder.layers.*"));
 }
 
@@ -397,6 +432,7 @@ TEST(bad_configs) {
         {"{\"hidden_size\": 30, \"num_attention_heads\": 4}", "hidden_size = 30 is not a multiple of num_attention_heads = 4",
          KILN_ERR_CONFIG},
         {"{\"num_hidden_layers\": 0}", "num_hidden_layers = 0 is impossible", KILN_ERR_CONFIG},
+        {"{\"num_hidden_layers\": 76}", "num_hidden_layers = 76 is impossible (allowed 1..75)", KILN_ERR_CONFIG},
         {"{\"vocab_size\": 16777217}", "vocab_size = 16777217 is impossible", KILN_ERR_CONFIG},
         {"{\"max_position_embeddings\": 1.5}", "\"max_position_embeddings\" must be an integer", KILN_ERR_CONFIG},
         {"{\"layer_norm_eps\": -1}", "layer_norm_eps = -1 is impossible", KILN_ERR_CONFIG},
@@ -408,7 +444,7 @@ TEST(bad_configs) {
     };
     clip_config c;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        CHECK_FAILS(clip_config_parse(cases[i].json, 1, &c), cases[i].code, cases[i].msg);
+        CHECK_FAILS(clip_config_parse(cases[i].json, &c), cases[i].code, cases[i].msg);
 
     /* through the loader: a folder whose config.json has a bad value */
     char dir[700];
@@ -438,7 +474,7 @@ TEST(bad_inputs) {
     kiln_tensor good = {.name = "input_ids", .dtype = KILN_F32, .ndim = 2, .shape = {4, 77}, .data = ids};
     o.name = "sample";
     CHECK_FAILS(kiln_run(m, &good, 1, &o, 1), KILN_ERR_INVALID_ARG, "has no output sample (its outputs: last_hidden_state, "
-                "hidden_states_penultimate, pooler_output, text_embeds)");
+                "hidden_states_penultimate, pooler_output, text_embeds, hidden_states_0, hidden_states_1, hidden_states_2)");
     /* an id outside the vocabulary (transformers: an index error): refused,
      * the id and its position named (row 1, token 5: flat index 82) */
     memcpy(ids, g.ids, sizeof(float) * 4 * 77);
@@ -455,7 +491,7 @@ TEST(bad_inputs) {
     CHECK_FAILS(run_ids(m, ids, 4, 77, NOUT, out), KILN_ERR_NONFINITE, "input_ids");
     for (int k = 0; k < NOUT; k++) free(out[k]), out[k] = NULL;
     /* and the same model still runs the good ones */
-    check_golden(m, &g, NOUT, 1e-5, "after refusals", NULL);
+    check_golden(m, &g, g.n_out, 1e-5, "after refusals", NULL);
     free(ids);
     kiln_model_free(m);
 out:
@@ -489,7 +525,7 @@ TEST(int8_linears) {
                       (long long)info.n_quantized, (long long)(6 * layers));
             double e = 0;
             kiln_model_set_exec(m, "planned");
-            check_golden(m, &g, NOUT, 5e-2, "int8", &e);
+            check_golden(m, &g, g.n_out, 5e-2, "int8", &e);
             /* compiled: the quality gate is the SD3 sampler's, so forced past it */
             kiln_compile_opts co = kiln_compile_defaults();
             co.dims = "batch=1:4";
@@ -498,7 +534,7 @@ TEST(int8_linears) {
             CHECK_OK(kiln_compile(m, &co, &r));
             double ep = 0;
             kiln_model_set_exec(m, "dynamic");
-            check_golden(m, &g, NOUT, 5e-2, "int8 dynamic package", &ep);
+            check_golden(m, &g, g.n_out, 5e-2, "int8 dynamic package", &ep);
             CHECK_MSG(!strcmp(kiln_model_last_exec(m), "dynamic"), "ran by %s (%s)", kiln_model_last_exec(m),
                       kiln_model_exec_note(m));
             fprintf(stderr, "  %s int8: worst relative L2 planned %.2e, dynamic package %.2e\n", cases[i], e, ep);

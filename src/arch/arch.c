@@ -18,8 +18,8 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 /* the built-in families first (the first is the default for a config no
  * family claims: its parser names what is wrong), then registered ones */
-static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_clip, &ka_clip_text};
-static int g_n = 3;
+static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_clip};
+static int g_n = 2;
 static const kc_renamer *g_ren[KA_MAX_FAMILIES + 1];
 
 int ka_count(void) {

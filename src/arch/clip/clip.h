@@ -10,11 +10,9 @@
 #include "graph/graph.h"
 #include "kiln.h"
 
-/* The two families: with the text projection (outputs last_hidden_state,
- * hidden_states_penultimate, pooler_output, text_embeds) and without (the
- * first three). Two tables because a table's outputs are fixed. */
+/* The family (clip_arch.c): both models, told apart by the config's
+ * "architectures"; the outputs follow the config (clip_outputs). */
 extern const ka_arch ka_clip;
-extern const ka_arch ka_clip_text;
 
 /* The forward's symbols: batch and tokens (input_ids [batch, tokens]). */
 enum { CLIP_SYM_BATCH, CLIP_SYM_TOKENS, CLIP_NSYM };
@@ -36,7 +34,8 @@ typedef struct clip_config {
     int with_projection; /* CLIPTextModelWithProjection: text_projection and text_embeds */
 } clip_config;
 
-#define CLIP_MAX_LAYERS 256
+/* every hidden state is an output, with the four named ones: within KA_MAX_OUT */
+#define CLIP_MAX_LAYERS (KA_MAX_OUT - 5)
 #define CLIP_MAX_VOCAB (1 << 24) /* token ids travel as f32: exact below 2^24 */
 
 /* transformers' CLIPTextConfig defaults for keys missing from config.json */
@@ -46,8 +45,8 @@ clip_config clip_config_defaults(void);
  * "architectures", else model_type "clip_text_model" (a CLIPTextModel). */
 int clip_config_kind(const char *json);
 /* Parse config.json text (missing keys take the defaults), then validate;
- * with_projection is the family's (1: ka_clip, 0: ka_clip_text). */
-kiln_status clip_config_parse(const char *json, int with_projection, clip_config *cfg);
+ * with_projection from "architectures" (clip_config_kind). */
+kiln_status clip_config_parse(const char *json, clip_config *cfg);
 /* Reject impossible values with a message naming the key. */
 kiln_status clip_config_validate(const clip_config *cfg);
 /* Serialise as a transformers config.json (malloc'd). */
@@ -55,9 +54,16 @@ char *clip_config_to_json(const clip_config *cfg);
 /* The weights a config needs, in a stable order. Caller frees *out. */
 kiln_status clip_weight_spec(const clip_config *cfg, ka_spec **out, size_t *n);
 
-/* Build the forward for input_ids [B,T] (token ids as f32): outputs
- * last_hidden_state [B,T,D], hidden_states_penultimate [B,T,D],
- * pooler_output [B,D] and, with the projection, text_embeds [B,P]. */
+/* The outputs of a config, in the graph's order: last_hidden_state
+ * [B,T,D], hidden_states_penultimate [B,T,D] (hidden_states[-2], SD3's),
+ * pooler_output [B,D], with the projection text_embeds [B,P], then
+ * hidden_states_0 .. hidden_states_L [B,T,D] (transformers'
+ * output_hidden_states: the embeddings, then every layer's output). Returns
+ * their count; names[] holds the numbered names. */
+int clip_outputs(const clip_config *cfg, ka_io *out, char (*names)[48]);
+
+/* Build the forward for input_ids [B,T] (token ids as f32), with the
+ * outputs of clip_outputs. */
 kiln_status clip_build_forward(const clip_config *cfg, kg_graph *g, int64_t B, int64_t T);
 
 #endif

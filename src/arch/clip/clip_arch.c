@@ -1,28 +1,33 @@
-/* clip_arch.c - the CLIP text encoder's architecture tables: "clip"
- * (CLIPTextModelWithProjection: SD3's text_encoder and text_encoder_2) and
- * "clip_text" (CLIPTextModel: Flux.1's text_encoder). One input, input_ids
- * [batch, tokens] (the ids as f32 values), symbols batch and tokens (1 to
- * max_position_embeddings; the pipelines pad to 77); the outputs as
- * transformers names them. */
+/* clip_arch.c - the CLIP text encoder's architecture table "clip":
+ * CLIPTextModelWithProjection (SD3's text_encoder and text_encoder_2) and
+ * CLIPTextModel (Flux.1's text_encoder), told apart by "architectures".
+ * One input, input_ids [batch, tokens] (the ids as f32 values), symbols
+ * batch and tokens (1 to max_position_embeddings; the pipelines pad to
+ * 77); the outputs as transformers names them (clip_outputs). */
 #include "arch/clip/clip.h"
 #include "base/base.h"
 
 #include <string.h>
 
-static int claims_proj(const char *json) { return clip_config_kind(json) == 1; }
-static int claims_text(const char *json) { return clip_config_kind(json) == 0; }
-static kiln_status parse_proj(const char *json, void *cfg) { return clip_config_parse(json, 1, cfg); }
-static kiln_status parse_text(const char *json, void *cfg) { return clip_config_parse(json, 0, cfg); }
+static int claims(const char *json) { return clip_config_kind(json) >= 0; }
+static kiln_status parse(const char *json, void *cfg) { return clip_config_parse(json, cfg); }
+static int outputs(const void *cfg, ka_io *out, char (*names)[48]) { return clip_outputs(cfg, out, names); }
 static kiln_status validate(const void *cfg) { return clip_config_validate(cfg); }
 static char *to_json(const void *cfg) { return clip_config_to_json(cfg); }
 static kiln_status spec(const void *cfg, ka_spec **out, size_t *n) { return clip_weight_spec(cfg, out, n); }
 
+/* in the order of clip_outputs; out has room for KA_MAX_OUT */
 static void io_shapes(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]) {
     const clip_config *c = cfg;
     int64_t B = s[CLIP_SYM_BATCH], T = s[CLIP_SYM_TOKENS], D = c->hidden_size;
-    int64_t v[5][4] = {{B, T}, {B, T, D}, {B, T, D}, {B, D}, {B, c->projection_dim}};
-    memcpy(in[0], v[0], sizeof v[0]);
-    for (int k = 0; k < (c->with_projection ? 4 : 3); k++) memcpy(out[k], v[k + 1], sizeof v[0]);
+    int64_t ids[4] = {B, T}, state[4] = {B, T, D}, pooled[4] = {B, D}, proj[4] = {B, c->projection_dim};
+    memcpy(in[0], ids, sizeof ids);
+    int n = 0;
+    memcpy(out[n++], state, sizeof state);
+    memcpy(out[n++], state, sizeof state);
+    memcpy(out[n++], pooled, sizeof pooled);
+    if (c->with_projection) memcpy(out[n++], proj, sizeof proj);
+    for (int i = 0; i <= c->num_hidden_layers && n < KA_MAX_OUT; i++) memcpy(out[n++], state, sizeof state);
 }
 
 /* the largest batch: far beyond real use, small enough that no size made
@@ -88,47 +93,23 @@ static kiln_status build(const void *cfg, kg_graph *g, const int64_t *s, const k
 
 const ka_arch ka_clip = {
     .name = "clip",
-    .title = "CLIP text encoder with projection (transformers CLIPTextModelWithProjection)",
+    .title = "CLIP text encoder (transformers CLIPTextModel, CLIPTextModelWithProjection)",
     .component = "text_encoder",
     .config_size = sizeof(clip_config),
-    .claims = claims_proj,
-    .config_parse = parse_proj,
+    .claims = claims,
+    .config_parse = parse,
     .config_validate = validate,
     .config_to_json = to_json,
     .weight_spec = spec,
     .quant_layers = CLIP_QUANT_LAYERS,
     .nsym = CLIP_NSYM,
     .sym = {"batch", "tokens"},
+    .sym_doc = {"prompts", "token ids per prompt (1 to max_position_embeddings; the pipelines pad to 77)"},
     .n_in = 1,
-    .n_out = 4,
-    .in = {{"input_ids", 2}},
-    .out = {{"last_hidden_state", 3}, {"hidden_states_penultimate", 3}, {"pooler_output", 2}, {"text_embeds", 2}},
-    .io_shapes = io_shapes,
-    .solve = solve,
-    .check = check,
-    .example = example,
-    .example_opts = example_opts,
-    .example_input = example_input,
-    .build = build,
-};
-
-const ka_arch ka_clip_text = {
-    .name = "clip_text",
-    .title = "CLIP text encoder (transformers CLIPTextModel)",
-    .component = "text_encoder",
-    .config_size = sizeof(clip_config),
-    .claims = claims_text,
-    .config_parse = parse_text,
-    .config_validate = validate,
-    .config_to_json = to_json,
-    .weight_spec = spec,
-    .quant_layers = CLIP_QUANT_LAYERS,
-    .nsym = CLIP_NSYM,
-    .sym = {"batch", "tokens"},
-    .n_in = 1,
-    .n_out = 3,
+    .n_out = 3, /* every config's first three; clip_outputs gives them all */
     .in = {{"input_ids", 2}},
     .out = {{"last_hidden_state", 3}, {"hidden_states_penultimate", 3}, {"pooler_output", 2}},
+    .outputs = outputs,
     .io_shapes = io_shapes,
     .solve = solve,
     .check = check,

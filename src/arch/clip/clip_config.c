@@ -62,9 +62,9 @@ static kiln_status get_int(const cJSON *root, const char *key, int *out) {
     return KILN_OK;
 }
 
-kiln_status clip_config_parse(const char *json, int with_projection, clip_config *cfg) {
+kiln_status clip_config_parse(const char *json, clip_config *cfg) {
     *cfg = clip_config_defaults();
-    cfg->with_projection = with_projection;
+    cfg->with_projection = clip_config_kind(json) == 1;
     cJSON *root = cJSON_Parse(json);
     if (!root) return kb_fail(KILN_ERR_FORMAT, "config.json is not valid JSON");
     kiln_status st = KILN_OK;
@@ -130,7 +130,7 @@ kiln_status clip_config_validate(const clip_config *c) {
         {"hidden_size", c->hidden_size, 1, 1 << 16},
         {"intermediate_size", c->intermediate_size, 1, 1 << 18},
         {"projection_dim", c->projection_dim, 1, 1 << 16},
-        {"num_hidden_layers", c->num_hidden_layers, 1, CLIP_MAX_LAYERS},
+        {"num_hidden_layers", c->num_hidden_layers, 1, CLIP_MAX_LAYERS}, /* each layer's state is an output */
         {"num_attention_heads", c->num_attention_heads, 1, 1 << 10},
         {"max_position_embeddings", c->max_position_embeddings, 1, 1 << 16},
     };

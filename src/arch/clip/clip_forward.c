@@ -46,10 +46,25 @@ static kg_id encoder_layer(const clip_config *c, kg_graph *g, kg_id h, int i) {
     return kg_add(g, h, lin(g, x, L, "mlp.fc2", 1));
 }
 
+int clip_outputs(const clip_config *c, ka_io *out, char (*names)[48]) {
+    int n = 0;
+    out[n++] = (ka_io){"last_hidden_state", 3};
+    out[n++] = (ka_io){"hidden_states_penultimate", 3};
+    out[n++] = (ka_io){"pooler_output", 2};
+    if (c->with_projection) out[n++] = (ka_io){"text_embeds", 2};
+    for (int i = 0; i <= c->num_hidden_layers; i++, n++) {
+        snprintf(names[n], sizeof names[0], "hidden_states_%d", i);
+        out[n] = (ka_io){names[n], 3};
+    }
+    return n;
+}
+
 kiln_status clip_build_forward(const clip_config *c, kg_graph *g, int64_t B, int64_t T) {
     if (B <= 0 || T <= 0 || T > c->max_position_embeddings)
         return kb_fail(KILN_ERR_SHAPE, "CLIP: batch %lld and tokens %lld: the batch must be positive and the tokens 1 to "
                        "%d (max_position_embeddings)", (long long)B, (long long)T, c->max_position_embeddings);
+    if (c->num_hidden_layers > CLIP_MAX_LAYERS)
+        return kb_fail(KILN_ERR_CONFIG, "CLIP: %d layers, at most %d", c->num_hidden_layers, CLIP_MAX_LAYERS);
     kg_id ids = kg_input(g, "input_ids", 2, (int64_t[]){B, T});
 
     /* CLIPTextEmbeddings: token_embedding(input_ids) + position_embedding(arange(T)) */
@@ -58,12 +73,13 @@ kiln_status clip_build_forward(const clip_config *c, kg_graph *g, int64_t B, int
     if (T < c->max_position_embeddings) pos = kg_slice(g, pos, 0, 0, T);
     kg_id h = kg_add(g, tok, pos); /* [B,T,D] + [T,D] */
 
-    /* CLIPEncoder; hidden_states[-2] is the last layer's input (SD3 takes it) */
-    kg_id penultimate = -1;
+    /* CLIPEncoder; hidden[i] is transformers' hidden_states[i]: the
+     * embeddings, then each layer's output (before final_layer_norm) */
+    kg_id hidden[CLIP_MAX_LAYERS + 1];
+    hidden[0] = h;
     for (int i = 0; i < c->num_hidden_layers; i++) { /* a region: compiled once per distinct layer kind */
-        if (i == c->num_hidden_layers - 1) penultimate = h;
         kg_region_begin(g, i);
-        h = encoder_layer(c, g, h, i);
+        hidden[i + 1] = h = encoder_layer(c, g, h, i);
         kg_region_end(g);
     }
     kg_id last = norm(g, h, "", "text_model.final_layer_norm", (float)c->layer_norm_eps);
@@ -72,9 +88,16 @@ kiln_status clip_build_forward(const clip_config *c, kg_graph *g, int64_t B, int
      * position of input_ids.argmax(-1); otherwise the first eos_token_id */
     kg_id pooled = kg_select_token(g, last, ids, c->eos_token_id == 2 ? -1 : c->eos_token_id);
     kg_output(g, last, "last_hidden_state");
-    kg_output(g, penultimate, "hidden_states_penultimate");
+    /* hidden_states[-2] (SD3 takes it): a copy, since that node is also
+     * hidden_states_{L-1} and a node fills one output */
+    kg_output(g, kg_slice(g, hidden[c->num_hidden_layers - 1], 0, 0, B), "hidden_states_penultimate");
     kg_output(g, pooled, "pooler_output");
     /* CLIPTextModelWithProjection: text_embeds = text_projection(pooled), no bias */
     if (c->with_projection) kg_output(g, lin(g, pooled, "", "text_projection", 0), "text_embeds");
+    for (int i = 0; i <= c->num_hidden_layers; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "hidden_states_%d", i);
+        kg_output(g, hidden[i], name);
+    }
     return g->status;
 }
