@@ -238,7 +238,8 @@ TEST(clip_g_bf16) {
 
 /* Causal attention: with the first T tokens only, every position's state
  * is the golden's (a later token never reaches an earlier one), and the
- * pooled token of "a photo of a cat" (its eos at position 6) is inside. */
+ * pooled token of "a photo of a cat" (its eos at position 6) is inside;
+ * run by a package over a range of token counts. */
 TEST(fewer_tokens) {
     golden g;
     if (!golden_open("clip-l-tiny", &g)) return;
@@ -250,7 +251,18 @@ TEST(fewer_tokens) {
     float ids[T], *out[NOUT] = {0}, *want[2];
     memcpy(ids, g.ids, sizeof ids);
     int64_t D = (int64_t)(g.want_n[0] / (size_t)(g.B * g.T));
+    /* through a package whose token count is dynamic too */
+    char pkg[700];
+    snprintf(pkg, sizeof pkg, "%s/pkg-tokens", g_tmp);
+    kb_mkdir_p(pkg);
+    CHECK_OK(kiln_model_set_package_dir(m, pkg));
+    kiln_compile_opts co = kiln_compile_defaults();
+    co.dims = "batch=1:4,tokens=8:77";
+    kiln_compile_result r;
+    CHECK_OK(kiln_compile(m, &co, &r));
+    CHECK_OK(kiln_model_set_exec(m, "dynamic"));
     CHECK_OK(run_ids(m, ids, 1, T, NOUT, out));
+    CHECK_MSG(!strcmp(kiln_model_last_exec(m), "dynamic"), "ran by %s (%s)", kiln_model_last_exec(m), kiln_model_exec_note(m));
     for (int k = 0; k < 2; k++) want[k] = malloc(sizeof(float) * T * (size_t)D);
     for (int k = 0; k < 2; k++) memcpy(want[k], g.want[k], sizeof(float) * T * (size_t)D);
     for (int k = 0; k < 2 && out[k]; k++) {

@@ -69,8 +69,9 @@ kiln_status clip_build_forward(const clip_config *c, kg_graph *g, int64_t B, int
 
     /* CLIPTextEmbeddings: token_embedding(input_ids) + position_embedding(arange(T)) */
     kg_id tok = kg_gather(g, kg_weight(g, "text_model.embeddings.token_embedding.weight"), ids);
-    kg_id pos = kg_weight(g, "text_model.embeddings.position_embedding.weight"); /* [max_pos, D] */
-    if (T < c->max_position_embeddings) pos = kg_slice(g, pos, 0, 0, T);
+    /* the first T rows of the table [max_pos, D]: sliced also when T is all
+     * of them, so that the graph keeps one structure over a range of T */
+    kg_id pos = kg_slice(g, kg_weight(g, "text_model.embeddings.position_embedding.weight"), 0, 0, T);
     kg_id h = kg_add(g, tok, pos); /* [B,T,D] + [T,D] */
 
     /* CLIPEncoder; hidden[i] is transformers' hidden_states[i]: the
