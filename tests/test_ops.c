@@ -1,7 +1,8 @@
 /* test_ops.c - the general forms of the op table (ops.def) that the next
  * model families need: add and mul with broadcasting, slice and concat along
  * any axis, layernorm with an affine weight and bias, RMS norm, attention
- * with a scale, an additive bias and a causal mask. Each against plain loops
+ * with a scale, an additive bias and a causal mask; a text encoder's pooled
+ * token (select_token). Each against plain loops
  * in double, and the same graph through eager, the planned executor and a
  * compiled package with a symbolic dimension, bit for bit alike. */
 #include "base/base.h"
@@ -282,10 +283,90 @@ TEST(gather_and_gelus) {
     kg_free(&g);
 }
 
+/* select_token on x [B,N,D], ids [B,N]: output 0 by the largest id (ties:
+ * the first), output 1 by the first id 7 (row 1 holds none: position 0) */
+static kiln_status build_select(void *user, const int64_t *s, kg_graph *g) {
+    (void)user;
+    int64_t N = s[0];
+    kg_init(g, NULL, NULL);
+    kg_id x = kg_input(g, "x", 3, (int64_t[]){B, N, D});
+    kg_id ids = kg_input(g, "ids", 2, (int64_t[]){B, N});
+    kg_output(g, kg_select_token(g, x, ids, -1), "by_argmax");
+    kg_output(g, kg_select_token(g, x, ids, 7), "by_eos");
+    return g->status;
+}
+
+TEST(select_token_on_every_path) {
+    char dir[256];
+    test_tmpdir(dir, sizeof dir, "ops-select");
+    kx_compile_req req = {.build = build_select, .weight = no_weights, .nsym = 1, .regional = 1, .root = dir,
+                          .family = "ops-select-test", .dtype = "f32", .quant = "none"};
+    req.sym[0] = (kx_sym){"n", 4, 48};
+    kx_compile_info info;
+    CHECK_OK(kx_compile(&req, &info));
+    kx_package *pkg = NULL;
+    CHECK_OK(kx_package_open(info.path, &pkg));
+    const int64_t sizes[] = {5, 13, 48};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int64_t N = sizes[k], s[1] = {N};
+        size_t nx = (size_t)(B * N * D);
+        float *x = malloc(sizeof(float) * nx), *ids = malloc(sizeof(float) * (size_t)(B * N));
+        fill(x, nx, 11 + (uint64_t)N);
+        for (int64_t i = 0; i < B * N; i++) ids[i] = (float)((i * 5 + 3) % 7); /* 0..6: no 7 */
+        ids[2] = ids[N - 1] = 50; /* row 0: the largest twice, the first wins */
+        ids[1] = ids[3] = 7;      /* row 0: eos twice */
+        ids[N + N - 1] = 60;      /* row 1: the largest last, no eos */
+        int64_t want_arg[B] = {2, N - 1}, want_eos[B] = {1, 0};
+        const float *in[2] = {x, ids};
+        float *out[3][2];
+        for (int p = 0; p < 3; p++)
+            for (int o = 0; o < 2; o++) out[p][o] = calloc((size_t)(B * D), sizeof(float));
+        kg_graph g;
+        CHECK_OK(build_select(NULL, s, &g));
+        CHECK_OK(kg_run_eager(&g, kk_reference(), in, out[0]));
+        for (int b = 0; b < B; b++) {
+            CHECK_MSG(!memcmp(out[0][0] + b * D, x + (b * N + want_arg[b]) * D, sizeof(float) * D),
+                      "N %lld row %d: not the first largest id's token", (long long)N, b);
+            CHECK_MSG(!memcmp(out[0][1] + b * D, x + (b * N + want_eos[b]) * D, sizeof(float) * D),
+                      "N %lld row %d: not the first eos token", (long long)N, b);
+        }
+        kx_plan plan;
+        CHECK_OK(kx_plan_graph(&g, &plan));
+        void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+        CHECK_OK(kx_run_planned(&g, &plan, kk_reference(), arena, NULL, in, out[1]));
+        int64_t shapes[2][4] = {{B, N, D}, {B, N}}, sol[1];
+        CHECK_OK(kx_package_solve(pkg, 2, (const int64_t(*)[4])shapes, sol));
+        CHECK(sol[0] == N);
+        CHECK_OK(kx_package_load(pkg, kk_reference(), NULL, no_weights, NULL));
+        CHECK_OK(kx_package_run(pkg, sol, in, out[2]));
+        for (int o = 0; o < 2; o++) {
+            CHECK_MSG(!memcmp(out[0][o], out[1][o], sizeof(float) * B * D), "N %lld: planned output %d differs", (long long)N, o);
+            CHECK_MSG(!memcmp(out[0][o], out[2][o], sizeof(float) * B * D), "N %lld: package output %d differs", (long long)N, o);
+        }
+        kb_free_aligned(arena);
+        kx_plan_free(&plan);
+        kg_free(&g);
+        for (int p = 0; p < 3; p++)
+            for (int o = 0; o < 2; o++) free(out[p][o]);
+        free(x);
+        free(ids);
+    }
+    kx_package_close(pkg);
+    test_rmrf(dir);
+    /* the shapes it refuses, named */
+    kg_graph g;
+    kg_init(&g, NULL, NULL);
+    kg_id x = kg_input(&g, "x", 3, (int64_t[]){2, 5, 8}), ids = kg_input(&g, "ids", 2, (int64_t[]){2, 4});
+    CHECK(kg_select_token(&g, x, ids, -1) < 0);
+    CHECK(strstr(kiln_last_error(), "select_token: x [2, 5, 8] must be [B, T, D] and ids [2, 4] [B, T]") != NULL);
+    kg_free(&g);
+}
+
 int main(void) {
     RUN(gather_and_gelus);
     RUN(executors_take_memory_from_the_backend);
     RUN(general_ops_match_loops_on_every_path);
     RUN(general_ops_refuse_bad_shapes);
+    RUN(select_token_on_every_path);
     return TEST_SUMMARY();
 }

@@ -817,3 +817,17 @@ kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f) {
 }
 
 kg_id kg_logvar_std(kg_graph *g, kg_id x) { return unary(g, KG_LOGVAR_STD, x); }
+
+kg_id kg_select_token(kg_graph *g, kg_id x, kg_id ids, int64_t eos) {
+    if (!ok(g, x, ids, -1) || ids < 0) return -1;
+    const kg_node *X = node(g, x), *I = node(g, ids);
+    if (X->ndim != 3 || I->ndim != 2 || I->shape[0] != X->shape[0] || I->shape[1] != X->shape[1]) {
+        char xs[64], is[64];
+        kg_shape_str(X, xs, sizeof xs);
+        kg_shape_str(I, is, sizeof is);
+        return fail(g, KILN_ERR_SHAPE, "select_token: x %s must be [B, T, D] and ids %s [B, T]", xs, is);
+    }
+    kg_id id = push(g, KG_SELECT_TOKEN, 2, (int64_t[]){X->shape[0], X->shape[2]}, x, ids, -1);
+    if (id >= 0) g->nodes[id].iparam[0] = eos < 0 ? -1 : eos;
+    return id;
+}

@@ -224,5 +224,8 @@ kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float ep
 kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f);
 /* exp(0.5 * clamp(x, -30, 20)) elementwise (a log-variance's std) */
 kg_id kg_logvar_std(kg_graph *g, kg_id x);
+/* x [B,T,D] at one token per batch entry chosen by ids [B,T] -> [B,D]:
+ * eos < 0 the first largest id, else the first id equal to eos (ops.def) */
+kg_id kg_select_token(kg_graph *g, kg_id x, kg_id ids, int64_t eos);
 
 #endif

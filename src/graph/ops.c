@@ -233,6 +233,13 @@ static void kg_run_logvar_std(const kg_ctx *x, const kg_call *c) {
     kk_logvar_std(F(0), Y, numel_of(c, KG_Y));
 }
 
+/* ---- the text encoders' ops ------------------------------------------------- */
+
+static void kg_run_select_token(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_select_token(F(0), F(1), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->ip[0]);
+}
+
 const kg_op_info kg_ops[KG_OP_COUNT] = {
 #define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
 #include "graph/ops.def"

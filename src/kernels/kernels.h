@@ -281,4 +281,10 @@ const float *kk_fast_scales(const void *packed, size_t bytes, int64_t M, kiln_dt
  * the oracle that quantized kernels are tested against. */
 kiln_status kk_fast_unpack(const kk_weight *w, float *out);
 
+/* y [B,D] = x [B,T,D] at one position t of each batch entry, chosen from
+ * ids [B,T] (integers as f32): eos < 0, the first position of the largest
+ * id; else the first position whose id is eos, 0 when none (a text
+ * encoder's pooled token, as transformers picks it) */
+void kk_select_token(const float *x, const float *ids, float *y, int64_t B, int64_t T, int64_t D, int64_t eos);
+
 #endif

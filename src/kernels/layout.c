@@ -349,3 +349,22 @@ void kk_logvar_std(const float *x, float *y, int64_t n) {
         y[i] = (float)exp(0.5 * v);
     }
 }
+
+/* the pooled token of a text encoder (ops.def: select_token) */
+void kk_select_token(const float *x, const float *ids, float *y, int64_t B, int64_t T, int64_t D, int64_t eos) {
+    for (int64_t b = 0; b < B; b++) {
+        const float *r = ids + b * T;
+        int64_t t = 0;
+        if (eos < 0) {
+            for (int64_t j = 1; j < T; j++)
+                if (r[j] > r[t]) t = j; /* strictly larger: the first maximum stays */
+        } else {
+            for (int64_t j = 0; j < T; j++)
+                if (r[j] == (float)eos) {
+                    t = j;
+                    break;
+                }
+        }
+        memcpy(y + b * D, x + (b * T + t) * D, sizeof(float) * (size_t)D);
+    }
+}

@@ -10,14 +10,16 @@
 #include <string.h>
 
 /* SD3Transformer2DModel; a config without _class_name (and without
- * transformers' "architectures") is taken as SD3's, as it always was */
+ * transformers' "architectures" or "model_type") is taken as SD3's, as it
+ * always was */
 static int claims(const char *json) {
     cJSON *root = cJSON_Parse(json);
     int yes = 0;
     if (cJSON_IsObject(root)) {
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
         yes = cls ? cJSON_IsString(cls) && !strcmp(cls->valuestring, "SD3Transformer2DModel")
-                  : !cJSON_GetObjectItemCaseSensitive(root, "architectures");
+                  : !cJSON_GetObjectItemCaseSensitive(root, "architectures") &&
+                        !cJSON_GetObjectItemCaseSensitive(root, "model_type");
     }
     cJSON_Delete(root);
     return yes;

@@ -1,0 +1,252 @@
+/* clip_config.c - CLIPTextConfig (transformers): defaults, parsing,
+ * validation, serialisation, and the weight list of CLIPTextModel /
+ * CLIPTextModelWithProjection. */
+#include "arch/clip/clip.h"
+#include "base/base.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+clip_config clip_config_defaults(void) {
+    clip_config c = {
+        .vocab_size = 49408,
+        .hidden_size = 512,
+        .intermediate_size = 2048,
+        .projection_dim = 512,
+        .num_hidden_layers = 12,
+        .num_attention_heads = 8,
+        .max_position_embeddings = 77,
+        .hidden_act = CLIP_ACT_QUICK_GELU,
+        .layer_norm_eps = 1e-5,
+        .bos_token_id = 49406,
+        .eos_token_id = 49407,
+        .pad_token_id = 1,
+        .with_projection = 1,
+    };
+    return c;
+}
+
+/* does the "architectures" list of root name cls */
+static int lists_arch(const cJSON *root, const char *cls) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures"), *e;
+    if (!cJSON_IsArray(a)) return 0;
+    cJSON_ArrayForEach(e, a) if (cJSON_IsString(e) && !strcmp(e->valuestring, cls)) return 1;
+    return 0;
+}
+
+int clip_config_kind(const char *json) {
+    cJSON *root = cJSON_Parse(json);
+    int kind = -1;
+    if (cJSON_IsObject(root)) {
+        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+        if (lists_arch(root, "CLIPTextModelWithProjection")) kind = 1;
+        else if (lists_arch(root, "CLIPTextModel")) kind = 0;
+        else if (!cJSON_GetObjectItemCaseSensitive(root, "architectures") && cJSON_IsString(mt) &&
+                 !strcmp(mt->valuestring, "clip_text_model"))
+            kind = 0; /* what transformers' AutoModel makes of it */
+    }
+    cJSON_Delete(root);
+    return kind;
+}
+
+/* key -> int field; absent or null keeps the default */
+static kiln_status get_int(const cJSON *root, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return KILN_OK;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d == floor(d)) || d < -2147483648.0 || d > 2147483647.0)
+        return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be an integer", key);
+    *out = (int)d;
+    return KILN_OK;
+}
+
+kiln_status clip_config_parse(const char *json, clip_config *cfg) {
+    *cfg = clip_config_defaults();
+    cfg->with_projection = clip_config_kind(json) == 1;
+    cJSON *root = cJSON_Parse(json);
+    if (!root) return kb_fail(KILN_ERR_FORMAT, "config.json is not valid JSON");
+    kiln_status st = KILN_OK;
+    if (!cJSON_IsObject(root)) {
+        st = kb_fail(KILN_ERR_FORMAT, "config.json must hold a JSON object");
+        goto done;
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (mt && !cJSON_IsNull(mt) && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "clip_text_model"))) {
+        st = kb_fail(KILN_ERR_CONFIG, "config model_type is %s, kiln reads a CLIP text tower's config "
+                     "(model_type clip_text_model, as in a pipeline's text_encoder folder)",
+                     cJSON_IsString(mt) ? mt->valuestring : "not a string");
+        goto done;
+    }
+    struct {
+        const char *key;
+        int *field;
+    } keys[] = {
+        {"vocab_size", &cfg->vocab_size},
+        {"hidden_size", &cfg->hidden_size},
+        {"intermediate_size", &cfg->intermediate_size},
+        {"projection_dim", &cfg->projection_dim},
+        {"num_hidden_layers", &cfg->num_hidden_layers},
+        {"num_attention_heads", &cfg->num_attention_heads},
+        {"max_position_embeddings", &cfg->max_position_embeddings},
+        {"bos_token_id", &cfg->bos_token_id},
+        {"eos_token_id", &cfg->eos_token_id},
+        {"pad_token_id", &cfg->pad_token_id},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if ((st = get_int(root, keys[i].key, keys[i].field))) goto done;
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !cJSON_IsNull(act)) {
+        if (cJSON_IsString(act) && !strcmp(act->valuestring, "quick_gelu")) cfg->hidden_act = CLIP_ACT_QUICK_GELU;
+        else if (cJSON_IsString(act) && !strcmp(act->valuestring, "gelu")) cfg->hidden_act = CLIP_ACT_GELU;
+        else {
+            st = kb_fail(KILN_ERR_CONFIG, "config hidden_act is %s%s%s, kiln runs \"quick_gelu\" (CLIP-L) or \"gelu\" (CLIP-G)",
+                         cJSON_IsString(act) ? "\"" : "", cJSON_IsString(act) ? act->valuestring : "not a string",
+                         cJSON_IsString(act) ? "\"" : "");
+            goto done;
+        }
+    }
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "layer_norm_eps");
+    if (eps && !cJSON_IsNull(eps)) {
+        if (!cJSON_IsNumber(eps)) {
+            st = kb_fail(KILN_ERR_CONFIG, "config key \"layer_norm_eps\" must be a number");
+            goto done;
+        }
+        cfg->layer_norm_eps = eps->valuedouble;
+    }
+    st = clip_config_validate(cfg);
+done:
+    cJSON_Delete(root);
+    return st;
+}
+
+kiln_status clip_config_validate(const clip_config *c) {
+    struct {
+        const char *key;
+        int v, lo, hi;
+    } r[] = {
+        {"vocab_size", c->vocab_size, 1, CLIP_MAX_VOCAB},
+        {"hidden_size", c->hidden_size, 1, 1 << 16},
+        {"intermediate_size", c->intermediate_size, 1, 1 << 18},
+        {"projection_dim", c->projection_dim, 1, 1 << 16},
+        {"num_hidden_layers", c->num_hidden_layers, 1, CLIP_MAX_LAYERS}, /* each layer's state is an output */
+        {"num_attention_heads", c->num_attention_heads, 1, 1 << 10},
+        {"max_position_embeddings", c->max_position_embeddings, 1, 1 << 16},
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        if (r[i].v < r[i].lo || r[i].v > r[i].hi)
+            return kb_fail(KILN_ERR_CONFIG, "config %s = %d is impossible (allowed %d..%d)", r[i].key, r[i].v, r[i].lo,
+                           r[i].hi);
+    if (c->hidden_size % c->num_attention_heads)
+        return kb_fail(KILN_ERR_CONFIG, "config hidden_size = %d is not a multiple of num_attention_heads = %d",
+                       c->hidden_size, c->num_attention_heads);
+    if (c->hidden_act != CLIP_ACT_QUICK_GELU && c->hidden_act != CLIP_ACT_GELU)
+        return kb_fail(KILN_ERR_CONFIG, "config hidden_act must be quick_gelu or gelu");
+    if (!(c->layer_norm_eps > 0 && c->layer_norm_eps < 1))
+        return kb_fail(KILN_ERR_CONFIG, "config layer_norm_eps = %g is impossible (a positive number below 1)",
+                       c->layer_norm_eps);
+    /* eos 2 is transformers' legacy pooling (the largest id); any other
+     * must be an id some input can hold */
+    if (c->eos_token_id != 2 && (c->eos_token_id < 0 || c->eos_token_id >= c->vocab_size))
+        return kb_fail(KILN_ERR_CONFIG, "config eos_token_id = %d is outside the vocabulary (0..%d, vocab_size %d)",
+                       c->eos_token_id, c->vocab_size - 1, c->vocab_size);
+    return KILN_OK;
+}
+
+char *clip_config_to_json(const clip_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString(c->with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel"));
+    cJSON_AddStringToObject(o, "model_type", "clip_text_model");
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(o, "projection_dim", c->projection_dim);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddStringToObject(o, "hidden_act", c->hidden_act == CLIP_ACT_GELU ? "gelu" : "quick_gelu");
+    cJSON_AddNumberToObject(o, "layer_norm_eps", c->layer_norm_eps);
+    cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);
+    cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
+    cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+/* ---- the expected weights ------------------------------------------------ */
+
+typedef struct {
+    ka_spec *s;
+    size_t n, cap;
+    int oom;
+} spec_list;
+
+static void add(spec_list *l, int linear, int ndim, int64_t d0, int64_t d1, const char *name) {
+    if (l->oom) return;
+    ka_spec *e = ka_spec_add(&l->s, &l->n, &l->cap, ndim, (int64_t[]){d0, d1}, "%s", name);
+    if (!e) {
+        l->oom = 1;
+        return;
+    }
+    e->linear = linear;
+}
+
+/* Linear(in, out): weight [out, in] (packed, quantizable) and bias [out] */
+static void add_linear(spec_list *l, const char *name, int64_t in, int64_t out, int bias) {
+    char n[128];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(l, 1, 2, out, in, n);
+    if (!bias) return;
+    snprintf(n, sizeof n, "%s.bias", name);
+    add(l, 0, 1, out, 0, n);
+}
+
+/* LayerNorm(D): weight [D], bias [D] */
+static void add_norm(spec_list *l, const char *name, int64_t D) {
+    char n[128];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(l, 0, 1, D, 0, n);
+    snprintf(n, sizeof n, "%s.bias", name);
+    add(l, 0, 1, D, 0, n);
+}
+
+kiln_status clip_weight_spec(const clip_config *c, ka_spec **out, size_t *n) {
+    spec_list l = {0};
+    int64_t D = c->hidden_size, F = c->intermediate_size;
+    /* the token embedding is a gather table, not a linear: rows by id, f32 */
+    add(&l, 0, 2, c->vocab_size, D, "text_model.embeddings.token_embedding.weight");
+    add(&l, 0, 2, c->max_position_embeddings, D, "text_model.embeddings.position_embedding.weight");
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        char b[48], name[96];
+        snprintf(b, sizeof b, "text_model.encoder.layers.%d", i);
+#define LIN(sfx, in, o)                                       \
+    do {                                                      \
+        snprintf(name, sizeof name, "%s.%s", b, sfx);         \
+        add_linear(&l, name, in, o, 1);                       \
+    } while (0)
+        snprintf(name, sizeof name, "%s.layer_norm1", b);
+        add_norm(&l, name, D);
+        LIN("self_attn.q_proj", D, D);
+        LIN("self_attn.k_proj", D, D);
+        LIN("self_attn.v_proj", D, D);
+        LIN("self_attn.out_proj", D, D);
+        snprintf(name, sizeof name, "%s.layer_norm2", b);
+        add_norm(&l, name, D);
+        LIN("mlp.fc1", D, F);
+        LIN("mlp.fc2", F, D);
+#undef LIN
+    }
+    add_norm(&l, "text_model.final_layer_norm", D);
+    if (c->with_projection) add_linear(&l, "text_projection", D, c->projection_dim, 0); /* no bias */
+    if (l.oom) {
+        free(l.s);
+        return kb_fail(KILN_ERR_NOMEM, "out of memory listing the CLIP weights");
+    }
+    *out = l.s;
+    *n = l.n;
+    return KILN_OK;
+}
