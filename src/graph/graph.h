@@ -212,4 +212,9 @@ void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, flo
 kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *const *inputs,
                          float *const *outputs);
 
+/* T5: the relative position bias [1, H, nq, nk] from table [num_buckets, H]
+ * (ops.def REL_POS_BIAS; transformers' T5Attention.compute_bias) */
+kg_id kg_rel_pos_bias(kg_graph *g, kg_id table, int64_t nq, int64_t nk, int64_t max_distance, int bidirectional);
+kg_id kg_relu(kg_graph *g, kg_id x);
+
 #endif

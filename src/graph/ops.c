@@ -205,6 +205,18 @@ static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
     kg_run_dist_op(x->dist, c->op, c->ip, c->sh[0], c->sh[KG_Y], F(0), Y);
 }
 
+/* ---- T5 ---------------------------------------------------------------------- */
+
+static void kg_run_rel_pos_bias(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_rel_pos_bias(F(0), c->sh[0][0], c->sh[0][1], YS[2], YS[3], c->ip[0], (int)c->ip[1], Y);
+}
+
+static void kg_run_relu(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unary(KK_UN_RELU, F(0), Y, numel_of(c, KG_Y));
+}
+
 const kg_op_info kg_ops[KG_OP_COUNT] = {
 #define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
 #include "graph/ops.def"
@@ -244,3 +256,4 @@ void kg_call_of(const kg_graph *g, const kg_node *n, float *const *buf, void *y,
     memcpy(c->ip, n->iparam, sizeof c->ip);
     c->fp = n->fparam;
 }
+
