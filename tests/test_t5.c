@@ -451,11 +451,54 @@ TEST(int8_linears_stay_close) {
     test_rmrf(root);
 }
 
+/* a file that names the table encoder.embed_tokens.weight (saved untied)
+ * loads as one that names it shared.weight, with the same numbers */
+TEST(embed_tokens_name_is_taken) {
+    char dir[256], path[400];
+    test_tmpdir(dir, sizeof dir, "t5emb");
+    kiln_tensor *w = NULL;
+    size_t nw = 0;
+    CHECK_OK(kiln_tensors_read(golden_path(k_case, "model.safetensors"), &w, &nw));
+    int renamed = 0;
+    for (size_t i = 0; i < nw; i++)
+        if (!strcmp(w[i].name, "shared.weight")) w[i].name = "encoder.embed_tokens.weight", renamed++;
+    CHECK(renamed == 1);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(kiln_tensors_write(path, nw, w));
+    kiln_tensors_free(w);
+    char *json = config_with(NULL, NULL);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK_OK(kb_write_file_atomic(path, json, strlen(json)));
+    free(json);
+    kiln_open_opts oo = {.dtype = KILN_F32};
+    kiln_model *a = NULL, *b = NULL;
+    CHECK_OK(kiln_model_open(dir, &oo, &a));
+    CHECK_OK(kiln_model_open(golden_path(k_case, NULL), &oo, &b));
+    golden_io io;
+    CHECK(io_open(&io));
+    if (a && b && io.want) {
+        kiln_model_info info;
+        CHECK_OK(kiln_model_get_info(a, &info));
+        CHECK_MSG(!strcmp(info.layout, "t5-embed-tokens"), "layout %s", info.layout);
+        CHECK_OK(kiln_model_set_exec(a, "eager"));
+        CHECK_OK(kiln_model_set_exec(b, "eager"));
+        float *x = encode(a, &io.ids, io.n_out), *y = encode(b, &io.ids, io.n_out);
+        CHECK(!memcmp(x, y, sizeof(float) * io.n_out));
+        free(x);
+        free(y);
+    }
+    io_close(&io);
+    kiln_model_free(a);
+    kiln_model_free(b);
+    test_rmrf(dir);
+}
+
 int main(void) {
     RUN(buckets_match_transformers);
     RUN(rel_pos_bias_op_on_every_path);
     RUN(config_is_read_and_checked);
     RUN(bad_folders_and_inputs_are_refused);
+    RUN(embed_tokens_name_is_taken);
     RUN(golden_through_the_cache_on_every_path);
     RUN(int8_linears_stay_close);
     return TEST_SUMMARY();
