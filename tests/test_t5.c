@@ -451,45 +451,84 @@ TEST(int8_linears_stay_close) {
     test_rmrf(root);
 }
 
-/* a file that names the table encoder.embed_tokens.weight (saved untied)
- * loads as one that names it shared.weight, with the same numbers */
-TEST(embed_tokens_name_is_taken) {
-    char dir[256], path[400];
-    test_tmpdir(dir, sizeof dir, "t5emb");
+/* the case's weights rewritten into dir: as f32 values (f16 ones exactly),
+ * the table named embed (NULL: shared.weight), in one model.safetensors or,
+ * with shards, in two files and model.safetensors.index.json */
+static void write_weights(const char *dir, const char *embed, int shards) {
+    char path[400];
     kiln_tensor *w = NULL;
     size_t nw = 0;
     CHECK_OK(kiln_tensors_read(golden_path(k_case, "model.safetensors"), &w, &nw));
-    int renamed = 0;
-    for (size_t i = 0; i < nw; i++)
-        if (!strcmp(w[i].name, "shared.weight")) w[i].name = "encoder.embed_tokens.weight", renamed++;
-    CHECK(renamed == 1);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    CHECK_OK(kiln_tensors_write(path, nw, w));
+    if (!w) return;
+    for (size_t i = 0; i < nw && embed; i++)
+        if (!strcmp(w[i].name, "shared.weight")) w[i].name = embed;
+    if (!shards) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK_OK(kiln_tensors_write(path, nw, w));
+    } else {
+        /* the first half of the tensors in one shard, the rest in the other */
+        size_t half = nw / 2;
+        snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+        CHECK_OK(kiln_tensors_write(path, half, w));
+        snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+        CHECK_OK(kiln_tensors_write(path, nw - half, w + half));
+        size_t cap = 256 * nw + 64, len = 0; /* names under 112 characters */
+        char *idx = malloc(cap);
+        len += (size_t)snprintf(idx + len, cap - len, "{\"metadata\": {}, \"weight_map\": {");
+        for (size_t i = 0; i < nw; i++)
+            len += (size_t)snprintf(idx + len, cap - len, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "",
+                                    w[i].name, i < half ? 1 : 2);
+        snprintf(idx + len, cap - len, "}}");
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        CHECK_OK(kb_write_file_atomic(path, idx, strlen(idx)));
+        free(idx);
+    }
     kiln_tensors_free(w);
     char *json = config_with(NULL, NULL);
     snprintf(path, sizeof path, "%s/config.json", dir);
     CHECK_OK(kb_write_file_atomic(path, json, strlen(json)));
     free(json);
+}
+
+/* a file that names the table encoder.embed_tokens.weight (saved untied),
+ * and weights in shards, load as the case's folder does, with the same
+ * numbers */
+TEST(embed_tokens_name_and_shards) {
+    char dir[256], untied[300], sharded[300];
+    test_tmpdir(dir, sizeof dir, "t5emb");
+    snprintf(untied, sizeof untied, "%s/untied", dir);
+    snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+    CHECK(kb_mkdir_p(untied) == KILN_OK && kb_mkdir_p(sharded) == KILN_OK);
+    write_weights(untied, "encoder.embed_tokens.weight", 0);
+    write_weights(sharded, NULL, 1);
     kiln_open_opts oo = {.dtype = KILN_F32};
-    kiln_model *a = NULL, *b = NULL;
-    CHECK_OK(kiln_model_open(dir, &oo, &a));
+    kiln_model *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(kiln_model_open(untied, &oo, &a));
+    CHECK_OK(kiln_model_open(sharded, &oo, &c));
     CHECK_OK(kiln_model_open(golden_path(k_case, NULL), &oo, &b));
     golden_io io;
     CHECK(io_open(&io));
-    if (a && b && io.want) {
+    if (a && b && c && io.want) {
         kiln_model_info info;
         CHECK_OK(kiln_model_get_info(a, &info));
         CHECK_MSG(!strcmp(info.layout, "t5-embed-tokens"), "layout %s", info.layout);
+        CHECK_OK(kiln_model_get_info(c, &info));
+        CHECK_MSG(!strcmp(info.layout, "diffusers") && info.n_tensors == 21, "layout %s, %lld tensors", info.layout,
+                  (long long)info.n_tensors);
         CHECK_OK(kiln_model_set_exec(a, "eager"));
         CHECK_OK(kiln_model_set_exec(b, "eager"));
-        float *x = encode(a, &io.ids, io.n_out), *y = encode(b, &io.ids, io.n_out);
+        CHECK_OK(kiln_model_set_exec(c, "eager"));
+        float *x = encode(a, &io.ids, io.n_out), *y = encode(b, &io.ids, io.n_out), *z = encode(c, &io.ids, io.n_out);
         CHECK(!memcmp(x, y, sizeof(float) * io.n_out));
+        CHECK(!memcmp(z, y, sizeof(float) * io.n_out));
         free(x);
         free(y);
+        free(z);
     }
     io_close(&io);
     kiln_model_free(a);
     kiln_model_free(b);
+    kiln_model_free(c);
     test_rmrf(dir);
 }
 
@@ -498,7 +537,7 @@ int main(void) {
     RUN(rel_pos_bias_op_on_every_path);
     RUN(config_is_read_and_checked);
     RUN(bad_folders_and_inputs_are_refused);
-    RUN(embed_tokens_name_is_taken);
+    RUN(embed_tokens_name_and_shards);
     RUN(golden_through_the_cache_on_every_path);
     RUN(int8_linears_stay_close);
     return TEST_SUMMARY();
