@@ -132,6 +132,8 @@ const ka_arch ka_t5 = {
     .seed_tensor = NULL,
     .nsym = T5_NSYM,
     .sym = {"batch", "tokens"},
+    .sym_doc = {"prompts (2 with a negative prompt)", "tokens per prompt, the tokenizer's padded length (256 for SD3, "
+                "512 for Flux-dev)"},
     .n_in = 1,
     .n_out = 1,
     .in = {{"input_ids", 2}},
