@@ -4,6 +4,7 @@
 #include "arch/arch.h"
 #include "arch/clip/clip.h"
 #include "arch/sd3/sd3.h"
+#include "arch/t5/t5.h"
 #include "arch/vae/vae.h"
 #include "base/base.h"
 
@@ -19,8 +20,8 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 /* the built-in families first (the first is the default for a config no
  * family claims: its parser names what is wrong), then registered ones */
-static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_vae_decoder, &ka_clip};
-static int g_n = 3;
+static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_vae_decoder, &ka_clip, &ka_t5};
+static int g_n = 4;
 static const kc_renamer *g_ren[KA_MAX_FAMILIES + 1];
 
 int ka_count(void) {

@@ -831,3 +831,33 @@ kg_id kg_select_token(kg_graph *g, kg_id x, kg_id ids, int64_t eos) {
     if (id >= 0) g->nodes[id].iparam[0] = eos < 0 ? -1 : eos;
     return id;
 }
+
+/* ---- T5 ---------------------------------------------------------------------- */
+
+kg_id kg_rel_pos_bias(kg_graph *g, kg_id table, int64_t nq, int64_t nk, int64_t max_distance, int bidirectional) {
+    if (!ok(g, table, -1, -1)) return -1;
+    const kg_node *T = node(g, table);
+    if (T->ndim != 2 || T->shape[0] < 1 || T->shape[1] < 1) {
+        char ts[64];
+        kg_shape_str(T, ts, sizeof ts);
+        return fail(g, KILN_ERR_SHAPE, "rel_pos_bias: table %s must be [num_buckets, heads]", ts);
+    }
+    /* the buckets' formula divides by max_exact and by log(max_distance / max_exact) */
+    int64_t nb = T->shape[0], max_exact = (bidirectional ? nb / 2 : nb) / 2;
+    if (max_exact < 1 || max_distance <= max_exact)
+        return fail(g, KILN_ERR_SHAPE, "rel_pos_bias: %lld buckets%s and max distance %lld: needs at least %d buckets "
+                    "and a max distance above %lld", (long long)nb, bidirectional ? " (bidirectional)" : "",
+                    (long long)max_distance, bidirectional ? 4 : 2, (long long)(max_exact > 1 ? max_exact : 1));
+    if (nq < 1 || nk < 1)
+        return fail(g, KILN_ERR_SHAPE, "rel_pos_bias: %lld queries and %lld keys (both must be positive)", (long long)nq,
+                    (long long)nk);
+    int64_t shape[4] = {1, T->shape[1], nq, nk};
+    kg_id id = push(g, KG_REL_POS_BIAS, 4, shape, table, -1, -1);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = max_distance;
+        g->nodes[id].iparam[1] = bidirectional != 0;
+    }
+    return id;
+}
+
+kg_id kg_relu(kg_graph *g, kg_id x) { return unary(g, KG_RELU, x); }

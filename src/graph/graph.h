@@ -228,4 +228,9 @@ kg_id kg_logvar_std(kg_graph *g, kg_id x);
  * eos < 0 the first largest id, else the first id equal to eos (ops.def) */
 kg_id kg_select_token(kg_graph *g, kg_id x, kg_id ids, int64_t eos);
 
+/* T5: the relative position bias [1, H, nq, nk] from table [num_buckets, H]
+ * (ops.def REL_POS_BIAS; transformers' T5Attention.compute_bias) */
+kg_id kg_rel_pos_bias(kg_graph *g, kg_id table, int64_t nq, int64_t nk, int64_t max_distance, int bidirectional);
+kg_id kg_relu(kg_graph *g, kg_id x);
+
 #endif

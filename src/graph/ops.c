@@ -240,6 +240,18 @@ static void kg_run_select_token(const kg_ctx *x, const kg_call *c) {
     kk_select_token(F(0), F(1), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->ip[0]);
 }
 
+/* ---- T5 ---------------------------------------------------------------------- */
+
+static void kg_run_rel_pos_bias(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_rel_pos_bias(F(0), c->sh[0][0], c->sh[0][1], YS[2], YS[3], c->ip[0], (int)c->ip[1], Y);
+}
+
+static void kg_run_relu(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    kk_unary(KK_UN_RELU, F(0), Y, numel_of(c, KG_Y));
+}
+
 const kg_op_info kg_ops[KG_OP_COUNT] = {
 #define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
 #include "graph/ops.def"

@@ -211,8 +211,8 @@ enum { KK_BIN_ADD = 0, KK_BIN_MUL = 1 };
  * dim of 1 in a or b repeats), ys the broadcast shape */
 void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
                      const int64_t ys[4]);
-enum { KK_UN_GELU = 0, KK_UN_QUICK_GELU = 1 };
-/* y [n] = exact GELU (erf) or quick GELU (x * sigmoid(1.702 x)) of x */
+enum { KK_UN_GELU = 0, KK_UN_QUICK_GELU = 1, KK_UN_RELU = 2 };
+/* y [n] = exact GELU (erf), quick GELU (x * sigmoid(1.702 x)) or ReLU of x */
 void kk_unary(int op, const float *x, float *y, int64_t n);
 /* y [n, D] = table [V, D] rows ids [n] (integers as f32); an id outside
  * [0, V) gives a zero row and a deferred failure (kb_defer_failure) */
@@ -286,5 +286,17 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out);
  * id; else the first position whose id is eos, 0 when none (a text
  * encoder's pooled token, as transformers picks it) */
 void kk_select_token(const float *x, const float *ids, float *y, int64_t B, int64_t T, int64_t D, int64_t eos);
+
+/* T5's relative position bucket (transformers' _relative_position_bucket)
+ * of rel = key position - query position: with bidirectional, half of the
+ * num_buckets for rel > 0; within each half, distances below max_exact =
+ * half / 2 have a bucket each and longer ones share log-spaced buckets up
+ * to max_distance, the log formula in float32 and truncated as torch does.
+ * Needs half / 2 >= 1 and max_distance > max_exact (graph.c checks). */
+int64_t kk_rel_pos_bucket(int64_t rel, int64_t num_buckets, int64_t max_distance, int bidirectional);
+/* y [H, Nq, Nk] = table [num_buckets, H] at row kk_rel_pos_bucket(j - i)
+ * for query i, key j: T5's position bias (layout.c) */
+void kk_rel_pos_bias(const float *table, int64_t num_buckets, int64_t H, int64_t Nq, int64_t Nk, int64_t max_distance,
+                     int bidirectional, float *y);
 
 #endif

@@ -272,8 +272,9 @@ void kk_unary(int op, const float *x, float *y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 2 * PIECE)
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
-        y[i] = op == KK_UN_GELU ? (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)))
-                                : (float)(v / (1.0 + exp(-1.702 * (double)v)));
+        y[i] = op == KK_UN_GELU         ? (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)))
+               : op == KK_UN_QUICK_GELU ? (float)(v / (1.0 + exp(-1.702 * (double)v)))
+                                        : (v > 0 ? v : 0.0f); /* ReLU (T5 v1.0's feed-forward) */
     }
 }
 
@@ -367,4 +368,36 @@ void kk_select_token(const float *x, const float *ids, float *y, int64_t B, int6
         }
         memcpy(y + b * D, x + (b * T + t) * D, sizeof(float) * (size_t)D);
     }
+}
+
+/* ---- T5's relative position bias ----------------------------------------- */
+
+int64_t kk_rel_pos_bucket(int64_t rel, int64_t num_buckets, int64_t max_distance, int bidirectional) {
+    int64_t nb = num_buckets, bucket = 0, n;
+    if (bidirectional) {
+        nb /= 2;
+        if (rel > 0) bucket = nb;
+        n = rel < 0 ? -rel : rel;
+    } else {
+        n = rel < 0 ? -rel : 0;
+    }
+    int64_t max_exact = nb / 2;
+    if (n < max_exact) return bucket + n;
+    /* torch: log(n.float() / max_exact) / math.log(max_distance / max_exact)
+     * * (nb - max_exact), each step a float32 op (the python double divisor
+     * rounded to float), then .to(long): truncation toward zero */
+    float r = (float)n / (float)max_exact;
+    float v = logf(r) / (float)log((double)max_distance / (double)max_exact) * (float)(nb - max_exact);
+    int64_t large = max_exact + (v < (float)nb ? (int64_t)v : nb); /* (capped below; no overflow of the cast) */
+    return bucket + (large < nb - 1 ? large : nb - 1);
+}
+
+void kk_rel_pos_bias(const float *table, int64_t num_buckets, int64_t H, int64_t Nq, int64_t Nk, int64_t max_distance,
+                     int bidirectional, float *y) {
+#pragma omp parallel for schedule(static) if (Nq * Nk * H > 2 * PIECE)
+    for (int64_t i = 0; i < Nq; i++)
+        for (int64_t j = 0; j < Nk; j++) {
+            const float *row = table + kk_rel_pos_bucket(j - i, num_buckets, max_distance, bidirectional) * H;
+            for (int64_t h = 0; h < H; h++) y[(h * Nq + i) * Nk + j] = row[h];
+        }
 }
