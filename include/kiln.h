@@ -128,6 +128,9 @@ typedef struct kiln_open_opts {
      * (NULL: KILN_QUANT_DEFAULT_LAYERS). */
     kiln_quant quant;
     const char *quant_layers;
+    /* Open as this model family ("vae-encoder": the encoder half of a VAE
+     * folder) instead of the one that claims the config; NULL: that one. */
+    const char *family;
 } kiln_open_opts;
 
 /* Open a diffusers model folder (config.json + weights, sharded or not) or a
@@ -302,6 +305,9 @@ typedef struct kiln_load_opts {
     void *source_user;
     const char *source_config_json;
     const char *source_id;
+    /* as kiln_open_opts.family: a family that reads the same weights (its
+     * weight list is the claiming family's, so both map one cache) */
+    const char *family;
 } kiln_load_opts;
 
 KILN_API kiln_load_opts kiln_load_defaults(void);

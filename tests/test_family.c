@@ -402,6 +402,12 @@ TEST(named_tensor_errors) {
     CHECK_OK(kiln_model_open(g_model, NULL, &m));
     if (!m) return;
     CHECK(!strcmp(kiln_model_family(m), "toy"));
+    kiln_open_opts fo = {.family = "no-such-family"};
+    kiln_model *f = NULL;
+    CHECK_FAILS(kiln_model_open(g_model, &fo, &f), KILN_ERR_INVALID_ARG, "model family no-such-family is unknown (the families: sd3");
+    fo.family = "toy";
+    CHECK_OK(kiln_model_open(g_model, &fo, &f));
+    kiln_model_free(f);
     float x[N], y[N], yn[N];
     kiln_noise(1, x, N);
     kiln_tensor in = {"x", KILN_F32, 3, {B, T, 8}, x};

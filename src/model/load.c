@@ -282,12 +282,12 @@ static kiln_status check_config(const kiln_load_opts *o, const kcache_entry *e) 
     void *a = NULL, *b = NULL;
     char *ja = NULL, *jb = NULL;
     kiln_status st = KILN_OK;
-    if (km_config_parse(src, &fa, &a) || !(ja = fa->config_to_json(a))) {
+    if (km_config_parse(src, NULL, &fa, &a) || !(ja = fa->config_to_json(a))) {
         free(src);
         free(a);
         return KILN_OK; /* the conversion will say what is wrong with it */
     }
-    if (km_config_parse(e->config_json ? e->config_json : "", &fb, &b) || !(jb = fb->config_to_json(b)))
+    if (km_config_parse(e->config_json ? e->config_json : "", NULL, &fb, &b) || !(jb = fb->config_to_json(b)))
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s is corrupt: its config does not parse", e->path);
     else if (strcmp(ja, jb))
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s was made from another config: it has %s, the source has %s", e->path,
@@ -390,6 +390,7 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
     km_compute cp;
     kiln_status st = km_compute_resolve(o->dtype, o->reference, &cp);
     if (!st) st = km_compute_set_quant(&cp, o->quant, o->quant_layers);
+    if (!st) st = km_family_named(o->family, &cp.family);
     if (st) return st;
     /* a mesh: given, or the one the factors span (--tp 2 alone is a 1x2 mesh) */
     int rows = o->mesh_rows, cols = o->mesh_cols;
@@ -437,8 +438,8 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
         char rkey[200];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
-                 shard, qtag);
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s:%s:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
+                 shard, qtag, cp.family ? cp.family->name : "");
         if ((*out = registry_get(rkey))) return KILN_OK;
         if ((st = convert(o, cp, out))) return st;
         snprintf((*out)->origin, sizeof (*out)->origin, "no-cache");
@@ -466,6 +467,9 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     kcache_key k;
     if ((st = kcache_key_make(root, &in, &k))) return st;
     if (!has_source(o)) resolve_without_source(&k);
+    /* loaded models by cache folder and family (two families may read one cache) */
+    char regkey[sizeof k.path + 80];
+    snprintf(regkey, sizeof regkey, "%s#%s", k.path, cp.family ? cp.family->name : "");
     /* the source's identity: its absolute path (a callback: its source_id) */
     char source[PATH_MAX + 1] = "";
     if (o->source && !realpath(o->source, source)) snprintf(source, sizeof source, "%s", o->source);
@@ -473,7 +477,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     char *kj = key_json(o, cp, &k, has_source(o) ? source : NULL, in.source_hash);
     if (!kj) return kb_fail(KILN_ERR_NOMEM, "out of memory making the cache key");
 
-    if ((*out = registry_get(k.path))) {
+    if ((*out = registry_get(regkey))) {
         free(kj);
         return KILN_OK;
     }
@@ -485,7 +489,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         kcache_touch(k.dir);
         barrier(mesh);
         free(kj);
-        registry_put(m, k.path);
+        registry_put(m, regkey);
         kb_ledger_event("weight_load", kb_now() - t0, 1, "hit");
         *out = m;
         return KILN_OK;
@@ -538,7 +542,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
             kcache_unlock(fd);
             barrier(mesh);
             free(kj);
-            registry_put(m, k.path);
+            registry_put(m, regkey);
             kb_ledger_event("weight_load", kb_now() - t0, 1, "hit: published by another process");
             *out = m;
             return KILN_OK;
@@ -587,7 +591,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         km_destroy(m);
         return st;
     }
-    registry_put(m, k.path);
+    registry_put(m, regkey);
     kb_ledger_event("weight_load", kb_now() - t0, 0, corrupt ? "rebuilt: cache was corrupt" : reason);
     *out = m;
     return KILN_OK;

@@ -185,8 +185,18 @@ static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const ka_
     return KILN_OK;
 }
 
-kiln_status km_config_parse(const char *json, const ka_arch **arch, void **cfg) {
-    const ka_arch *a = ka_for_config(json);
+kiln_status km_family_named(const char *name, const ka_arch **out) {
+    *out = NULL;
+    if (!name) return KILN_OK;
+    if ((*out = ka_find(name))) return KILN_OK;
+    char known[512] = "";
+    for (int i = 0, n = ka_count(); i < n; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", ka_at(i)->name);
+    return kb_fail(KILN_ERR_INVALID_ARG, "model family %s is unknown (the families: %s)", name, known);
+}
+
+kiln_status km_config_parse(const char *json, const ka_arch *force, const ka_arch **arch, void **cfg) {
+    const ka_arch *a = force ? force : ka_for_config(json);
     if (!a) return KILN_ERR_UNSUPPORTED; /* the message names the class */
     void *c = kb_calloc(1, a->config_size);
     if (!c) return KILN_ERR_NOMEM;
@@ -262,7 +272,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
     if (!st) {
         if (c->config_json) {
-            st = km_config_parse(c->config_json, &m->arch, &m->cfg);
+            st = km_config_parse(c->config_json, cp.family, &m->arch, &m->cfg);
             if (st) st = kb_wrap(st, "%s", config_label ? config_label : c->path);
         } else {
             st = infer_family(c, &m->arch, &m->cfg);
@@ -310,7 +320,7 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     ka_spec *spec = NULL;
     size_t ns = 0;
     kiln_status st = m ? KILN_OK : KILN_ERR_NOMEM;
-    if (!st && (st = km_config_parse(e->config_json ? e->config_json : "", &m->arch, &m->cfg)))
+    if (!st && (st = km_config_parse(e->config_json ? e->config_json : "", cp.family, &m->arch, &m->cfg)))
         st = kb_wrap(KILN_ERR_CORRUPT, "cache %s: its config", e->path);
     if (!st) {
         km_compute_for_arch(&m->compute, m->arch);
@@ -408,6 +418,7 @@ kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_m
     km_compute cp;
     kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_DTYPE_INVALID, opts ? opts->reference : 0, &cp);
     if (!st) st = km_compute_set_quant(&cp, opts ? opts->quant : KILN_QUANT_NONE, opts ? opts->quant_layers : NULL);
+    if (!st) st = km_family_named(opts ? opts->family : NULL, &cp.family);
     if (!st) st = kc_open(path, cfg, ka_renamers(), &c);
     if (!st) st = km_from_checkpoint(c, cfg ? cfg : path, cp, out);
     kc_close(c);

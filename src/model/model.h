@@ -41,6 +41,7 @@ typedef struct km_compute {
     int tp, tp_index; /* tensor parallel: this rank holds shard tp_index of tp (0, 0: all) */
     int fsdp, fsdp_index; /* FSDP: block weights split in fsdp byte ranges, this rank holds one */
     kiln_quant quant; /* quantized linear layers (src/model/quant.c) */
+    const ka_arch *family; /* open as this family, not the claiming one (NULL: that one) */
     char quant_layers[256]; /* their name patterns; "" until the family is known: its default */
     int quant_default;      /* the family's default patterns (not named by the caller) */
 } km_compute;
@@ -162,9 +163,13 @@ kiln_dtype km_pack_dtype(const km_compute *cp, const char *weight_name);
  * "-l<hex>" for layer patterns the caller named and "-brokenscales" under
  * the test hook KILN_TEST_BREAK_QUANT_SCALES. */
 void km_quant_tag(const km_compute *cp, char *buf, size_t cap);
-/* The family of a config.json (NULL text: the default family) and a
- * config parsed by it (malloc'd, arch->config_size bytes). */
-kiln_status km_config_parse(const char *json, const ka_arch **arch, void **cfg);
+/* The family of a config.json (NULL text: the default family; force: this
+ * one, whatever claims it) and a config parsed by it (malloc'd,
+ * arch->config_size bytes). */
+kiln_status km_config_parse(const char *json, const ka_arch *force, const ka_arch **arch, void **cfg);
+/* The family named by an open option (NULL name: none; an unknown name is
+ * an error listing the families). */
+kiln_status km_family_named(const char *name, const ka_arch **out);
 /* Write a seeded model of a family as a diffusers folder (seeded.c). */
 kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, uint64_t seed, kiln_dtype dtype);
 /* The outputs of the model's config (arch->outputs, else the static list). */
