@@ -356,18 +356,22 @@ typedef struct kiln_generate_opts {
     int num_train_timesteps;    /* default 1000 */
     double guidance;            /* default 7.0; <= 1 turns CFG off (cond only) */
     int latent_h, latent_w;     /* latent size (not pixels) */
-    uint64_t seed;              /* used when noise == NULL */
-    const float *noise;         /* [1,C,H,W] or NULL */
+    uint64_t seed;              /* used when noise == NULL: image k of the batch
+                                 * starts from kiln_noise(seed + k), so it equals
+                                 * the same image generated alone with seed + k */
+    const float *noise;         /* [B,C,H,W] or NULL */
     int context_len;            /* T */
-    const float *cond, *cond_pooled;      /* [1,T,J], [1,P] */
+    const float *cond, *cond_pooled;      /* [B,T,J], [B,P] */
     const float *uncond, *uncond_pooled;  /* needed when guidance > 1 */
-    /* Called after every step with the latent [1,C,H,W]; may be NULL. */
+    /* Called after every step with the latents [B,C,H,W]; may be NULL. */
     void (*on_step)(void *user, int step, int steps, double sigma, const float *latent);
     void *user;
+    int batch;                  /* B images in one backbone batch (CFG: 2B rows,
+                                 * uncond first as diffusers orders them); default 1 */
 } kiln_generate_opts;
 
 KILN_API kiln_generate_opts kiln_generate_defaults(void);
-/* out: [1, in_channels, latent_h, latent_w]. */
+/* out: [B, in_channels, latent_h, latent_w]. */
 KILN_API kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out);
 
 /* FlowMatchEulerDiscrete schedule exactly as diffusers computes it.
@@ -475,6 +479,50 @@ KILN_API void kiln_sd3_text_free(kiln_sd3_text *t);
 KILN_API kiln_status kiln_sd3_encode(kiln_sd3_text *t, const char *const *prompts, int n, int images_per_prompt,
                                      int max_sequence_length, float **embeds, int64_t embeds_shape[3], float **pooled,
                                      int64_t pooled_shape[2]);
+
+/* The widths encode gives: prompt_embeds' last dimension (T5's width, or
+ * the transformer's joint_attention_dim without T5) and pooled's. */
+KILN_API kiln_status kiln_sd3_text_widths(kiln_sd3_text *t, int64_t *t5_width, int64_t *pooled_width);
+
+/* ---- whole pipelines: prompt to latents (src/pipeline/sd3_pipeline.c) --
+ * A diffusers StableDiffusion3Pipeline folder (SD3, SD3.5): model_index.json,
+ * scheduler/, text encoders and tokenizers (above), transformer/, vae/. The
+ * components' configs are checked against each other (T5 width =
+ * joint_attention_dim, CLIP projections = pooled_projection_dim, VAE latent
+ * channels = the transformer's), each error naming both sides. base: how
+ * every component loads (weight cache, dtype, quant; NULL: no cache). */
+typedef struct kiln_pipeline kiln_pipeline;
+KILN_API kiln_status kiln_pipeline_open(const char *folder, const kiln_load_opts *base, kiln_pipeline **out);
+KILN_API void kiln_pipeline_free(kiln_pipeline *p);
+typedef struct kiln_pipeline_opts {
+    const char *const *prompts;   /* n_prompts UTF-8 prompts */
+    int n_prompts;
+    const char *negative_prompt;  /* for every prompt; NULL: "" (diffusers) */
+    int images_per_prompt;        /* default 1; B = n_prompts x images_per_prompt */
+    int height, width;            /* pixels; 0: the transformer's sample_size x the VAE factor */
+    int steps;                    /* default 28 */
+    double guidance;              /* default 7.0 (<= 1: no CFG) */
+    double shift;                 /* 0: the scheduler config's */
+    uint64_t seed;                /* image k starts from kiln_noise(seed + k) */
+    const float *noise;           /* [B, C, h, w] instead, or NULL */
+    int max_sequence_length;      /* T5's tokens; default 256 */
+    int low_memory;               /* release the text encoders after encoding */
+    void (*on_step)(void *user, int step, int steps, double sigma, const float *latent);
+    void *user;
+} kiln_pipeline_opts;
+KILN_API kiln_pipeline_opts kiln_pipeline_defaults(void);
+/* The sampled latents [B, C, h, w] (malloc'd; free()) before decoding. */
+KILN_API kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o, float **latents,
+                                            int64_t shape[4]);
+/* A size in pixels the pipeline can make (multiples of the VAE factor x the
+ * patch, inside the position table), else an error with the nearest ones;
+ * the latent size it gives. */
+KILN_API kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *latent_h,
+                                              int *latent_w);
+KILN_API int kiln_pipeline_vae_scale(const kiln_pipeline *p);
+/* The components (owned by the pipeline; the VAE is NULL without vae/). */
+KILN_API kiln_model *kiln_pipeline_transformer(kiln_pipeline *p);
+KILN_API kiln_model *kiln_pipeline_vae(kiln_pipeline *p);
 
 /* ---- seeded models ---------------------------------------------------- */
 

@@ -296,6 +296,11 @@ static int stem_len(const char *path) {
 
 char *cli_preview_path(const char *path) { return kb_strfmt("%.*s.png", stem_len(path), path); }
 
+char *cli_indexed_path(const char *path, int k) {
+    int s = stem_len(path);
+    return kb_strfmt("%.*s-%d%s", s, path, k, path + s);
+}
+
 char *cli_latents_path(const char *output) {
     size_t n = strlen(output);
     if ((size_t)stem_len(output) + 4 == n) return kb_strfmt("%.*s.safetensors", stem_len(output), output);
@@ -457,3 +462,26 @@ kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T,
     return s;
 }
 
+/* the lines of a prompts file (a trailing newline ends the last one) */
+int cli_read_lines(const char *cmd, const char *path, char **text, char ***lines, int *n) {
+    size_t len;
+    if (kb_read_file(path, text, &len)) return cli_fail(cmd, KILN_ERR_IO);
+    int cap = 16;
+    *n = 0;
+    *lines = malloc(sizeof(char *) * (size_t)cap);
+    for (char *p = *text; *lines && p && *p;) {
+        char *e = strchr(p, '\n');
+        if (e) *e = 0;
+        if (e && e > p && e[-1] == '\r') e[-1] = 0;
+        if (*n == cap) {
+            char **g = realloc(*lines, sizeof(char *) * (size_t)(cap *= 2));
+            if (!g) break;
+            *lines = g;
+        }
+        (*lines)[(*n)++] = p;
+        p = e ? e + 1 : NULL;
+    }
+    if (!*lines) return cli_error(cmd, "out of memory");
+    if (!*n) return cli_error(cmd, "%s holds no prompt (one per line)", path);
+    return 0;
+}

@@ -21,6 +21,10 @@ int cmd_package(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
+/* The lines of a prompts file: *text the file (malloc'd, lines point into
+ * it), *lines malloc'd; 0, or the exit code after printing why (an empty
+ * file is an error). */
+int cli_read_lines(const char *cmd, const char *path, char **text, char ***lines, int *n);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -101,6 +105,8 @@ kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T,
  * .safetensors or .png (so x.png and x.safetensors both give x.png, never
  * x.png.png). Both malloc'd. */
 char *cli_preview_path(const char *path);
+/* image k of a batch: "out.png" -> "out-3.png" (malloc'd) */
+char *cli_indexed_path(const char *path, int k);
 char *cli_latents_path(const char *output);
 /* --output's folder exists and is writable, and the path is no folder:
  * checked before any work. 0, or a message printed and 1. */

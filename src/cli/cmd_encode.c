@@ -34,30 +34,6 @@ static int help(void) {
     return 0;
 }
 
-/* the lines of a file, malloc'd (a trailing newline ends the last one) */
-static int read_lines(const char *path, char **text, char ***lines, int *n) {
-    size_t len;
-    if (kb_read_file(path, text, &len)) return cli_fail("encode", KILN_ERR_IO);
-    int cap = 16;
-    *n = 0;
-    *lines = malloc(sizeof(char *) * (size_t)cap);
-    for (char *p = *text; *lines && p && *p;) {
-        char *e = strchr(p, '\n');
-        if (e) *e = 0;
-        if (e && e > p && e[-1] == '\r') e[-1] = 0;
-        if (*n == cap) {
-            char **g = realloc(*lines, sizeof(char *) * (size_t)(cap *= 2));
-            if (!g) break;
-            *lines = g;
-        }
-        (*lines)[(*n)++] = p;
-        p = e ? e + 1 : NULL;
-    }
-    if (!*lines) return cli_error("encode", "out of memory");
-    if (!*n) return cli_error("encode", "%s holds no prompt (one per line)", path);
-    return 0;
-}
-
 int cmd_encode(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *pipe = NULL, *prompt = NULL, *pfile = NULL, *neg = "", *output = NULL, *v;
@@ -92,7 +68,7 @@ int cmd_encode(int argc, char **argv) {
     const char *const *prompts = one;
     int n = 1, rc = 1;
     if (pfile) {
-        if ((rc = read_lines(pfile, &text, &lines, &n))) goto done;
+        if ((rc = cli_read_lines("encode", pfile, &text, &lines, &n))) goto done;
         rc = 1;
         prompts = (const char *const *)lines;
     }

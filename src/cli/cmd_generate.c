@@ -1,4 +1,7 @@
-/* cmd_generate.c - kiln generate MODEL --cond FILE --output FILE */
+/* cmd_generate.c - kiln generate PIPELINE --prompt TEXT --output out.png
+ * (a diffusers pipeline folder, prompt to image) or kiln generate
+ * TRANSFORMER --cond FILE --output FILE (the backbone alone, on stored
+ * conditioning). */
 #include "base/base.h"
 #include "cli.h"
 #include "format/png.h"
@@ -9,27 +12,43 @@
 #include <string.h>
 
 static const char k_usage[] =
-    "kiln generate MODEL --cond FILE --output FILE [--steps N] [--shift S] [--guidance G]\n"
-    "                     [--latent HxW] [--seed N | --noise FILE] [--quiet] [options]";
+    "kiln generate PIPELINE (--prompt TEXT | --prompts-file FILE) --output out.png [--negative-prompt TEXT]\n"
+    "                     [--width W --height H] [--images-per-prompt N] [--max-sequence-length N]\n"
+    "                     [--latents-output FILE] [--low-memory] [--steps N] [--shift S] [--guidance G]\n"
+    "                     [--seed N | --noise FILE] [--quiet] [options]\n"
+    "       kiln generate TRANSFORMER --cond FILE --output FILE [--latent HxW] [--steps N] ...";
 
 static int help(void) {
     printf("usage: %s\n\n"
            "Flow-matching Euler sampling (diffusers' FlowMatchEulerDiscreteScheduler) with\n"
-           "classifier-free guidance. --cond FILE (safetensors) holds the text conditioning under\n"
+           "classifier-free guidance, B images in one backbone batch (CFG: 2B rows, uncond first).\n\n"
+           "From a diffusers StableDiffusion3Pipeline folder (model_index.json, scheduler/,\n"
+           "text_encoder*/, tokenizer*/, transformer/, vae/), as its __call__: each component loads\n"
+           "through the weight cache under its own key; the prompt is encoded (kiln encode), sampled\n"
+           "with the scheduler config's shift, and decoded by the VAE.\n"
+           "  --prompt TEXT / --prompts-file FILE (one prompt per line)  --negative-prompt TEXT\n"
+           "  --width W --height H    pixels (default: the transformer's sample_size x the VAE factor;\n"
+           "                          multiples of the VAE factor x the patch)\n"
+           "  --images-per-prompt N   (default 1)  --max-sequence-length N  T5 tokens (default 256)\n"
+           "  --latents-output FILE   also write the final latents `latents` [B, C, h, w]\n"
+           "  --low-memory            release the text encoders before sampling\n"
+           "  --output out.png        one PNG per image: out.png, or out-0.png, out-1.png ... for B > 1\n\n"
+           "From a transformer folder and stored conditioning: --cond FILE (safetensors) holds\n"
            "diffusers' pipeline names:\n"
-           "  prompt_embeds                  [1, T, joint_attention_dim]\n"
-           "  pooled_prompt_embeds           [1, pooled_projection_dim]\n"
-           "  negative_prompt_embeds         [1, T, joint_attention_dim]   (needed when guidance > 1)\n"
-           "  negative_pooled_prompt_embeds  [1, pooled_projection_dim]    (needed when guidance > 1)\n\n"
+           "  prompt_embeds                  [B, T, joint_attention_dim]\n"
+           "  pooled_prompt_embeds           [B, pooled_projection_dim]\n"
+           "  negative_prompt_embeds         [B, T, joint_attention_dim]   (needed when guidance > 1)\n"
+           "  negative_pooled_prompt_embeds  [B, pooled_projection_dim]    (needed when guidance > 1)\n\n"
            "  --steps N        inference steps (default 28)\n"
            "  --shift S        schedule shift (default 3.0, SD3's)\n"
            "  --guidance G     guidance scale (default 7.0; <= 1 samples the prompt alone)\n"
            "  --latent HxW     latent size (default: the config's sample_size square; pixels / 8)\n"
-           "  --seed N         seed of kiln's noise generator (default 0)\n"
-           "  --noise FILE     start from `noise` [1, C, H, W] in FILE instead (sets the latent size;\n"
+           "  --seed N         seed of kiln's noise generator (default 0): image k starts from seed + k,\n"
+           "                   so it equals the same image made alone with --seed N+k\n"
+           "  --noise FILE     start from `noise` [B, C, H, W] in FILE instead (sets the latent size;\n"
            "                   not with --seed)\n"
-           "  --output FILE    writes `latents` [1, C, H, W] (F32) to FILE and a PNG preview beside it:\n"
-           "                   x.safetensors -> x.png; x.png -> x.safetensors + x.png; other -> other.png\n"
+           "  --output FILE    (--cond) writes `latents` [B, C, H, W] (F32) to FILE and a PNG preview\n"
+           "                   beside it: x.safetensors -> x.png; x.png -> x.safetensors + x.png\n"
            "  --quiet          no per-step progress\n%s",
            k_usage, cli_common_help);
     return 0;
@@ -73,12 +92,13 @@ static void on_step(void *user, int step, int steps, double sigma, const float *
 int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
                      int quiet) {
     const kiln_config *c = kiln_model_config(m);
+    int N = o->batch > 0 ? o->batch : 1;
     /* every size checked before the latent is allocated: --latent 65536x65536
      * must say which limit it passes, not allocate 64 GiB and run out */
-    kiln_status s = km_check_sizes(c, o->guidance > 1 ? 2 : 1, o->latent_h, o->latent_w,
+    kiln_status s = km_check_sizes(c, o->guidance > 1 ? 2 * N : N, o->latent_h, o->latent_w,
                                    o->context_len > 0 ? o->context_len : 1, NULL);
     if (s) return cli_fail(cmd, s);
-    size_t n = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w;
+    size_t one = (size_t)c->in_channels * (size_t)o->latent_h * (size_t)o->latent_w, n = one * (size_t)N;
     float *lat = malloc(sizeof(float) * n);
     if (!lat) return cli_error(cmd, "out of memory");
     int rank = kiln_dist_rank(); /* on a mesh every rank samples; rank 0 reports and writes */
@@ -87,8 +107,8 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     o->on_step = on_step;
     o->user = &p;
     if (!quiet)
-        fprintf(stderr, "%s: %d steps, latent %dx%d, guidance %g%s\n", cmd, o->steps, o->latent_h,
-                o->latent_w, o->guidance, o->guidance > 1 ? " (CFG, batch 2)" : "");
+        fprintf(stderr, "%s: %d steps, latent %dx%d, %d image%s, guidance %g%s\n", cmd, o->steps, o->latent_h,
+                o->latent_w, N, N == 1 ? "" : "s", o->guidance, o->guidance > 1 ? " (CFG: uncond and cond rows)" : "");
     s = kiln_generate(m, o, lat);
     if (s) { /* nothing written: neither the latents nor the preview */
         free(lat);
@@ -99,7 +119,7 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         free(lat);
         return 0;
     }
-    int64_t shape[4] = {1, c->in_channels, o->latent_h, o->latent_w};
+    int64_t shape[4] = {N, c->in_channels, o->latent_h, o->latent_w};
     char *png = cli_preview_path(output), *file = cli_latents_path(output);
     if (!png || !file) {
         free(lat);
@@ -108,7 +128,11 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         return cli_error(cmd, "out of memory");
     }
     s = cli_write_f32(file, "latents", lat, 4, shape);
-    if (!s) s = kf_write_latent_png(png, lat, c->in_channels, o->latent_h, o->latent_w);
+    for (int k = 0; k < N && !s; k++) { /* a preview per image: x.png, or x-0.png, x-1.png ... */
+        char *pk = N == 1 ? kb_strdup(png) : cli_indexed_path(png, k);
+        s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, c->in_channels, o->latent_h, o->latent_w) : KILN_ERR_NOMEM;
+        free(pk);
+    }
     free(lat);
     if (!s && !quiet) {
         /* a step of the chain that was skipped (a package whose ranges miss
@@ -123,11 +147,136 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     return s ? cli_fail(cmd, s) : 0;
 }
 
+/* what a pipeline run was asked (kiln generate PIPELINE ...) */
+typedef struct pipe_args {
+    const char *prompt, *prompts_file, *negative, *latents_out;
+    long width, height, ipp, msl;
+    int low_memory;
+} pipe_args;
+
+/* kiln generate PIPELINE --prompt ...: encode, sample, decode */
+static int generate_pipeline(const char *dir, const cli_common *com, const pipe_args *pa, kiln_generate_opts *g,
+                             const char *noise_file, const char *output, int quiet) {
+    const char *cmd = "generate";
+    if (!pa->prompt == !pa->prompts_file)
+        return cli_usage_error(cmd, k_usage, "a pipeline needs one of --prompt or --prompts-file");
+    char *text = NULL, **lines = NULL;
+    const char *one[1] = {pa->prompt};
+    const char *const *prompts = one;
+    int n = 1, rc = 1;
+    if (pa->prompts_file && (rc = cli_read_lines(cmd, pa->prompts_file, &text, &lines, &n))) return rc;
+    if (pa->prompts_file) prompts = (const char *const *)lines;
+    rc = 1;
+    if ((long)n * pa->ipp > KM_MAX_BATCH / 2) {
+        cli_error(cmd, "%d prompts x %ld images a prompt: at most %d images in a batch", n, pa->ipp, KM_MAX_BATCH / 2);
+        goto out;
+    }
+    if (pa->latents_out && cli_check_output(cmd, pa->latents_out)) goto out;
+    char name[128];
+    kiln_load_opts lo = cli_load_opts(dir, com, name, sizeof name);
+    kiln_pipeline *p = NULL;
+    st_file *nf = NULL;
+    float *lat = NULL, *nz = NULL;
+    double t0 = kb_now();
+    kiln_status s = cli_check_ranks(com);
+    if (!s) s = kiln_pipeline_open(dir, &lo, &p);
+    if (s) {
+        rc = cli_fail(cmd, s);
+        goto done;
+    }
+    if (!quiet) fprintf(stderr, "%s: pipeline ready in %.2f s (%s)\n", cmd, kb_now() - t0, dir);
+    kiln_pipeline_opts po = kiln_pipeline_defaults();
+    po.prompts = prompts;
+    po.n_prompts = n;
+    po.negative_prompt = pa->negative;
+    po.images_per_prompt = (int)pa->ipp;
+    po.height = (int)pa->height;
+    po.width = (int)pa->width;
+    po.steps = g->steps;
+    po.guidance = g->guidance;
+    po.shift = g->shift;
+    po.seed = g->seed;
+    po.max_sequence_length = (int)pa->msl;
+    po.low_memory = pa->low_memory;
+    progress pr = {kb_now(), kb_now(), quiet || kiln_dist_rank()};
+    po.on_step = on_step;
+    po.user = &pr;
+    const kiln_config *c = kiln_model_config(kiln_pipeline_transformer(p));
+    int B = n * (int)pa->ipp;
+    if (noise_file) { /* the noise sets the size: it must be one the pipeline makes */
+        int64_t sn[4];
+        if ((s = st_open(noise_file, &nf))) {
+            rc = cli_fail(cmd, s);
+            goto done;
+        }
+        if (!(nz = cli_tensor(cmd, nf, "noise", 4, sn))) goto done;
+        int f = kiln_pipeline_vae_scale(p);
+        if (sn[0] != B || sn[1] != c->in_channels || sn[2] > 1 << 16 || sn[3] > 1 << 16) {
+            cli_error(cmd, "%s: noise is [%lld, %lld, %lld, %lld]; this run needs [%d, %d, h, w] (%d prompt%s x %ld)",
+                      noise_file, (long long)sn[0], (long long)sn[1], (long long)sn[2], (long long)sn[3], B,
+                      c->in_channels, n, n == 1 ? "" : "s", pa->ipp);
+            goto done;
+        }
+        if ((po.height && po.height != sn[2] * f) || (po.width && po.width != sn[3] * f)) {
+            cli_error(cmd, "--height/--width disagree with the noise's %lldx%lld latent (%lldx%lld pixels)",
+                      (long long)sn[2], (long long)sn[3], (long long)sn[2] * f, (long long)sn[3] * f);
+            goto done;
+        }
+        po.height = (int)sn[2] * f;
+        po.width = (int)sn[3] * f;
+        po.noise = nz;
+    }
+    if (!po.height) po.height = c->sample_size * kiln_pipeline_vae_scale(p);
+    if (!po.width) po.width = c->sample_size * kiln_pipeline_vae_scale(p);
+    if ((s = kiln_pipeline_check_size(p, po.height, po.width, NULL, NULL))) {
+        rc = cli_fail(cmd, s);
+        goto done;
+    }
+    if (!quiet)
+        fprintf(stderr, "%s: %d image%s %dx%d, %d steps, guidance %g\n", cmd, B, B == 1 ? "" : "s", po.width,
+                po.height, po.steps, po.guidance);
+    int64_t sh[4];
+    if ((s = kiln_pipeline_generate(p, &po, &lat, sh))) {
+        rc = cli_fail(cmd, s);
+        goto done;
+    }
+    if (kiln_dist_rank() == 0) {
+        if (pa->latents_out && (s = cli_write_f32(pa->latents_out, "latents", lat, 4, sh))) {
+            rc = cli_fail(cmd, s);
+            goto done;
+        }
+        size_t one = (size_t)(sh[1] * sh[2] * sh[3]);
+        for (int k = 0; k < B; k++) { /* the latents' preview until the VAE decodes them */
+            char *pk = B == 1 ? kb_strdup(output) : cli_indexed_path(output, k);
+            s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, (int)sh[1], (int)sh[2], (int)sh[3]) : KILN_ERR_NOMEM;
+            if (!s && !quiet) fprintf(stderr, "%s: image %d -> %s\n", cmd, k, pk);
+            free(pk);
+            if (s) {
+                rc = cli_fail(cmd, s);
+                goto done;
+            }
+        }
+        if (!quiet) fprintf(stderr, "%s: %.2f s in all (backbone: %s)\n", cmd, kb_now() - t0,
+                            kiln_model_last_exec(kiln_pipeline_transformer(p)));
+    }
+    rc = 0;
+done:
+    free(lat);
+    free(nz);
+    st_close(nf);
+    kiln_pipeline_free(p);
+out:
+    free(lines);
+    free(text);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *v;
     kiln_generate_opts o = kiln_generate_defaults();
     int quiet = 0, hw_set = 0, seed_set = 0;
+    pipe_args pa = {.ipp = 1, .msl = 256};
     for (int i = 1; i < argc; i++) {
         int r;
         long l;
@@ -136,6 +285,31 @@ int cmd_generate(int argc, char **argv) {
             quiet = 1;
             continue;
         }
+        if (cli_flag(argv, i, "--low-memory")) {
+            pa.low_memory = 1;
+            continue;
+        }
+        if ((r = cli_opt("generate", argc, argv, &i, "--prompt", &pa.prompt)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--prompts-file", &pa.prompts_file)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--negative-prompt", &pa.negative)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--latents-output", &pa.latents_out))) {
+            if (r < 0) return 2;
+            continue;
+        }
+        if ((r = cli_opt("generate", argc, argv, &i, "--width", &v)) && (r < 0 || cli_parse_int("generate", "--width", v, 1, 1 << 20, &pa.width)))
+            return 2;
+        if (r) continue;
+        if ((r = cli_opt("generate", argc, argv, &i, "--height", &v)) && (r < 0 || cli_parse_int("generate", "--height", v, 1, 1 << 20, &pa.height)))
+            return 2;
+        if (r) continue;
+        if ((r = cli_opt("generate", argc, argv, &i, "--images-per-prompt", &v)) &&
+            (r < 0 || cli_parse_int("generate", "--images-per-prompt", v, 1, KM_MAX_BATCH / 2, &pa.ipp)))
+            return 2;
+        if (r) continue;
+        if ((r = cli_opt("generate", argc, argv, &i, "--max-sequence-length", &v)) &&
+            (r < 0 || cli_parse_int("generate", "--max-sequence-length", v, 1, 512, &pa.msl)))
+            return 2;
+        if (r) continue;
         if ((r = cli_common_opt("generate", argc, argv, &i, &com)) ||
             (r = cli_opt("generate", argc, argv, &i, "--cond", &cond)) ||
             (r = cli_opt("generate", argc, argv, &i, "--output", &output)) ||
@@ -168,12 +342,28 @@ int cmd_generate(int argc, char **argv) {
             model = argv[i];
         }
     }
-    if (!model || !cond || !output)
-        return cli_usage_error("generate", k_usage, "MODEL, --cond and --output are required");
     if (noise && seed_set)
         return cli_usage_error("generate", k_usage,
                                "--noise and --seed both set the starting noise: give one (--noise %s is used as is, "
                                "the seed would be ignored)", noise);
+    char *index = model && kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
+    int pipeline = index && kb_is_file(index);
+    free(index);
+    if (pipeline) { /* a whole pipeline folder: prompt to image */
+        if (cond) return cli_usage_error("generate", k_usage, "--cond is for a transformer folder; a pipeline encodes --prompt");
+        if (hw_set) return cli_usage_error("generate", k_usage, "--latent is for a transformer; a pipeline takes --width and --height in pixels");
+        if (!output) return cli_usage_error("generate", k_usage, "--output is required");
+        if (cli_check_output("generate", output)) return 1; /* before any work */
+        int rc = generate_pipeline(model, &com, &pa, &o, noise, output, quiet);
+        cli_common_finish(&com);
+        return rc;
+    }
+    if (pa.prompt || pa.prompts_file || pa.width || pa.height)
+        return cli_usage_error("generate", k_usage, "%s is not a pipeline folder (no model_index.json): --prompt, "
+                               "--width and --height need one; a transformer takes --cond and --latent",
+                               model ? model : "MODEL");
+    if (!model || !cond || !output)
+        return cli_usage_error("generate", k_usage, "MODEL, --cond and --output are required");
     char *latents_file = cli_latents_path(output), *png_file = cli_preview_path(output);
     int bad_out = !latents_file || !png_file || cli_check_output("generate", latents_file) ||
                   (strcmp(latents_file, output) && cli_check_output("generate", output));
@@ -204,18 +394,19 @@ int cmd_generate(int argc, char **argv) {
                   cond, (long long)s3[1], KM_MAX_CONTEXT);
         goto done;
     }
-    if (s3[0] != 1 || s3[2] != c->joint_attention_dim) {
-        cli_error("generate", "%s: prompt_embeds is [%lld, %lld, %lld]; this model needs [1, T, %d] (batch 1, "
+    if (s3[0] < 1 || s3[0] > KM_MAX_BATCH / 2 || s3[2] != c->joint_attention_dim) {
+        cli_error("generate", "%s: prompt_embeds is [%lld, %lld, %lld]; this model needs [B, T, %d] (B images, 1 to %d; "
                   "joint_attention_dim %d)", cond, (long long)s3[0], (long long)s3[1], (long long)s3[2],
-                  c->joint_attention_dim, c->joint_attention_dim);
+                  c->joint_attention_dim, KM_MAX_BATCH / 2, c->joint_attention_dim);
         goto done;
     }
-    if (s2[0] != 1 || s2[1] != c->pooled_projection_dim) {
-        cli_error("generate", "%s: pooled_prompt_embeds is [%lld, %lld]; this model needs [1, %d] (batch 1, "
-                  "pooled_projection_dim %d)", cond, (long long)s2[0], (long long)s2[1], c->pooled_projection_dim,
-                  c->pooled_projection_dim);
+    if (s2[0] != s3[0] || s2[1] != c->pooled_projection_dim) {
+        cli_error("generate", "%s: pooled_prompt_embeds is [%lld, %lld]; this model needs [%lld, %d] (the prompts' "
+                  "batch, pooled_projection_dim %d)", cond, (long long)s2[0], (long long)s2[1], (long long)s3[0],
+                  c->pooled_projection_dim, c->pooled_projection_dim);
         goto done;
     }
+    o.batch = (int)s3[0];
     if (o.guidance > 1) {
         if (!(ne = cli_tensor("generate", cf, "negative_prompt_embeds", 3, n3)) ||
             !(np = cli_tensor("generate", cf, "negative_pooled_prompt_embeds", 2, n2))) {
@@ -233,9 +424,10 @@ int cmd_generate(int argc, char **argv) {
     }
     if (nf) {
         if (!(nz = cli_tensor("generate", nf, "noise", 4, sn))) goto done;
-        if (sn[0] != 1 || sn[1] != c->in_channels) {
-            cli_error("generate", "%s: noise is [%lld, %lld, %lld, %lld]; this model needs [1, %d, H, W]", noise,
-                      (long long)sn[0], (long long)sn[1], (long long)sn[2], (long long)sn[3], c->in_channels);
+        if (sn[0] != o.batch || sn[1] != c->in_channels) {
+            cli_error("generate", "%s: noise is [%lld, %lld, %lld, %lld]; this model needs [%d, %d, H, W] (the "
+                      "conditioning's batch)", noise, (long long)sn[0], (long long)sn[1], (long long)sn[2],
+                      (long long)sn[3], o.batch, c->in_channels);
             goto done;
         }
         if ((s = sd3_check_latent(c, sn[2], sn[3]))) { /* before the int casts below */

@@ -139,6 +139,28 @@ static kiln_status encode_one(kiln_model *m, const kiln_tokenizer *tok, const ch
     return st;
 }
 
+/* an output's last dimension for input_ids [1, len] (a shape query: nothing runs) */
+static kiln_status out_width(kiln_model *m, int len, const char *name, int64_t *w) {
+    float ids[512] = {0};
+    kiln_tensor in = {"input_ids", KILN_F32, 2, {1, len}, ids};
+    kiln_output out = {name, NULL, 0, 0, {0}};
+    kiln_status st = kiln_run(m, &in, 1, &out, 1);
+    if (!st) *w = out.shape[out.ndim - 1];
+    return st;
+}
+
+kiln_status kiln_sd3_text_widths(kiln_sd3_text *t, int64_t *t5_width, int64_t *pooled_width) {
+    if (!t) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_text_widths: encoders required");
+    int64_t pl = 0, pg = 0, w = t->joint;
+    kiln_status st = out_width(t->enc[0], CLIP_LEN, "text_embeds", &pl);
+    if (!st) st = out_width(t->enc[1], CLIP_LEN, "text_embeds", &pg);
+    if (!st && t->enc[2]) st = out_width(t->enc[2], 1, "last_hidden_state", &w);
+    if (st) return st;
+    if (t5_width) *t5_width = w;
+    if (pooled_width) *pooled_width = pl + pg;
+    return KILN_OK;
+}
+
 kiln_status kiln_sd3_encode(kiln_sd3_text *t, const char *const *prompts, int n, int images_per_prompt,
                             int max_sequence_length, float **embeds, int64_t embeds_shape[3], float **pooled,
                             int64_t pooled_shape[2]) {

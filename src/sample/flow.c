@@ -43,6 +43,7 @@ kiln_generate_opts kiln_generate_defaults(void) {
     o.num_train_timesteps = 1000;
     o.guidance = 7.0;
     o.seed = 0;
+    o.batch = 1;
     return o;
 }
 
@@ -64,12 +65,16 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: guidance must be a finite number");
     if (o->steps < 1 || o->steps > 100000) /* before the schedule's buffers are sized from it */
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: steps = %d: must be between 1 and 100000", o->steps);
+    int N = o->batch ? o->batch : 1; /* images */
+    if (N < 1 || N > KM_MAX_BATCH / 2)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: batch %d: 1 to %d images", N, KM_MAX_BATCH / 2);
     /* every size before anything is allocated from it (latent, context, batch) */
-    int B = cfg ? 2 : 1, T = o->context_len, J = c->joint_attention_dim, P = c->pooled_projection_dim;
+    int B = cfg ? 2 * N : N, T = o->context_len, J = c->joint_attention_dim, P = c->pooled_projection_dim;
     km_sizes z;
     kiln_status st = km_check_sizes(c, B, o->latent_h, o->latent_w, T, &z);
     if (st) return kb_wrap(st, "kiln_generate");
-    size_t lat = z.hidden / (size_t)B, vlat = z.out / (size_t)B, tj = (size_t)T * (size_t)J;
+    /* lat: one image's latent; the batch's latents are N * lat */
+    size_t lat = z.hidden / (size_t)B, vlat = z.out / (size_t)B, tj = (size_t)T * (size_t)J, nl = (size_t)N * lat;
     if (c->out_channels != c->in_channels)
         return kb_fail(KILN_ERR_CONFIG, "sampling needs out_channels == in_channels (%d != %d)",
                        c->out_channels, c->in_channels);
@@ -78,12 +83,12 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
         const char *name;
         const float *x;
         size_t n;
-    } in[5] = {{"kiln_generate: noise", o->noise, lat},
-               {"kiln_generate: cond (prompt_embeds)", o->cond, tj},
-               {"kiln_generate: cond_pooled (pooled_prompt_embeds)", o->cond_pooled, (size_t)P},
-               {"kiln_generate: uncond (negative_prompt_embeds)", cfg ? o->uncond : NULL, tj},
+    } in[5] = {{"kiln_generate: noise", o->noise, nl},
+               {"kiln_generate: cond (prompt_embeds)", o->cond, (size_t)N * tj},
+               {"kiln_generate: cond_pooled (pooled_prompt_embeds)", o->cond_pooled, (size_t)N * (size_t)P},
+               {"kiln_generate: uncond (negative_prompt_embeds)", cfg ? o->uncond : NULL, (size_t)N * tj},
                {"kiln_generate: uncond_pooled (negative_pooled_prompt_embeds)", cfg ? o->uncond_pooled : NULL,
-                (size_t)P}};
+                (size_t)N * (size_t)P}};
     for (int i = 0; i < 5; i++)
         if (in[i].x && (st = kt_check_finite(in[i].name, in[i].x, in[i].n))) return st;
     double *ts = kb_calloc((size_t)o->steps + 1, sizeof(double));
@@ -92,30 +97,32 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
     float *ctx = kb_calloc((size_t)B * (size_t)T * (size_t)J, sizeof(float));
     float *pooled = kb_calloc((size_t)B * (size_t)P, sizeof(float));
     float *v = kb_calloc((size_t)B * vlat, sizeof(float));
-    float tstep[2];
-    if (!ts || !sig || !hidden || !ctx || !pooled || !v) {
+    float *tstep = kb_calloc((size_t)B, sizeof(float));
+    if (!ts || !sig || !hidden || !ctx || !pooled || !v || !tstep) {
         st = KILN_ERR_NOMEM;
         goto done;
     }
     if ((st = kiln_flow_schedule(o->steps, o->shift, o->num_train_timesteps, ts, sig))) goto done;
 
-    if (o->noise) memcpy(out, o->noise, lat * sizeof(float));
-    else kiln_noise(o->seed, out, lat);
-    /* batch order as diffusers' pipeline: uncond first, then cond */
+    if (o->noise) memcpy(out, o->noise, nl * sizeof(float));
+    else /* image k from (seed + k) alone: the same image as generated on its own */
+        for (int k = 0; k < N; k++) kiln_noise(o->seed + (uint64_t)k, out + (size_t)k * lat, lat);
+    /* batch order as diffusers' pipeline: every uncond row first, then every cond row */
+    size_t np = (size_t)N * (size_t)P;
     if (cfg) {
-        memcpy(ctx, o->uncond, tj * sizeof(float));
-        memcpy(ctx + tj, o->cond, tj * sizeof(float));
-        memcpy(pooled, o->uncond_pooled, (size_t)P * sizeof(float));
-        memcpy(pooled + P, o->cond_pooled, (size_t)P * sizeof(float));
+        memcpy(ctx, o->uncond, (size_t)N * tj * sizeof(float));
+        memcpy(ctx + (size_t)N * tj, o->cond, (size_t)N * tj * sizeof(float));
+        memcpy(pooled, o->uncond_pooled, np * sizeof(float));
+        memcpy(pooled + np, o->cond_pooled, np * sizeof(float));
     } else {
-        memcpy(ctx, o->cond, tj * sizeof(float));
-        memcpy(pooled, o->cond_pooled, (size_t)P * sizeof(float));
+        memcpy(ctx, o->cond, (size_t)N * tj * sizeof(float));
+        memcpy(pooled, o->cond_pooled, np * sizeof(float));
     }
     kiln_forward_args a = {B, o->latent_h, o->latent_w, T, hidden, ctx, pooled, tstep};
     for (int i = 0; i < o->steps; i++) {
         double t0 = kb_now();
-        for (int b = 0; b < B; b++) {
-            memcpy(hidden + (size_t)b * lat, out, lat * sizeof(float));
+        for (int b = 0; b < B; b++) { /* row b (and N + b under CFG) holds image b % N */
+            memcpy(hidden + (size_t)b * lat, out + (size_t)(b % N) * lat, lat * sizeof(float));
             tstep[b] = (float)ts[i];
         }
         if ((st = kiln_forward(m, &a, v))) {
@@ -123,19 +130,21 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
             goto done;
         }
         double dt = sig[i + 1] - sig[i];
-        for (size_t k = 0; k < lat; k++) {
-            double vel = cfg ? (double)v[k] + o->guidance * ((double)v[lat + k] - (double)v[k])
+        for (size_t k = 0; k < nl; k++) { /* v: N uncond rows, then N cond rows */
+            double vel = cfg ? (double)v[k] + o->guidance * ((double)v[nl + k] - (double)v[k])
                              : (double)v[k];
             out[k] = (float)((double)out[k] + dt * vel);
         }
         /* finite velocities can still overflow the f32 latent (a huge guidance) */
-        size_t bad = kt_find_nonfinite(out, lat);
-        if (bad < lat) {
+        size_t bad = kt_find_nonfinite(out, nl);
+        if (bad < nl) {
             st = kb_fail(KILN_ERR_NONFINITE, "step %d of %d gave a non-finite latent (%s at index %zu)", i + 1,
                          o->steps, kt_nonfinite_name(out[bad]), bad);
             goto done;
         }
-        kb_ledger_add("sampler_step", kb_now() - t0, cfg ? "cfg batch 2" : "batch 1");
+        char what[48];
+        snprintf(what, sizeof what, "%sbatch %d", cfg ? "cfg " : "", B);
+        kb_ledger_add("sampler_step", kb_now() - t0, what);
         if (o->on_step) o->on_step(o->user, i + 1, o->steps, sig[i + 1], out);
     }
 done:
@@ -145,5 +154,6 @@ done:
     free(ctx);
     free(pooled);
     free(v);
+    free(tstep);
     return st;
 }

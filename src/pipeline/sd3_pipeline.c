@@ -1,0 +1,272 @@
+/* sd3_pipeline.c - a diffusers StableDiffusion3Pipeline folder (SD3,
+ * SD3.5) as one object: model_index.json names the class and components,
+ * scheduler/scheduler_config.json the schedule, the components' configs are
+ * checked against each other, and a request goes prompt -> conditioning
+ * (sd3_text.c) -> flow-matching sampling with CFG in one backbone batch
+ * (kiln_generate) -> latents, as diffusers' pipeline __call__ does. Every
+ * component loads through the weight cache under its own component key. */
+#include "base/base.h"
+#include "kiln.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kiln_pipeline {
+    char *dir;
+    kiln_sd3_text *text; /* NULL once released (kiln_pipeline_opts.low_memory) */
+    kiln_load_opts base;
+    int has_base;
+    kiln_model *transformer;
+    kiln_model *vae; /* the decoder; NULL when the folder has no vae/ */
+    int vae_scale;   /* 2^(len(block_out_channels) - 1): pixels per latent cell */
+    double shift;    /* the scheduler config's */
+    int num_train_timesteps;
+    int sample_size; /* the transformer's, in latent cells: the default size */
+};
+
+void kiln_pipeline_free(kiln_pipeline *p) {
+    if (!p) return;
+    kiln_sd3_text_free(p->text);
+    kiln_model_free(p->transformer);
+    kiln_model_free(p->vae);
+    free(p->dir);
+    free(p);
+}
+
+/* a JSON file of the pipeline folder (NULL when absent; *st set on a bad one) */
+static cJSON *read_json(const char *dir, const char *file, int required, kiln_status *st) {
+    char *path = kb_path_join(dir, file), *text = NULL;
+    cJSON *j = NULL;
+    if (!path) {
+        *st = KILN_ERR_NOMEM;
+        return NULL;
+    }
+    if (!kb_is_file(path)) {
+        if (required) *st = kb_fail(KILN_ERR_MISSING, "%s: no %s (a diffusers pipeline folder has one)", dir, file);
+    } else if ((*st = kb_read_file(path, &text, NULL))) {
+    } else if (!(j = cJSON_Parse(text)) || !cJSON_IsObject(j)) {
+        *st = kb_fail(KILN_ERR_FORMAT, "%s is not a JSON object", path);
+        cJSON_Delete(j);
+        j = NULL;
+    }
+    free(path);
+    free(text);
+    return j;
+}
+
+static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_model **out) {
+    char *dir = kb_path_join(p->dir, component);
+    if (!dir) return KILN_ERR_NOMEM;
+    kiln_status st;
+    if (!p->has_base) {
+        st = kiln_model_open(dir, NULL, out);
+    } else {
+        kiln_load_opts o = p->base;
+        o.source = dir;
+        o.source_fn = NULL;
+        o.config_path = NULL;
+        o.component = component;
+        st = kiln_load_model(&o, out);
+    }
+    free(dir);
+    return st ? kb_wrap(st, "%s", component) : KILN_OK;
+}
+
+/* an integer of a model's config JSON (dflt when absent) */
+static int config_int(const kiln_model *m, const char *key, int dflt, int *n_items) {
+    char *js = kiln_model_config_json(m);
+    cJSON *j = cJSON_Parse(js ? js : "");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    int r = dflt;
+    if (cJSON_IsNumber(v)) r = v->valueint;
+    if (n_items) *n_items = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    cJSON_Delete(j);
+    free(js);
+    return r;
+}
+
+kiln_status kiln_pipeline_open(const char *dir, const kiln_load_opts *base, kiln_pipeline **out) {
+    if (!dir || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_open: folder and out are required");
+    *out = NULL;
+    if (!kb_is_dir(dir)) return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", dir);
+    kiln_status st = KILN_OK;
+    cJSON *index = read_json(dir, "model_index.json", 1, &st);
+    if (!index) return st;
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(index, "_class_name");
+    if (!cJSON_IsString(cls) || (strcmp(cls->valuestring, "StableDiffusion3Pipeline"))) {
+        st = kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs "
+                     "StableDiffusion3Pipeline (SD3, SD3.5)", dir, cJSON_IsString(cls) ? cls->valuestring : "(none)");
+        cJSON_Delete(index);
+        return st;
+    }
+    cJSON_Delete(index);
+    kiln_pipeline *p = kb_calloc(1, sizeof *p);
+    if (!p || !(p->dir = kb_strdup(dir))) {
+        free(p);
+        return KILN_ERR_NOMEM;
+    }
+    if (base) {
+        p->base = *base;
+        p->has_base = 1;
+    }
+    p->shift = 3.0;
+    p->num_train_timesteps = 1000;
+    cJSON *sch = read_json(dir, "scheduler/scheduler_config.json", 0, &st);
+    if (sch) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(sch, "_class_name"),
+                    *s = cJSON_GetObjectItemCaseSensitive(sch, "shift"),
+                    *n = cJSON_GetObjectItemCaseSensitive(sch, "num_train_timesteps"),
+                    *d = cJSON_GetObjectItemCaseSensitive(sch, "use_dynamic_shifting");
+        if (cJSON_IsString(c) && strcmp(c->valuestring, "FlowMatchEulerDiscreteScheduler"))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: %s; kiln samples with FlowMatchEulerDiscreteScheduler", dir,
+                         c->valuestring);
+        else if (cJSON_IsTrue(d))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: use_dynamic_shifting is true; SD3 pipelines use a "
+                         "static shift", dir);
+        if (cJSON_IsNumber(s)) p->shift = s->valuedouble;
+        if (cJSON_IsNumber(n)) p->num_train_timesteps = n->valueint;
+        if (!st && (!(p->shift > 0) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
+            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift %g and num_train_timesteps %d must be positive", dir,
+                         p->shift, p->num_train_timesteps);
+        cJSON_Delete(sch);
+    }
+    if (!st) st = open_model(p, "transformer", &p->transformer);
+    const kiln_config *tc = st ? NULL : kiln_model_config(p->transformer);
+    if (!st && !tc)
+        st = kb_fail(KILN_ERR_CONFIG, "%s/transformer is a %s model, not an SD3 transformer", dir,
+                     kiln_model_family(p->transformer));
+    if (!st) {
+        p->sample_size = tc->sample_size;
+        st = kiln_sd3_text_open(dir, base, &p->text);
+    }
+    int64_t t5w = 0, pw = 0;
+    if (!st) st = kiln_sd3_text_widths(p->text, &t5w, &pw);
+    if (!st && t5w != tc->joint_attention_dim)
+        st = kb_fail(KILN_ERR_CONFIG, "%s: the text encoders give %lld features a token (T5's width), the transformer "
+                     "takes joint_attention_dim %d", dir, (long long)t5w, tc->joint_attention_dim);
+    if (!st && pw != tc->pooled_projection_dim)
+        st = kb_fail(KILN_ERR_CONFIG, "%s: the CLIP projections give %lld pooled features, the transformer takes "
+                     "pooled_projection_dim %d", dir, (long long)pw, tc->pooled_projection_dim);
+    char *vd = st ? NULL : kb_path_join(dir, "vae");
+    p->vae_scale = 8;
+    if (!st && vd && kb_is_dir(vd)) {
+        int blocks = 0;
+        if (!(st = open_model(p, "vae", &p->vae))) {
+            int lc = config_int(p->vae, "latent_channels", 4, NULL);
+            config_int(p->vae, "block_out_channels", 0, &blocks);
+            p->vae_scale = blocks > 0 ? 1 << (blocks - 1) : 8;
+            if (lc != tc->in_channels || lc != tc->out_channels)
+                st = kb_fail(KILN_ERR_CONFIG, "%s: the VAE has %d latent channels, the transformer takes %d in and "
+                             "gives %d out", dir, lc, tc->in_channels, tc->out_channels);
+        }
+    }
+    free(vd);
+    if (st) {
+        kiln_pipeline_free(p);
+        return st;
+    }
+    *out = p;
+    return KILN_OK;
+}
+
+kiln_pipeline_opts kiln_pipeline_defaults(void) {
+    kiln_pipeline_opts o;
+    memset(&o, 0, sizeof o);
+    o.images_per_prompt = 1;
+    o.steps = 28;
+    o.guidance = 7.0;
+    o.max_sequence_length = 256;
+    return o;
+}
+
+int kiln_pipeline_vae_scale(const kiln_pipeline *p) { return p ? p->vae_scale : 0; }
+kiln_model *kiln_pipeline_transformer(kiln_pipeline *p) { return p ? p->transformer : NULL; }
+kiln_model *kiln_pipeline_vae(kiln_pipeline *p) { return p ? p->vae : NULL; }
+
+kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *lat_h, int *lat_w) {
+    const kiln_config *c = kiln_model_config(p->transformer);
+    int f = p->vae_scale * c->patch_size, max = c->pos_embed_max_size * c->patch_size * p->vae_scale;
+    int hw[2] = {height, width};
+    for (int k = 0; k < 2; k++)
+        if (hw[k] < f || hw[k] % f || hw[k] > max) {
+            int lo = hw[k] / f * f, hi = lo + f;
+            if (lo < f) lo = f;
+            if (hi > max) hi = max;
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x patch %d) between %d and "
+                           "%d; the nearest are %d and %d", k ? "width" : "height", hw[k], f, p->vae_scale, c->patch_size,
+                           f, max, lo, hi);
+        }
+    if (lat_h) *lat_h = height / p->vae_scale;
+    if (lat_w) *lat_w = width / p->vae_scale;
+    return KILN_OK;
+}
+
+kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o, float **latents, int64_t shape[4]) {
+    if (!p || !o || !latents || !shape)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: pipeline, options and outputs are required");
+    *latents = NULL;
+    const kiln_config *c = kiln_model_config(p->transformer);
+    int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1;
+    if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
+    if (o->steps < 1 || o->steps > 100000)
+        return kb_fail(KILN_ERR_INVALID_ARG, "steps %d: must be between 1 and 100000", o->steps);
+    if (!isfinite(o->guidance)) return kb_fail(KILN_ERR_INVALID_ARG, "guidance must be a finite number");
+    int H = o->height ? o->height : c->sample_size * p->vae_scale, W = o->width ? o->width : c->sample_size * p->vae_scale;
+    int lh, lw;
+    kiln_status st = kiln_pipeline_check_size(p, H, W, &lh, &lw);
+    if (st) return st;
+    if (!p->text)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: the text encoders were released (low_memory); "
+                       "open the pipeline again");
+    int cfg = o->guidance > 1.0;
+    float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
+    int64_t es[3], ps[2], nes[3], nps[2];
+    double t0 = kb_now();
+    st = kiln_sd3_encode(p->text, o->prompts, n, ipp, o->max_sequence_length, &pe, es, &pp, ps);
+    const char **negs = cfg && !st ? malloc(sizeof(char *) * (size_t)n) : NULL;
+    if (cfg && !st && !negs) st = KILN_ERR_NOMEM;
+    for (int k = 0; negs && k < n; k++) negs[k] = o->negative_prompt ? o->negative_prompt : "";
+    if (cfg && !st) st = kiln_sd3_encode(p->text, negs, n, ipp, o->max_sequence_length, &ne, nes, &np, nps);
+    free(negs);
+    if (!st) kb_ledger_add("encode_prompt", kb_now() - t0, "CLIP-L, CLIP-G, T5");
+    if (!st && o->low_memory) { /* the encoders' mappings go before the backbone runs */
+        kiln_sd3_text_free(p->text);
+        p->text = NULL;
+    }
+    int B = n * ipp;
+    float *lat = st ? NULL : malloc(sizeof(float) * (size_t)B * (size_t)c->in_channels * (size_t)lh * (size_t)lw);
+    if (!st && !lat) st = kb_fail(KILN_ERR_NOMEM, "out of memory for the latents");
+    if (!st) {
+        kiln_generate_opts g = kiln_generate_defaults();
+        g.steps = o->steps;
+        g.shift = o->shift > 0 ? o->shift : p->shift;
+        g.num_train_timesteps = p->num_train_timesteps;
+        g.guidance = o->guidance;
+        g.latent_h = lh;
+        g.latent_w = lw;
+        g.seed = o->seed;
+        g.noise = o->noise;
+        g.context_len = (int)es[1];
+        g.cond = pe;
+        g.cond_pooled = pp;
+        g.uncond = ne;
+        g.uncond_pooled = np;
+        g.on_step = o->on_step;
+        g.user = o->user;
+        g.batch = B;
+        st = kiln_generate(p->transformer, &g, lat);
+    }
+    free(pe);
+    free(pp);
+    free(ne);
+    free(np);
+    if (st) {
+        free(lat);
+        return st;
+    }
+    *latents = lat;
+    shape[0] = B, shape[1] = c->in_channels, shape[2] = lh, shape[3] = lw;
+    return KILN_OK;
+}

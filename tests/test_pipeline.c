@@ -1,0 +1,143 @@
+/* test_pipeline.c - kiln generate PIPELINE: sd3-pipeline-tiny's prompt,
+ * negative prompt, settings and stored noise give its final latents
+ * (f32); a batch of 2 prompts x 2 images equals the 4 images generated
+ * one by one (bitwise on the reference kernels, 1e-5 on the fast path); the
+ * errors a user can make, each named before any work. */
+#include "base/base.h"
+#include "cli_util.h"
+#include "golden_util.h"
+
+#include <unistd.h>
+
+#define CASE "sd3-pipeline-tiny"
+#define PROMPT "A cat holding a sign that says hello world"
+#define NEGATIVE "blurry, low quality, deformed hands"
+
+static char g_dir[128];
+
+static float *read_latents(const char *path, size_t *n) {
+    st_file *f = NULL;
+    if (st_open(path, &f)) return NULL;
+    float *x = golden_tensor(f, "latents", n);
+    st_close(f);
+    return x;
+}
+
+TEST(pipeline_matches_diffusers) {
+    char lat[256], png[256];
+    snprintf(lat, sizeof lat, "%s/latents.safetensors", g_dir);
+    snprintf(png, sizeof png, "%s/image.png", g_dir);
+    const char *pipe = golden_path(CASE, NULL);
+    char *out = NULL;
+    int rc = run_kiln(&out, "generate '%s' --prompt '" PROMPT "' --negative-prompt '" NEGATIVE "' --steps 4 --guidance 5 "
+                      "--dtype f32 --noise '%s' --latents-output '%s' --output '%s'", pipe,
+                      golden_path(CASE, "io.safetensors"), lat, png);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    CHECK(out && strstr(out, "1 image 48x32, 4 steps"));
+    free(out);
+    st_file *io = NULL;
+    CHECK_OK(st_open(golden_path(CASE, "io.safetensors"), &io));
+    size_t n = 0, m = 0;
+    float *x = read_latents(lat, &n);
+    if (io && x) {
+        float *want = golden_tensor(io, "latents", &m);
+        double e = n == m ? kb_rel_l2(x, want, n) : INFINITY;
+        printf("  kiln generate PIPELINE: final latents %.3g relative L2\n", e);
+        CHECK_MSG(e < 1e-5, "latents %.3g", e);
+        free(want);
+    }
+    CHECK(access(png, F_OK) == 0);
+    free(x);
+    st_close(io);
+}
+
+/* image k of a batch starts from seed + k: the batch equals the images made alone */
+static void batch_equals_alone(const char *extra, double tol) {
+    char pf[256], lat[256], png[256];
+    snprintf(pf, sizeof pf, "%s/prompts.txt", g_dir);
+    snprintf(lat, sizeof lat, "%s/batch.safetensors", g_dir);
+    snprintf(png, sizeof png, "%s/batch.png", g_dir);
+    FILE *f = fopen(pf, "w");
+    if (!f) return;
+    fputs("a red fox in the snow\nan astronaut riding a horse\n", f);
+    fclose(f);
+    const char *pipe = golden_path(CASE, NULL), *prompts[2] = {"a red fox in the snow", "an astronaut riding a horse"};
+    char *out = NULL;
+    int rc = run_kiln(&out, "generate '%s' --prompts-file '%s' --images-per-prompt 2 --steps 2 --guidance 4 --seed 5 %s "
+                      "--quiet --latents-output '%s' --output '%s'", pipe, pf, extra, lat, png);
+    CHECK_MSG(rc == 0, "batch: exit %d: %s", rc, out);
+    free(out);
+    size_t n = 0;
+    float *batch = read_latents(lat, &n);
+    if (!batch) return;
+    size_t one = n / 4;
+    for (int k = 0; k < 4; k++) {
+        char lk[256], pk[256];
+        snprintf(lk, sizeof lk, "%s/alone-%d.safetensors", g_dir, k);
+        snprintf(pk, sizeof pk, "%s/alone-%d.png", g_dir, k);
+        rc = run_kiln(&out, "generate '%s' --prompt '%s' --steps 2 --guidance 4 --seed %d %s --quiet --latents-output '%s' "
+                      "--output '%s'", pipe, prompts[k / 2], 5 + k, extra, lk, pk);
+        CHECK_MSG(rc == 0, "alone %d: exit %d: %s", k, rc, out);
+        free(out);
+        size_t m = 0;
+        float *x = read_latents(lk, &m);
+        if (!x) continue;
+        double e = m == one ? kb_rel_l2(batch + (size_t)k * one, x, one) : INFINITY;
+        if (tol == 0) CHECK_MSG(m == one && !memcmp(batch + (size_t)k * one, x, sizeof(float) * one), "image %d: %.3g", k, e);
+        else CHECK_MSG(e <= tol, "image %d: %.3g", k, e);
+        free(x);
+        char *pi = kb_strfmt("%s/batch-%d.png", g_dir, k); /* one PNG per image */
+        CHECK(pi && access(pi, F_OK) == 0);
+        free(pi);
+    }
+    free(batch);
+}
+
+TEST(batch_reference_bitwise) { batch_equals_alone("--reference", 0); }
+TEST(batch_fast) { batch_equals_alone("--dtype f32", 1e-5); }
+
+TEST(pipeline_errors) {
+    const char *pipe = golden_path(CASE, NULL);
+    char png[256];
+    snprintf(png, sizeof png, "%s/e.png", g_dir);
+    CHECK_RUN_WITH(run_kiln, 1, "width 50 px: must be a multiple of 4 (VAE factor 2 x patch 2)",
+                   "generate '%s' --prompt x --width 50 --height 32 --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 1, "the nearest are 48 and 52", "generate '%s' --prompt x --width 50 --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "one of --prompt or --prompts-file", "generate '%s' --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "--steps", "generate '%s' --prompt x --steps 0 --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "--latent is for a transformer", "generate '%s' --prompt x --latent 16x16 --output '%s'",
+                   pipe, png);
+    char empty[256];
+    snprintf(empty, sizeof empty, "%s/empty.txt", g_dir);
+    FILE *f = fopen(empty, "w");
+    if (f) fclose(f);
+    CHECK_RUN_WITH(run_kiln, 1, "holds no prompt", "generate '%s' --prompts-file '%s' --output '%s'", pipe, empty, png);
+    CHECK_RUN_WITH(run_kiln, 1, "does not exist (checked before any work", "generate '%s' --prompt x --output /nonexistent-dir/x.png", pipe);
+    /* another pipeline class, and components that do not fit each other */
+    char *bad = kb_strfmt("%s/flux", g_dir), *out = NULL;
+    CHECK(kiln_sh(&out, "mkdir -p '%s' && echo '{\"_class_name\": \"FluxPipeline\"}' > '%s/model_index.json'", bad, bad) == 0);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 1, "names the pipeline class FluxPipeline", "generate '%s' --prompt x --output '%s'", bad, png);
+    free(bad);
+    bad = kb_strfmt("%s/mixed", g_dir);
+    CHECK(kiln_sh(&out, "cp -r '%s' '%s' && rm -rf '%s/transformer' && cp -r '%s' '%s/transformer'", pipe, bad, bad,
+                  golden_path("sd3-tiny", NULL), bad) == 0);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 1, "the transformer takes joint_attention_dim", "generate '%s' --prompt x --output '%s'", bad,
+                   png);
+    free(bad);
+}
+
+int main(void) {
+    kiln_set_log_level(KILN_LOG_ERROR);
+    snprintf(g_dir, sizeof g_dir, "/tmp/kiln-pipeline-XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    RUN(pipeline_matches_diffusers);
+    RUN(batch_reference_bitwise);
+    RUN(batch_fast);
+    RUN(pipeline_errors);
+    char *out = NULL;
+    if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
+    free(out);
+    return TEST_SUMMARY();
+}
