@@ -94,7 +94,7 @@ TEST(shapes_in_messages) {
     CHECK_OK(st_write(cond, t, 2, NULL, 0));
     kiln_config c = kiln_config_demo();
     char want[200];
-    snprintf(want, sizeof want, "prompt_embeds is [1, 5, 7]; this model needs [1, T, %d]", c.joint_attention_dim);
+    snprintf(want, sizeof want, "prompt_embeds is [1, 5, 7]; this model needs [B, T, %d]", c.joint_attention_dim);
     CHECK_RUN(1, want, "$K generate %s --cond %s --guidance 1 --output %s/x.safetensors", g_model, cond, g_dir);
     t[0].shape[2] = c.joint_attention_dim;
     float *big = calloc((size_t)5 * (size_t)c.joint_attention_dim, sizeof(float));
