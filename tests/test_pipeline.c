@@ -96,6 +96,12 @@ static void batch_equals_alone(const char *extra, double tol) {
 TEST(batch_reference_bitwise) { batch_equals_alone("--reference", 0); }
 TEST(batch_fast) { batch_equals_alone("--dtype f32", 1e-5); }
 
+TEST(pipeline_info) {
+    CHECK_RUN_WITH(run_kiln, 0, "text_encoder_3   t5: 0.35 M parameters in 21 tensors, F16 x 21", "info '%s'",
+                   golden_path(CASE, NULL));
+    CHECK_RUN_WITH(run_kiln, 0, "vae              vae-decoder", "info '%s'", golden_path(CASE, NULL));
+}
+
 TEST(pipeline_errors) {
     const char *pipe = golden_path(CASE, NULL);
     char png[256];
@@ -135,6 +141,7 @@ int main(void) {
     RUN(pipeline_matches_diffusers);
     RUN(batch_reference_bitwise);
     RUN(batch_fast);
+    RUN(pipeline_info);
     RUN(pipeline_errors);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -1,11 +1,68 @@
-/* cmd_info.c - kiln info MODEL */
+/* cmd_info.c - kiln info MODEL | PIPELINE */
+#include "arch/arch.h"
 #include "base/base.h"
 #include "cli.h"
+#include "format/checkpoint.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 static const char k_usage[] = "kiln info MODEL [--config FILE]";
+
+/* A pipeline folder: every component, from its config and file headers
+ * alone (nothing converts: T5-XXL's 9.5 GB are only mapped). */
+static int info_pipeline(const char *dir) {
+    static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
+    char *index = kb_path_join(dir, "model_index.json"), *text = NULL;
+    if (!index || kb_read_file(index, &text, NULL)) {
+        free(index);
+        return cli_fail("info", KILN_ERR_IO);
+    }
+    printf("pipeline:       %s\n", dir);
+    const char *cls = strstr(text, "\"_class_name\"");
+    if (cls) {
+        const char *q = strchr(cls + 13, '"');
+        const char *e = q ? strchr(q + 1, '"') : NULL;
+        if (q && e) printf("class:          %.*s\n", (int)(e - q - 1), q + 1);
+    }
+    free(text);
+    free(index);
+    int64_t total = 0;
+    for (size_t k = 0; k < sizeof comps / sizeof comps[0]; k++) {
+        char *cd = kb_path_join(dir, comps[k]);
+        kc_checkpoint *c = NULL;
+        if (!cd || !kb_is_dir(cd)) {
+            printf("%-16s (none)\n", comps[k]);
+            free(cd);
+            continue;
+        }
+        kiln_status s = kc_open(cd, NULL, ka_renamers(), &c);
+        if (s) {
+            printf("%-16s %s\n", comps[k], kiln_last_error());
+            free(cd);
+            continue;
+        }
+        const ka_arch *a = c->config_json ? ka_for_config(c->config_json) : NULL;
+        int64_t params = 0, by[KILN_DTYPE_COUNT] = {0};
+        for (size_t i = 0; i < c->n; i++) {
+            params += kc_numel(&c->t[i]);
+            by[c->t[i].dtype]++;
+        }
+        char size[32];
+        printf("%-16s %s: %.2f M parameters in %zu tensors,", comps[k], a ? a->name : "(no kiln family)",
+               (double)params / 1e6, c->n);
+        for (int t = 1; t < KILN_DTYPE_COUNT; t++)
+            if (by[t]) printf(" %s x %lld", kiln_dtype_name((kiln_dtype)t), (long long)by[t]);
+        printf(", %s\n", kb_human_bytes((double)c->bytes_on_disk, size, sizeof size));
+        total += c->bytes_on_disk;
+        kc_close(c);
+        free(cd);
+    }
+    char size[32];
+    printf("size on disk:   %s\n", kb_human_bytes((double)total, size, sizeof size));
+    printf("kernels:        bf16: %s\n                f32: %s\n", kiln_kernels(KILN_BF16), kiln_kernels(KILN_F32));
+    return 0;
+}
 
 int cmd_info(int argc, char **argv) {
     cli_common com = cli_common_defaults();
@@ -28,6 +85,14 @@ int cmd_info(int argc, char **argv) {
         model = argv[i];
     }
     if (!model) return cli_usage_error("info", k_usage, "MODEL is required");
+    char *index = kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
+    int pipeline = index && kb_is_file(index);
+    free(index);
+    if (pipeline) {
+        int rc = info_pipeline(model);
+        cli_common_finish(&com);
+        return rc;
+    }
     kiln_model *m;
     kiln_open_opts o = {.config_path = com.config, .reference = 1}; /* no packing: info only reads */
     kiln_status s = kiln_model_open(model, &o, &m);
