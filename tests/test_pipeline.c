@@ -102,6 +102,17 @@ TEST(pipeline_info) {
     CHECK_RUN_WITH(run_kiln, 0, "vae              vae-decoder", "info '%s'", golden_path(CASE, NULL));
 }
 
+/* kiln cache build PIPELINE: every component under its key; a second run hits */
+TEST(pipeline_cache_build) {
+    char *out = NULL;
+    int rc = run_kiln(&out, "cache build '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
+    CHECK_MSG(rc == 0 && strstr(out, "text_encoder_3  miss") && strstr(out, "vae             miss"), "%s", out);
+    free(out);
+    rc = run_kiln(&out, "cache build '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
+    CHECK_MSG(rc == 0 && strstr(out, "transformer     hit") && !strstr(out, "miss"), "%s", out);
+    free(out);
+}
+
 TEST(pipeline_errors) {
     const char *pipe = golden_path(CASE, NULL);
     char png[256];
@@ -142,6 +153,7 @@ int main(void) {
     RUN(batch_reference_bitwise);
     RUN(batch_fast);
     RUN(pipeline_info);
+    RUN(pipeline_cache_build);
     RUN(pipeline_errors);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
