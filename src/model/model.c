@@ -63,29 +63,26 @@ const char *km_compute_layout(km_compute cp) { return cp.reference ? "" : kk_fas
 
 static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_reference() : kk_fast(cp.dtype); }
 
-/* Replace the f32 data of every linear weight by the fast GEMM's packed
- * layout (quantized where the compute choice's scheme selects the layer). */
-static kiln_status pack_linears(kiln_model *m, const ka_spec *spec, size_t ns) {
-    for (size_t i = 0; i < ns; i++) {
-        if (!spec[i].linear) continue;
-        km_weight *w = (km_weight *)km_find(m, spec[i].name);
-        size_t bytes;
-        kiln_dtype dt = km_pack_dtype(&m->compute, spec[i].name);
-        kiln_status st = kk_fast_layout(w->kw.M, w->kw.K, dt, w->layout, &bytes);
-        if (st) return st;
-        void *p = kb_alloc_aligned(bytes);
-        if (!p) return KILN_ERR_NOMEM;
-        if ((st = kk_fast_pack(w->data, w->kw.M, w->kw.K, dt, p))) {
-            kb_free_aligned(p);
-            return st;
-        }
-        kb_free_aligned(w->data);
-        w->data = NULL;
-        w->packed = p;
-        w->packed_bytes = bytes;
-        w->packed_dtype = dt;
-        set_view(w, dt);
+/* Replace a linear weight's f32 data by the fast GEMM's packed layout
+ * (quantized where the compute choice's scheme selects the layer). */
+static kiln_status pack_one(km_weight *w, const km_compute *cp) {
+    int64_t M = w->ndim ? w->shape[0] : 1, K = 1;
+    for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
+    size_t bytes;
+    kiln_dtype dt = km_pack_dtype(cp, w->name);
+    kiln_status st = kk_fast_layout(M, K, dt, w->layout, &bytes);
+    if (st) return st;
+    void *p = kb_alloc_aligned(bytes);
+    if (!p) return KILN_ERR_NOMEM;
+    if ((st = kk_fast_pack(w->data, M, K, dt, p))) {
+        kb_free_aligned(p);
+        return st;
     }
+    kb_free_aligned(w->data);
+    w->data = NULL;
+    w->packed = p;
+    w->packed_bytes = bytes;
+    w->packed_dtype = dt;
     return KILN_OK;
 }
 
@@ -158,31 +155,31 @@ done:
     return st;
 }
 
-static kiln_status load_weights(kiln_model *m, const kc_checkpoint *c, const ka_spec *spec, size_t ns) {
-    m->w = kb_calloc(ns, sizeof *m->w);
-    if (!m->w) return KILN_ERR_NOMEM;
-    for (size_t i = 0; i < ns; i++) {
-        const kc_tensor *t = kc_find(c, spec[i].name);
-        km_weight *w = &m->w[m->nw];
-        w->name = kb_strdup(spec[i].name);
-        if (!w->name) return KILN_ERR_NOMEM;
-        w->ndim = spec[i].ndim;
-        memcpy(w->shape, spec[i].shape, sizeof w->shape);
-        w->src_dtype = t->dtype;
-        int64_t n = kc_numel(t);
-        w->data = kb_alloc_aligned(sizeof(float) * (size_t)(n ? n : 1));
-        m->nw++;
-        if (!w->data) return KILN_ERR_NOMEM;
-        kiln_status s = kc_read_f32(t, w->data);
-        if (s) return s;
-        snprintf(w->layout, sizeof w->layout, "rowmajor");
-        m->info.n_params += n;
-        m->info.n_by_dtype[t->dtype]++;
-    }
-    m->info.n_tensors = (int64_t)m->nw;
-    qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
-    for (size_t i = 0; i < m->nw; i++) set_view(&m->w[i], KILN_F32);
-    return KILN_OK;
+kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km_compute *cp, km_weight *w,
+                              int64_t *n_params) {
+    memset(w, 0, sizeof *w);
+    const kc_tensor *t = kc_find(c, s->name);
+    if (!t) return kb_fail(KILN_ERR_MISSING, "%s: no tensor %s", c->path, s->name);
+    if (!(w->name = kb_strdup(s->name))) return KILN_ERR_NOMEM;
+    w->ndim = s->ndim;
+    memcpy(w->shape, s->shape, sizeof w->shape);
+    w->src_dtype = t->dtype;
+    int64_t n = kc_numel(t);
+    if (!(w->data = kb_alloc_aligned(sizeof(float) * (size_t)(n ? n : 1)))) return KILN_ERR_NOMEM;
+    kiln_status st = kc_read_f32(t, w->data);
+    snprintf(w->layout, sizeof w->layout, "rowmajor");
+    if (n_params) *n_params += n;
+    if (!st && cp->tp > 1 && s->split != KA_SPLIT_NONE) st = km_shard_weight(w, s->split, cp->tp, cp->tp_index, n_params);
+    if (!st && s->linear && !cp->reference) st = pack_one(w, cp);
+    set_view(w, w->packed ? w->packed_dtype : KILN_F32);
+    return st;
+}
+
+void km_weight_free(km_weight *w) {
+    free(w->name);
+    kb_free_aligned(w->data);
+    kb_free_aligned(w->packed);
+    memset(w, 0, sizeof *w);
 }
 
 kiln_status km_family_named(const char *name, const ka_arch **out) {
@@ -263,9 +260,10 @@ static kiln_model *model_new(km_compute cp) {
     return m;
 }
 
-kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, km_compute cp,
-                               kiln_model **out) {
+kiln_status km_prepare(const kc_checkpoint *c, const char *config_label, km_compute cp, kiln_model **out,
+                       ka_spec **spec_out, size_t *ns_out) {
     *out = NULL;
+    *spec_out = NULL;
     kiln_model *m = model_new(cp);
     ka_spec *spec = NULL;
     size_t ns = 0;
@@ -290,10 +288,37 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
         st = kb_fail(st, "%s (the architecture was inferred from the tensor shapes of this single file; pass "
                          "its config.json: --config FILE, or the config_path option)", why);
     }
-    if (!st) st = load_weights(m, c, spec, ns);
-    if (!st && cp.tp > 1) st = km_shard_tp(m, spec, ns, cp.tp, cp.tp_index);
-    if (!st && !cp.reference) st = pack_linears(m, spec, ns);
+    if (!st && cp.tp > 1)
+        st = m->arch->check_parallel ? m->arch->check_parallel(m->cfg, cp.tp, 1)
+                                     : kb_fail(KILN_ERR_UNSUPPORTED, "%s models do not run tensor parallel", m->arch->name);
+    if (st) {
+        free(spec);
+        km_destroy(m);
+        return st;
+    }
+    *out = m;
+    *spec_out = spec;
+    *ns_out = ns;
+    return KILN_OK;
+}
+
+kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label, km_compute cp,
+                               kiln_model **out) {
+    *out = NULL;
+    kiln_model *m = NULL;
+    ka_spec *spec = NULL;
+    size_t ns = 0;
+    kiln_status st = km_prepare(c, config_label, cp, &m, &spec, &ns);
+    if (st) return st;
+    if (!(m->w = kb_calloc(ns ? ns : 1, sizeof *m->w))) st = KILN_ERR_NOMEM;
+    for (size_t i = 0; !st && i < ns; i++) {
+        st = km_convert_tensor(c, &spec[i], &m->compute, &m->w[m->nw], &m->info.n_params);
+        m->info.n_by_dtype[m->w[m->nw].src_dtype]++;
+        m->nw++;
+    }
     if (!st) {
+        m->info.n_tensors = (int64_t)m->nw;
+        qsort(m->w, m->nw, sizeof *m->w, cmp_weight);
         m->info.bytes_on_disk = c->bytes_on_disk;
         snprintf(m->layout, sizeof m->layout, "%s", c->layout);
         m->info.layout = m->layout;

@@ -139,9 +139,21 @@ kiln_status km_exec_run(kiln_model *m, const int64_t *s, const float *const *in,
 /* km_exec_run on a mesh: CFG parallel splits dim 0 (the batch, symbol 0)
  * of every input and output across its group (forward_dist.c). */
 kiln_status km_exec_run_dist(kiln_model *m, const int64_t *s, const float *const *in, float *const *out);
-/* Tensor parallel: cut the converted f32 weights down to shard index of tp
- * by the spec's split rules (before packing; shard.c). */
-kiln_status km_shard_tp(kiln_model *m, const ka_spec *spec, size_t ns, int tp, int index);
+/* Tensor parallel: cut one converted f32 weight down to shard index of tp
+ * by its spec's split rule (before packing; shard.c); n_params (may be
+ * NULL) loses what other ranks hold. */
+kiln_status km_shard_weight(km_weight *w, int split, int tp, int index, int64_t *n_params);
+/* A model without weights yet from a checkpoint: its family, config and
+ * outputs, and the full weight spec, every tensor checked against it
+ * (exact names and shapes). */
+kiln_status km_prepare(const kc_checkpoint *c, const char *config_label, km_compute cp, kiln_model **m,
+                       ka_spec **spec, size_t *ns);
+/* One spec tensor as the kernels consume it: read as f32, this rank's
+ * tensor-parallel shard, packed (quantized) for the fast GEMM; w owns its
+ * buffers (km_weight_free); n_params (may be NULL) counts it. */
+kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km_compute *cp, km_weight *w,
+                              int64_t *n_params);
+void km_weight_free(km_weight *w);
 /* FSDP (shard.c). Byte range [*off, *off + *len) of part j of n of a weight of full bytes. */
 void km_fsdp_range(size_t full, int n, int j, size_t *off, size_t *len);
 /* A mapped cache tensor t as this rank's part of spec weight s. */

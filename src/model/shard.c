@@ -7,40 +7,28 @@
 
 #include <string.h>
 
-kiln_status km_shard_tp(kiln_model *m, const ka_spec *spec, size_t ns, int tp, int index) {
-    if (tp <= 1) return KILN_OK;
-    kiln_status st = m->arch->check_parallel ? m->arch->check_parallel(m->cfg, tp, 1)
-                                             : kb_fail(KILN_ERR_UNSUPPORTED, "%s models do not run tensor parallel", m->arch->name);
-    if (st) return st;
-    for (size_t k = 0; k < ns; k++) {
-        int split = spec[k].split;
-        if (split == KA_SPLIT_NONE) continue;
-        km_weight *w = (km_weight *)km_find(m, spec[k].name);
-        if (!w) return kb_fail(KILN_ERR_MISSING, "tensor parallel: no weight %s to shard", spec[k].name);
-        if (!w->data || w->packed)
-            return kb_fail(KILN_ERR_INVALID_ARG, "tensor parallel: %s must be sharded before it is packed", w->name);
-        int64_t R = w->shape[0], C = w->ndim > 1 ? w->shape[1] : 1;
-        if (split == KA_SPLIT_BIAS0) { /* added once: rank 0 keeps it */
-            if (index) memset(w->data, 0, sizeof(float) * (size_t)R);
-            continue;
-        }
-        int64_t r = split == KA_SPLIT_ROWS ? R / tp : R, c = split == KA_SPLIT_COLS ? C / tp : C;
-        float *d = kb_alloc_aligned(sizeof(float) * (size_t)(r * c));
-        if (!d) return kb_fail(KILN_ERR_NOMEM, "out of memory sharding %s", w->name);
-        for (int64_t y = 0; y < r; y++) {
-            const float *src = split == KA_SPLIT_ROWS ? w->data + ((int64_t)index * r + y) * C
-                                                      : w->data + y * C + (int64_t)index * c;
-            memcpy(d + y * c, src, sizeof(float) * (size_t)c);
-        }
-        kb_free_aligned(w->data);
-        m->info.n_params -= R * C - r * c;
-        w->data = d;
-        w->shape[0] = r;
-        if (w->ndim > 1) w->shape[1] = c;
-        w->kw.M = r;
-        w->kw.K = c;
-        w->kw.f32 = d;
+kiln_status km_shard_weight(km_weight *w, int split, int tp, int index, int64_t *n_params) {
+    if (tp <= 1 || split == KA_SPLIT_NONE) return KILN_OK;
+    if (!w->data || w->packed)
+        return kb_fail(KILN_ERR_INVALID_ARG, "tensor parallel: %s must be sharded before it is packed", w->name);
+    int64_t R = w->shape[0], C = w->ndim > 1 ? w->shape[1] : 1;
+    if (split == KA_SPLIT_BIAS0) { /* added once: rank 0 keeps it */
+        if (index) memset(w->data, 0, sizeof(float) * (size_t)R);
+        return KILN_OK;
     }
+    int64_t r = split == KA_SPLIT_ROWS ? R / tp : R, c = split == KA_SPLIT_COLS ? C / tp : C;
+    float *d = kb_alloc_aligned(sizeof(float) * (size_t)(r * c));
+    if (!d) return kb_fail(KILN_ERR_NOMEM, "out of memory sharding %s", w->name);
+    for (int64_t y = 0; y < r; y++) {
+        const float *src = split == KA_SPLIT_ROWS ? w->data + ((int64_t)index * r + y) * C
+                                                  : w->data + y * C + (int64_t)index * c;
+        memcpy(d + y * c, src, sizeof(float) * (size_t)c);
+    }
+    kb_free_aligned(w->data);
+    if (n_params) *n_params -= R * C - r * c;
+    w->data = d;
+    w->shape[0] = r;
+    if (w->ndim > 1) w->shape[1] = c;
     return KILN_OK;
 }
 
