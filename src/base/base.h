@@ -82,6 +82,10 @@ kiln_status kb_remove_tree(const char *dir);
 kiln_status kb_remove_dir(const char *dir);
 
 /* A read-only mapping of a whole file. */
+/* Give back the pages of a read-only file mapping that hold [p, p + n)
+ * (they are read from the file again if touched): a conversion's RSS stays
+ * at the tensor it works on. Only for kb_map_file memory. */
+void kb_drop_pages(const void *p, size_t n);
 typedef struct kb_map {
     const uint8_t *data;
     size_t size;

@@ -187,6 +187,13 @@ kiln_status kb_map_file(const char *path, kb_map *m) {
     return KILN_OK;
 }
 
+void kb_drop_pages(const void *p, size_t n) {
+    if (!p || !n) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1),
+              b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: a failure costs only memory */
+}
+
 void kb_unmap(kb_map *m) {
     if (m->data) munmap((void *)m->data, m->size);
     m->data = NULL;

@@ -130,6 +130,13 @@ char *kcache_manifest_source(const char *dir);
  * and rename into place. Call with the key's lock held. */
 kiln_status kcache_publish(const kcache_key *key, const char *key_json, const char *config_json,
                            const kcache_tensor *t, size_t n);
+/* The same, one tensor at a time: produce(user, i, t) fills tensor i (its
+ * data valid until release(user, i), called once it is written; release may
+ * be NULL), so a conversion holds one tensor, not the model. */
+typedef kiln_status (*kcache_produce_fn)(void *user, size_t i, kcache_tensor *t);
+typedef void (*kcache_release_fn)(void *user, size_t i);
+kiln_status kcache_publish_stream(const kcache_key *key, const char *key_json, const char *config_json, size_t n,
+                                  kcache_produce_fn produce, kcache_release_fn release, void *user);
 
 /* Exclusive lock of a key (flock on <dir>.lock, released if the holder
  * dies). Blocks; logs once that it is waiting for another process. */

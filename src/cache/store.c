@@ -63,8 +63,23 @@ static void ignore_sigxfsz(void) {
     if (sigaction(SIGXFSZ, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) signal(SIGXFSZ, SIG_IGN);
 }
 
+/* kcache_publish's producer over an array */
+typedef struct array_src {
+    const kcache_tensor *t;
+} array_src;
+static kiln_status array_produce(void *user, size_t i, kcache_tensor *out) {
+    *out = ((array_src *)user)->t[i];
+    return KILN_OK;
+}
+
 kiln_status kcache_publish(const kcache_key *key, const char *key_json, const char *config_json,
                            const kcache_tensor *t, size_t n) {
+    array_src a = {t};
+    return kcache_publish_stream(key, key_json, config_json, n, array_produce, NULL, &a);
+}
+
+kiln_status kcache_publish_stream(const kcache_key *key, const char *key_json, const char *config_json, size_t n,
+                                  kcache_produce_fn produce, kcache_release_fn release, void *user) {
     static int counter;
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, ignore_sigxfsz);
@@ -102,22 +117,31 @@ kiln_status kcache_publish(const kcache_key *key, const char *key_json, const ch
     static const uint8_t zeros[KCACHE_ALIGN];
     uint64_t pos = 0;
     for (size_t i = 0; i < n && !s; i++) {
+        kcache_tensor cur;
+        memset(&cur, 0, sizeof cur);
+        if ((s = produce(user, i, &cur))) {
+            if (release) release(user, i);
+            break;
+        }
+        const kcache_tensor *t = &cur;
         uint64_t off = (pos + KCACHE_ALIGN - 1) & ~(uint64_t)(KCACHE_ALIGN - 1);
-        if ((s = write_all(fd, zeros, (size_t)(off - pos), data_path))) break;
-        if ((s = write_all(fd, t[i].data, t[i].nbytes, data_path))) break;
-        pos = off + t[i].nbytes;
-        char hex[20];
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(t[i].data, t[i].nbytes));
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddItemToArray(tensors, e);
-        cJSON_AddStringToObject(e, "name", t[i].name);
-        cJSON_AddStringToObject(e, "dtype", kiln_dtype_name(t[i].dtype));
-        cJSON *sh = cJSON_AddArrayToObject(e, "shape");
-        for (int d = 0; d < t[i].ndim; d++) cJSON_AddItemToArray(sh, json_u64((uint64_t)t[i].shape[d]));
-        cJSON_AddStringToObject(e, "layout", t[i].layout ? t[i].layout : "rowmajor");
-        cJSON_AddItemToObject(e, "offset", json_u64(off));
-        cJSON_AddItemToObject(e, "bytes", json_u64(t[i].nbytes));
-        cJSON_AddStringToObject(e, "xxh3", hex);
+        if (!(s = write_all(fd, zeros, (size_t)(off - pos), data_path))) s = write_all(fd, t->data, t->nbytes, data_path);
+        if (!s) {
+            pos = off + t->nbytes;
+            char hex[20];
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(t->data, t->nbytes));
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddItemToArray(tensors, e);
+            cJSON_AddStringToObject(e, "name", t->name);
+            cJSON_AddStringToObject(e, "dtype", kiln_dtype_name(t->dtype));
+            cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+            for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, json_u64((uint64_t)t->shape[d]));
+            cJSON_AddStringToObject(e, "layout", t->layout ? t->layout : "rowmajor");
+            cJSON_AddItemToObject(e, "offset", json_u64(off));
+            cJSON_AddItemToObject(e, "bytes", json_u64(t->nbytes));
+            cJSON_AddStringToObject(e, "xxh3", hex);
+        }
+        if (release) release(user, i); /* its bytes are written: the producer may free them */
     }
     if (s) goto done;
     if (fsync(fd) != 0) {

@@ -303,3 +303,8 @@ kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_jso
     *out = c;
     return KILN_OK;
 }
+
+void kc_release(const kc_checkpoint *c, const kc_tensor *t) {
+    if (!c || !t || c->n_owned) return; /* owned copies are heap memory */
+    for (int i = 0; i < 2; i++) kb_drop_pages(t->part[i], t->part_bytes[i]);
+}

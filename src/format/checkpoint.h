@@ -65,6 +65,9 @@ kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_jso
 void kc_close(kc_checkpoint *c);
 const kc_tensor *kc_find(const kc_checkpoint *c, const char *name);
 int64_t kc_numel(const kc_tensor *t);
+/* Done with tensor t for now: a mapped file's pages of it are given back
+ * (a copy from a callback source stays). */
+void kc_release(const kc_checkpoint *c, const kc_tensor *t);
 /* The tensor's values as f32 (out holds kc_numel floats). */
 kiln_status kc_read_f32(const kc_tensor *t, float *out);
 

@@ -161,44 +161,69 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     return s;
 }
 
-/* Publish a converted model's weights under the key (lock held). */
-static kiln_status publish(const kiln_load_opts *o, const kcache_key *k, const kiln_model *m, const char *kj) {
-    km_compute cp = m->compute;
+/* Convert the source into the cache under the key (lock held), one tensor
+ * at a time: read, shard, pack, write, free, and give the source's pages
+ * back, so the peak memory is the largest tensor, not the model. */
+typedef struct stream {
+    const kc_checkpoint *c;
+    const ka_spec *spec;
+    const km_compute *cp;
+    km_weight w;             /* the tensor being written */
+    char fsdp_layout[32];
+} stream;
+
+static kiln_status stream_produce(void *user, size_t i, kcache_tensor *t) {
+    stream *x = user;
+    const ka_spec *s = &x->spec[i];
+    kiln_status st = km_convert_tensor(x->c, s, x->cp, &x->w, NULL);
+    if (st) return st;
+    const km_weight *w = &x->w;
+    size_t full = w->packed ? w->packed_bytes : sizeof(float) * ka_numel(w->ndim, w->shape);
+    if (x->cp->fsdp > 1 && s->block >= 0) { /* FSDP: this rank's byte range only */
+        size_t off, len;
+        km_fsdp_range(full, x->cp->fsdp, x->cp->fsdp_index, &off, &len);
+        snprintf(x->fsdp_layout, sizeof x->fsdp_layout, "fsdp%dof%d", x->cp->fsdp_index, x->cp->fsdp);
+        *t = (kcache_tensor){.name = w->name, .dtype = KILN_U8, .ndim = 1, .shape = {(int64_t)len}, .layout = x->fsdp_layout,
+                             .data = (const uint8_t *)(w->packed ? w->packed : (const void *)w->data) + off, .nbytes = len};
+        return KILN_OK;
+    }
+    if (w->packed)
+        *t = (kcache_tensor){.name = w->name, .dtype = w->packed_dtype, .ndim = w->ndim, .layout = w->layout,
+                             .data = w->packed, .nbytes = w->packed_bytes};
+    else
+        *t = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor", .data = w->data,
+                             .nbytes = full};
+    memcpy(t->shape, w->shape, sizeof t->shape);
+    return KILN_OK;
+}
+
+static void stream_release(void *user, size_t i) {
+    stream *x = user;
+    km_weight_free(&x->w);
+    kc_release(x->c, kc_find(x->c, x->spec[i].name));
+}
+
+static kiln_status convert_publish(const kiln_load_opts *o, km_compute cp, const kcache_key *k, const char *kj) {
+    kc_checkpoint *c = NULL;
+    kiln_status st = o->source ? kc_open(o->source, o->config_path, ka_renamers(), &c)
+                               : kc_from_source(o->source_fn, o->source_user, o->source_config_json,
+                                                o->source_id, ka_renamers(), &c);
+    kiln_model *m = NULL;
     ka_spec *spec = NULL;
     size_t ns = 0;
-    kiln_status st = m->arch->weight_spec(m->cfg, &spec, &ns);
-    if (st) return st;
-    kcache_tensor *t = kb_calloc(ns, sizeof *t);
-    char fsdp_layout[32];
-    char *cfg = m->arch->config_to_json(m->cfg);
-    (void)o;
-    if (!t || !cfg || !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
-    for (size_t i = 0; !st && i < ns; i++) {
-        const km_weight *w = km_find(m, spec[i].name);
-        int64_t n = 1;
-        for (int d = 0; d < w->ndim; d++) n *= w->shape[d];
-        size_t full = w->packed ? w->packed_bytes : sizeof(float) * (size_t)n;
-        if (cp.fsdp > 1 && spec[i].block >= 0) { /* FSDP: this rank's byte range only */
-            size_t off, len;
-            km_fsdp_range(full, cp.fsdp, cp.fsdp_index, &off, &len);
-            snprintf(fsdp_layout, sizeof fsdp_layout, "fsdp%dof%d", cp.fsdp_index, cp.fsdp);
-            t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_U8, .ndim = 1, .shape = {(int64_t)len},
-                                   .layout = fsdp_layout, .data = (const uint8_t *)(w->packed ? w->packed : (const void *)w->data) + off,
-                                   .nbytes = len};
-            continue;
-        }
-        if (w->packed)
-            t[i] = (kcache_tensor){.name = w->name, .dtype = w->packed_dtype, .ndim = w->ndim, .layout = w->layout,
-                                   .data = w->packed, .nbytes = w->packed_bytes};
-        else
-            t[i] = (kcache_tensor){.name = w->name, .dtype = KILN_F32, .ndim = w->ndim, .layout = "rowmajor",
-                                   .data = w->data, .nbytes = sizeof(float) * (size_t)n};
-        memcpy(t[i].shape, w->shape, sizeof t[i].shape);
+    char *cfg = NULL;
+    if (!st) st = km_prepare(c, o->config_path ? o->config_path : c->path, cp, &m, &spec, &ns);
+    if (!st && !(cfg = m->arch->config_to_json(m->cfg))) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
+    if (!st && !kj) st = kb_fail(KILN_ERR_NOMEM, "out of memory publishing");
+    if (!st) {
+        stream x = {.c = c, .spec = spec, .cp = &m->compute};
+        st = kcache_publish_stream(k, kj, cfg, ns, stream_produce, stream_release, &x);
+        km_weight_free(&x.w);
     }
-    if (!st) st = kcache_publish(k, kj, cfg, t, ns);
-    free(t);
     free(cfg);
     free(spec);
+    km_destroy(m);
+    kc_close(c);
     return st;
 }
 
@@ -569,19 +594,14 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         }
     }
     int publish_it = !o->no_create_cache && !in_memory;
-    st = convert(o, cp, &m);
-    if (!st && publish_it) {
-        st = publish(o, &k, m, kj);
-        if (!st) {
-            /* map what was published: a hit and a miss run on the same bytes */
-            km_destroy(m);
-            m = NULL;
-            kcache_entry *e = NULL;
-            st = kcache_open(k.path, 0, &e);
-            if (!st) st = finish_hit(e, cp, corrupt ? "rebuilt" : "miss", &m);
-        }
-    } else if (!st) {
-        snprintf(m->origin, sizeof m->origin, "miss");
+    if (publish_it) { /* tensor by tensor into the cache, then map it: a hit and a miss run on the same bytes */
+        st = convert_publish(o, cp, &k, kj);
+        kcache_entry *e = NULL;
+        if (!st) st = kcache_open(k.path, 0, &e);
+        if (!st) st = finish_hit(e, cp, corrupt ? "rebuilt" : "miss", &m);
+    } else {
+        st = convert(o, cp, &m);
+        if (!st) snprintf(m->origin, sizeof m->origin, "miss");
     }
     kcache_unlock(fd);
     if (!st && publish_it) kcache_remove_superseded(&k, source);
