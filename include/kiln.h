@@ -243,6 +243,11 @@ KILN_API kiln_status kiln_compile(kiln_model *m, const kiln_compile_opts *o, kil
 KILN_API kiln_status kiln_model_set_exec(kiln_model *m, const char *chain);
 /* The package folder to look in and publish to (NULL: the default). */
 KILN_API kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir);
+/* on: a forward whose shape no package covers compiles a fixed-shape package
+ * for it first (the fixed step of the chain), so a later process starts from
+ * packages for every shape this one ran; off (default): only once the model
+ * has been compiled here before (kiln_compile). */
+KILN_API kiln_status kiln_model_set_compile(kiln_model *m, int on);
 /* Read the manifests of this model's packages now (nothing is loaded or
  * run: safe in a parent before fork; each child loads and binds the shared
  * object on its first forward). *n receives how many are open. */
@@ -483,6 +488,8 @@ KILN_API kiln_status kiln_sd3_encode(kiln_sd3_text *t, const char *const *prompt
 /* The widths encode gives: prompt_embeds' last dimension (T5's width, or
  * the transformer's joint_attention_dim without T5) and pooled's. */
 KILN_API kiln_status kiln_sd3_text_widths(kiln_sd3_text *t, int64_t *t5_width, int64_t *pooled_width);
+/* Encoder i (0 CLIP-L, 1 CLIP-G, 2 T5; NULL when absent), owned by t. */
+KILN_API kiln_model *kiln_sd3_text_model(kiln_sd3_text *t, int i);
 
 /* ---- whole pipelines: prompt to latents (src/pipeline/sd3_pipeline.c) --
  * A diffusers StableDiffusion3Pipeline folder (SD3, SD3.5): model_index.json,
@@ -507,6 +514,8 @@ typedef struct kiln_pipeline_opts {
     const float *noise;           /* [B, C, h, w] instead, or NULL */
     int max_sequence_length;      /* T5's tokens; default 256 */
     int low_memory;               /* release the text encoders after encoding */
+    int compile;                  /* every component compiles a fixed-shape package for
+                                   * a shape no package covers (kiln_model_set_compile) */
     void (*on_step)(void *user, int step, int steps, double sigma, const float *latent);
     void *user;
 } kiln_pipeline_opts;

@@ -32,6 +32,8 @@ static int help(void) {
            "  --images-per-prompt N   (default 1)  --max-sequence-length N  T5 tokens (default 256)\n"
            "  --latents-output FILE   also write the final latents `latents` [B, C, h, w]\n"
            "  --low-memory            release the text encoders before sampling\n"
+           "  --compile               compile a package for every shape a component runs that none\n"
+           "                          covers yet, so the next process starts from packages\n"
            "  --output out.png        one PNG per image: out.png, or out-0.png, out-1.png ... for B > 1\n\n"
            "From a transformer folder and stored conditioning: --cond FILE (safetensors) holds\n"
            "diffusers' pipeline names:\n"
@@ -151,7 +153,7 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
 typedef struct pipe_args {
     const char *prompt, *prompts_file, *negative, *latents_out;
     long width, height, ipp, msl;
-    int low_memory;
+    int low_memory, compile;
 } pipe_args;
 
 /* kiln generate PIPELINE --prompt ...: encode, sample, decode */
@@ -198,6 +200,7 @@ static int generate_pipeline(const char *dir, const cli_common *com, const pipe_
     po.seed = g->seed;
     po.max_sequence_length = (int)pa->msl;
     po.low_memory = pa->low_memory;
+    po.compile = pa->compile;
     progress pr = {kb_now(), kb_now(), quiet || kiln_dist_rank()};
     po.on_step = on_step;
     po.user = &pr;
@@ -287,6 +290,10 @@ int cmd_generate(int argc, char **argv) {
         }
         if (cli_flag(argv, i, "--low-memory")) {
             pa.low_memory = 1;
+            continue;
+        }
+        if (cli_flag(argv, i, "--compile")) {
+            pa.compile = 1;
             continue;
         }
         if ((r = cli_opt("generate", argc, argv, &i, "--prompt", &pa.prompt)) ||

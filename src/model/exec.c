@@ -81,6 +81,14 @@ kiln_status kiln_model_set_package_dir(kiln_model *m, const char *dir) {
     return KILN_OK;
 }
 
+kiln_status kiln_model_set_compile(kiln_model *m, int on) {
+    if (!m) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_model_set_compile: model is required");
+    pthread_mutex_lock(&m->exec.lock);
+    m->exec.compile = on != 0;
+    pthread_mutex_unlock(&m->exec.lock);
+    return KILN_OK;
+}
+
 const char *kiln_model_last_exec(const kiln_model *m) { return m && m->exec.last ? m->exec.last : ""; }
 const char *kiln_model_exec_note(const kiln_model *m) { return m ? m->exec.note : ""; }
 
@@ -518,7 +526,7 @@ kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *i
             p = find_package(m, famdir, 1, (const int64_t(*)[4])sh, s, reason, sizeof reason, &had);
             if (!p && m->exec.fixed_fail[0]) { /* failed before: said once, not again */
                 snprintf(reason, sizeof reason, "%s", m->exec.fixed_fail);
-            } else if (!p && kb_is_dir(famdir)) { /* this model was compiled here before: compile this shape */
+            } else if (!p && (m->exec.compile || kb_is_dir(famdir))) { /* compiled here before, or asked to: this shape */
                 kx_sym fixed[KX_MAX_SYMS];
                 memset(fixed, 0, sizeof fixed);
                 for (int i = 0; i < a->nsym; i++) {

@@ -77,6 +77,7 @@ typedef struct km_exec {
      * package folder, no compiler): later forwards do not try again, so it
      * is warned about once, not on every step */
     char fixed_fail[512];
+    int compile;               /* compile a fixed-shape package for a shape none covers (kiln_model_set_compile) */
     kg_dist dist;              /* on a mesh: what the collectives of every executor use */
     char family[256];          /* the package family folder (exec.c), made on first use */
     pthread_mutex_t lock;

@@ -59,6 +59,7 @@ static cJSON *read_json(const char *dir, const char *file, int required, kiln_st
 static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_model **out) {
     char *dir = kb_path_join(p->dir, component);
     if (!dir) return KILN_ERR_NOMEM;
+    double t0 = kb_now();
     kiln_status st;
     if (!p->has_base) {
         st = kiln_model_open(dir, NULL, out);
@@ -71,7 +72,11 @@ static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_mode
         st = kiln_load_model(&o, out);
     }
     free(dir);
-    return st ? kb_wrap(st, "%s", component) : KILN_OK;
+    if (st) return kb_wrap(st, "%s", component);
+    char what[64];
+    snprintf(what, sizeof what, "load %s", component);
+    kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
+    return KILN_OK;
 }
 
 /* an integer of a model's config JSON (dflt when absent) */
@@ -220,6 +225,10 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     if (!p->text)
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: the text encoders were released (low_memory); "
                        "open the pipeline again");
+    kiln_model *comps[5] = {p->transformer, p->vae, kiln_sd3_text_model(p->text, 0), kiln_sd3_text_model(p->text, 1),
+                            kiln_sd3_text_model(p->text, 2)};
+    for (int k = 0; k < 5; k++)
+        if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
     int cfg = o->guidance > 1.0;
     float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
     int64_t es[3], ps[2], nes[3], nps[2];

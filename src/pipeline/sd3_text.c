@@ -54,13 +54,22 @@ static int joint_dim(const char *pipeline) {
 }
 
 static kiln_status open_encoder(const char *dir, const char *component, const kiln_load_opts *base, kiln_model **out) {
-    if (!base) return kiln_model_open(dir, NULL, out);
-    kiln_load_opts o = *base;
-    o.source = dir;
-    o.source_fn = NULL;
-    o.config_path = NULL;
-    o.component = component;
-    return kiln_load_model(&o, out);
+    double t0 = kb_now();
+    kiln_status st;
+    if (!base) {
+        st = kiln_model_open(dir, NULL, out);
+    } else {
+        kiln_load_opts o = *base;
+        o.source = dir;
+        o.source_fn = NULL;
+        o.config_path = NULL;
+        o.component = component;
+        st = kiln_load_model(&o, out);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "load %s", component);
+    if (!st) kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
+    return st;
 }
 
 /* an encoder's output by name, and its shape */
@@ -138,6 +147,8 @@ static kiln_status encode_one(kiln_model *m, const kiln_tokenizer *tok, const ch
     free(f);
     return st;
 }
+
+kiln_model *kiln_sd3_text_model(kiln_sd3_text *t, int i) { return t && i >= 0 && i < 3 ? t->enc[i] : NULL; }
 
 /* an output's last dimension for input_ids [1, len] (a shape query: nothing runs) */
 static kiln_status out_width(kiln_model *m, int len, const char *name, int64_t *w) {
