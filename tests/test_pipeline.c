@@ -113,6 +113,20 @@ TEST(pipeline_cache_build) {
     free(out);
 }
 
+/* --compile: every shape run gets a package; the next process starts from them */
+TEST(pipeline_compile) {
+    char *out = NULL, png[256];
+    snprintf(png, sizeof png, "%s/c.png", g_dir);
+    int rc = run_kiln(&out, "generate '%s' --prompt x --steps 2 --compile --cache-dir '%s/cc' --output '%s'",
+                      golden_path(CASE, NULL), g_dir, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = run_kiln(&out, "generate '%s' --prompt x --steps 2 --cache-dir '%s/cc' --output '%s' --timings",
+                  golden_path(CASE, NULL), g_dir, png);
+    CHECK_MSG(rc == 0 && strstr(out, "(backbone: fixed)") && !strstr(out, "compile "), "%s", out);
+    free(out);
+}
+
 TEST(pipeline_errors) {
     const char *pipe = golden_path(CASE, NULL);
     char png[256];
@@ -154,6 +168,7 @@ int main(void) {
     RUN(batch_fast);
     RUN(pipeline_info);
     RUN(pipeline_cache_build);
+    RUN(pipeline_compile);
     RUN(pipeline_errors);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
