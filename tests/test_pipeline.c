@@ -127,6 +127,20 @@ TEST(pipeline_compile) {
     free(out);
 }
 
+/* kiln compile PIPELINE: the request's shapes are compiled for every component */
+TEST(pipeline_compile_command) {
+    char *out = NULL, png[256];
+    snprintf(png, sizeof png, "%s/cc.png", g_dir);
+    CHECK_RUN_WITH(run_kiln, 0, "every component's packages are published", "compile '%s' --cache-dir '%s/cc2'",
+                   golden_path(CASE, NULL), g_dir);
+    int rc = run_kiln(&out, "generate '%s' --prompt 'a cat' --steps 3 --cache-dir '%s/cc2' --output '%s' --timings",
+                      golden_path(CASE, NULL), g_dir, png);
+    CHECK_MSG(rc == 0 && strstr(out, "(backbone: fixed)") && !strstr(out, "compile "), "%s", out);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 2, "a pipeline is compiled for a request", "compile '%s' --dim batch=1:4",
+                   golden_path(CASE, NULL));
+}
+
 TEST(pipeline_errors) {
     const char *pipe = golden_path(CASE, NULL);
     char png[256];
@@ -169,6 +183,7 @@ int main(void) {
     RUN(pipeline_info);
     RUN(pipeline_cache_build);
     RUN(pipeline_compile);
+    RUN(pipeline_compile_command);
     RUN(pipeline_errors);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -81,6 +81,9 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
 /* The load options the common options say for MODEL (name: a buffer of cap
  * bytes the default cache name is written to; it must outlive the options). */
 kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap);
+/* kiln compile PIPELINE: one step of a request of that many images and size
+ * (0: defaults) with compile on, so every component has its packages. */
+int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int width, int height, double guidance);
 /* The cache folder name derived from a MODEL path: its name plus a short
  * hash of its absolute path ("sd3-medium-3f2a91" for .../sd3-medium/transformer
  * or sd3-medium.safetensors), so two folders of one name never collide. */

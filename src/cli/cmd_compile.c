@@ -5,18 +5,24 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char k_usage[] =
     "kiln compile MODEL [--dim NAME=MIN:MAX | NAME=VALUE ...] [--batch B] [--latent HxW] [--context-len T]\n"
-    "                   [--capture] [--full] [--package-dir DIR] [--quant int8|fp8 [--max-error E] [--force]] [options]";
+    "                   [--capture] [--full] [--package-dir DIR] [--quant int8|fp8 [--max-error E] [--force]] [options]\n"
+    "       kiln compile PIPELINE [--batch IMAGES] [--width W --height H] [--guidance G] [options]";
 
 static int help(void) {
     printf("usage: %s\n\n"
            "Export the backbone once with symbolic dimensions, generate C for it, build it with\n"
            "KILN_CC (default cc) into a weightless package (shared object + manifest) and publish it\n"
            "under the package folder. Later `kiln forward` / `kiln generate` runs in any process use\n"
-           "it when the request's shape is inside its ranges (see docs/package.md).\n\n"
+           "it when the request's shape is inside its ranges (see docs/package.md).\n"
+           "A pipeline folder (model_index.json) is compiled for a request: one sampler step of --batch\n"
+           "images (default 1) at --width x --height (default the pipeline's) with guidance --guidance\n"
+           "(default 7: CFG) runs with every component compiling a fixed-shape package for each shape it\n"
+           "sees, so `kiln generate PIPELINE` requests of that shape start from packages.\n\n"
            "dimensions (symbols), by model family:\n", k_usage);
     for (int f = 0; f < ka_count(); f++) {
         const ka_arch *a = ka_at(f);
@@ -44,6 +50,8 @@ int cmd_compile(int argc, char **argv) {
     kiln_compile_opts o = kiln_compile_defaults();
     const char *model = NULL, *v;
     char dims[512] = "";
+    long pw = 0, ph = 0;
+    double guidance = 7.0; /* a pipeline request: CFG (batch 2) as diffusers' default */
     for (int i = 1; i < argc; i++) {
         int r;
         long n;
@@ -86,6 +94,18 @@ int cmd_compile(int argc, char **argv) {
             o.context_len = (int)n;
             continue;
         }
+        if ((r = cli_opt("compile", argc, argv, &i, "--width", &v))) {
+            if (r < 0 || cli_parse_int("compile", "--width", v, 1, 1 << 20, &pw)) return 2;
+            continue;
+        }
+        if ((r = cli_opt("compile", argc, argv, &i, "--height", &v))) {
+            if (r < 0 || cli_parse_int("compile", "--height", v, 1, 1 << 20, &ph)) return 2;
+            continue;
+        }
+        if ((r = cli_opt("compile", argc, argv, &i, "--guidance", &v))) {
+            if (r < 0 || cli_parse_double("compile", "--guidance", v, &guidance)) return 2;
+            continue;
+        }
         if ((r = cli_opt("compile", argc, argv, &i, "--latent", &v))) {
             if (r < 0 || cli_parse_hw("compile", "--latent", v, &o.height, &o.width)) return 2;
             continue;
@@ -95,6 +115,17 @@ int cmd_compile(int argc, char **argv) {
         model = argv[i];
     }
     if (!model) return cli_usage_error("compile", k_usage, "MODEL is required");
+    char *index = kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
+    int pipeline = index && kb_is_file(index);
+    free(index);
+    if (pipeline) { /* every component, for the shapes of a request */
+        if (*dims || o.height || o.context_len || com.quant)
+            return cli_usage_error("compile", k_usage, "a pipeline is compiled for a request: --batch (images), --width, "
+                                   "--height, --guidance; not --dim, --latent, --context-len or --quant");
+        int rc = cli_pipeline_compile(model, &com, o.batch ? o.batch : 1, (int)pw, (int)ph, guidance);
+        cli_common_finish(&com);
+        return rc;
+    }
     o.dims = dims;
     o.package_dir = com.package_dir;
     kiln_model *m = NULL, *base = NULL;

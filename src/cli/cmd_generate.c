@@ -274,6 +274,38 @@ out:
     return rc;
 }
 
+int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int width, int height, double guidance) {
+    const char *cmd = "compile";
+    char name[128];
+    kiln_load_opts lo = cli_load_opts(dir, com, name, sizeof name);
+    kiln_pipeline *p = NULL;
+    float *lat = NULL;
+    int64_t sh[4];
+    double t0 = kb_now();
+    kiln_status s = kiln_pipeline_open(dir, &lo, &p);
+    if (!s) {
+        /* one step of a request compiles every shape the request runs: text
+         * encoders, the transformer's CFG batch, the decoder */
+        const char *prompts[1] = {""};
+        kiln_pipeline_opts po = kiln_pipeline_defaults();
+        po.prompts = prompts;
+        po.n_prompts = 1;
+        po.images_per_prompt = images;
+        po.width = width;
+        po.height = height;
+        po.steps = 1;
+        po.guidance = guidance;
+        po.compile = 1;
+        s = kiln_pipeline_generate(p, &po, &lat, sh);
+    }
+    free(lat);
+    kiln_pipeline_free(p);
+    if (s) return cli_fail(cmd, s);
+    printf("compiled %s for %d image%s a request (%s) in %.2f s: every component's packages are published\n", dir,
+           images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG", kb_now() - t0);
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *v;
