@@ -520,7 +520,8 @@ KILN_API kiln_status kiln_tensors_write(const char *path, size_t n, const kiln_t
 
 /* Write an 8-bit RGB image rgb [height, width, 3] as a PNG, atomically.
  * text: n_text key/value pairs (text[2i] key, 1..79 Latin-1 characters;
- * text[2i+1] value) stored as tEXt chunks, e.g. {"Software", "kiln"};
+ * text[2i+1] value) stored as tEXt chunks (a value that is not ASCII, as
+ * UTF-8 in an iTXt chunk), e.g. {"Software", "kiln"};
  * NULL when n_text is 0. */
 KILN_API kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int height, int width,
                                     const char *const *text, size_t n_text);
@@ -528,6 +529,54 @@ KILN_API kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int he
  * repeated), each stretched to 0..255 by its own min and max, into rgb
  * [H, W, 3] (the preview `kiln generate` writes, before scaling up). */
 KILN_API kiln_status kiln_latent_to_rgb(const float *latent, int C, int H, int W, uint8_t *rgb);
+
+/* ---- images: the VAE's pixels (src/pipeline/image.c) -------------------- */
+
+/* diffusers' VaeImageProcessor.postprocess: sample [B, 3, H, W] (the VAE's
+ * decode, in [-1, 1]) -> rgb [B, H, W, 3]: v = clamp(x / 2 + 0.5, 0, 1) in
+ * f32, then round(v * 255) to the nearest, ties to even (numpy's round in
+ * numpy_to_pil). NaN gives 0. */
+KILN_API kiln_status kiln_image_postprocess(const float *sample, int64_t batch, int channels, int height, int width,
+                                            uint8_t *rgb);
+/* The same up to the float image (output_type="np"): out [B, H, W, 3] = clamp(x / 2 + 0.5, 0, 1). */
+KILN_API kiln_status kiln_image_postprocess_f32(const float *sample, int64_t batch, int channels, int height,
+                                                int width, float *out);
+/* diffusers' VaeImageProcessor.preprocess of an RGB image (no resize):
+ * rgb [H, W, 3] -> image [1, 3, H, W] = 2 (u / 255) - 1 in f32. H and W
+ * must be positive multiples of factor (the VAE's 2^(blocks - 1)); diffusers
+ * would resize, kiln refuses (KILN_ERR_SHAPE names the sizes). */
+KILN_API kiln_status kiln_image_preprocess(const uint8_t *rgb, int height, int width, int factor, float *image);
+
+/* What made an image, for the PNG's text. NULL / 0 fields are unknown and
+ * left out (a seed is written when has_seed). */
+typedef struct kiln_image_info {
+    const char *prompt, *negative_prompt;
+    int steps;
+    double guidance;  /* CFG scale; written when > 0 */
+    int has_seed;
+    uint64_t seed;
+    const char *sampler; /* e.g. "Euler (flow matching)" */
+    const char *model;   /* e.g. the model folder's name */
+} kiln_image_info;
+
+/* The A1111 "parameters" text other tools read (malloc'd; free()):
+ *   PROMPT\n
+ *   Negative prompt: NEGATIVE\n          (when there is one)
+ *   Steps: 28, Sampler: S, CFG scale: 7, Seed: 1, Size: WxH, Model: M, Version: kiln X
+ * (the last line's keys in that order, unknown ones left out). */
+KILN_API char *kiln_image_parameters(const kiln_image_info *info, int height, int width);
+/* Write rgb [height, width, 3] as a PNG (atomically) with the tEXt chunks
+ * "parameters" (above; info may be NULL: the size and version only) and
+ * "Software" = "kiln VERSION". */
+KILN_API kiln_status kiln_image_write_png(const char *path, const uint8_t *rgb, int height, int width,
+                                          const kiln_image_info *info);
+/* Read a PNG as 8-bit RGB rgb [*height, *width, 3] (malloc'd; free()):
+ * gray and palette images are expanded to RGB, an alpha channel or tRNS is
+ * dropped (as PIL's convert("RGB")), 16-bit samples are converted to 8 bits
+ * by keeping the high byte (as PIL reads 16-bit RGB), interlaced images are
+ * read whole. KILN_ERR_FORMAT: not a PNG, truncated, corrupt, or more than
+ * 32768 pixels a side / 2^30 pixels; KILN_ERR_IO: cannot be read. */
+KILN_API kiln_status kiln_png_read(const char *path, uint8_t **rgb, int *height, int *width);
 
 /* ---- runtime ---------------------------------------------------------- */
 
