@@ -612,6 +612,8 @@ typedef struct kiln_vae_opts {
 KILN_API kiln_vae_opts kiln_vae_defaults(void);
 /* --vae-tile: "auto", "off" or a tile size in pixels ("512"), into o */
 KILN_API kiln_status kiln_vae_parse_tile(const char *s, kiln_vae_opts *o);
+/* --vae-memory: bytes, with an optional K, M, G or T suffix (powers of 1024: "2G"), into o->memory_budget */
+KILN_API kiln_status kiln_vae_parse_memory(const char *s, kiln_vae_opts *o);
 
 /* What a decode did (or would do). */
 typedef struct kiln_vae_plan {

@@ -155,6 +155,24 @@ kiln_status kiln_vae_parse_tile(const char *s, kiln_vae_opts *o) {
     return KILN_OK;
 }
 
+kiln_status kiln_vae_parse_memory(const char *s, kiln_vae_opts *o) {
+    if (!s || !o) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_vae_parse_memory: a value and options are required");
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    if (*end && !end[1]) {
+        const char *u = strchr("KMGT", *end == 'k' ? 'K' : *end);
+        shift = u && *end ? 10 * (int)(u - "KMGT" + 1) : -1;
+    } else if (*end) {
+        shift = -1;
+    }
+    if (errno || end == s || s[0] == '-' || shift < 0 || v == 0 || v > (UINT64_MAX >> shift))
+        return kb_fail(KILN_ERR_INVALID_ARG, "VAE memory budget \"%s\": a positive number of bytes, optionally with K, M, G or T (e.g. 2G)", s);
+    o->memory_budget = (uint64_t)v << shift;
+    return KILN_OK;
+}
+
 static uint64_t default_budget(void) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || psz <= 0) return (uint64_t)4 << 30;
