@@ -316,12 +316,69 @@ TEST(large_decode_bounded_memory) {
     CHECK_MSG(mib < 400, "peak RSS %.0f MiB", mib);
 }
 
+/* The pipeline's call (what kiln generate --vae runs): the final latents
+ * of a batch of two, scaled as the pipeline gives them, decoded and
+ * written as out-0.png, out-1.png with the parameters text; the pixels of
+ * each are round(255 image) of sd3-pipeline-tiny's stored image; a write
+ * that fails part way leaves no file of the batch behind. */
+TEST(pipeline_call_writes_pngs) {
+    st_file *io = NULL;
+    CHECK_OK(st_open(golden_path("sd3-pipeline-tiny", "io.safetensors"), &io));
+    if (!io) return;
+    size_t n, ni;
+    float *lat = golden_tensor(io, "latents", &n), *image = golden_tensor(io, "image", &ni);
+    float *two = malloc(2 * n * sizeof(float));
+    memcpy(two, lat, n * sizeof(float));
+    memcpy(two + n, lat, n * sizeof(float));
+    kiln_model *m = NULL;
+    kiln_load_opts lo = kiln_load_defaults();
+    lo.dtype = KILN_F32;
+    CHECK_OK(kiln_vae_open(golden_path("sd3-pipeline-tiny", NULL), &lo, NULL, &m));
+    if (!m) return;
+    char dir[1024], path[1100];
+    test_tmpdir(dir, sizeof dir, "vae-png");
+    snprintf(path, sizeof path, "%s/out.png", dir);
+    kiln_image_info info = {.prompt = "a photo of a cat", .steps = 4, .guidance = 5, .has_seed = 1, .seed = 7,
+                            .model = "sd3-pipeline-tiny"};
+    int64_t shape[4] = {2, 16, 16, 24};
+    kiln_vae_plan plan;
+    CHECK_OK(kiln_vae_write_png(m, two, shape, NULL, path, &info, NULL, &plan));
+    CHECK(!plan.tiled);
+    for (int b = 0; b < 2; b++) {
+        char *p = kiln_image_path(path, b, 2);
+        uint8_t *rgb = NULL;
+        int h = 0, w = 0;
+        CHECK_OK(kiln_png_read(p, &rgb, &h, &w));
+        size_t off = 0;
+        for (size_t i = 0; rgb && i < ni; i++) off += rgb[i] != (uint8_t)nearbyint(image[i] * 255.0);
+        CHECK_MSG(rgb && h == 32 && w == 48 && off * 1000 <= ni, "%s: %zu values off", p, off);
+        free(rgb);
+        free(p);
+    }
+    char *p0 = kiln_image_path("x/out.png", 1, 2), *p1 = kiln_image_path("x.y/out", 0, 2), *p2 = kiln_image_path("o.png", 0, 1);
+    CHECK(!strcmp(p0, "x/out-1.png") && !strcmp(p1, "x.y/out-0") && !strcmp(p2, "o.png"));
+    free(p0), free(p1), free(p2);
+    /* out-1.png a folder: the batch fails and out-0.png is not left */
+    snprintf(path, sizeof path, "%s/bad.png", dir);
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/bad-1.png", dir);
+    CHECK_OK(kb_mkdir_p(sub));
+    CHECK(kiln_vae_write_png(m, two, shape, NULL, path, &info, NULL, NULL) != KILN_OK);
+    snprintf(sub, sizeof sub, "%s/bad-0.png", dir);
+    CHECK(!kb_is_file(sub));
+    test_rmrf(dir);
+    kiln_model_free(m);
+    free(lat), free(image), free(two);
+    st_close(io);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "large-child")) return large_child();
     RUN(blend_hand_computed);
     RUN(tile_arithmetic);
     RUN(tiled_equals_reference);
     RUN(estimate_against_the_plan);
+    RUN(pipeline_call_writes_pngs);
     RUN(large_decode_bounded_memory);
     return TEST_SUMMARY();
 }
