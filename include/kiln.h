@@ -577,7 +577,8 @@ KILN_API kiln_status kiln_tensors_write(const char *path, size_t n, const kiln_t
 
 /* Write an 8-bit RGB image rgb [height, width, 3] as a PNG, atomically.
  * text: n_text key/value pairs (text[2i] key, 1..79 Latin-1 characters;
- * text[2i+1] value) stored as tEXt chunks, e.g. {"Software", "kiln"};
+ * text[2i+1] value) stored as tEXt chunks (a value that is not ASCII, as
+ * UTF-8 in an iTXt chunk), e.g. {"Software", "kiln"};
  * NULL when n_text is 0. */
 KILN_API kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int height, int width,
                                     const char *const *text, size_t n_text);
@@ -585,6 +586,133 @@ KILN_API kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int he
  * repeated), each stretched to 0..255 by its own min and max, into rgb
  * [H, W, 3] (the preview `kiln generate` writes, before scaling up). */
 KILN_API kiln_status kiln_latent_to_rgb(const float *latent, int C, int H, int W, uint8_t *rgb);
+
+/* ---- images: the VAE's pixels (src/pipeline/image.c) -------------------- */
+
+/* diffusers' VaeImageProcessor.postprocess: sample [B, 3, H, W] (the VAE's
+ * decode, in [-1, 1]) -> rgb [B, H, W, 3]: v = clamp(x / 2 + 0.5, 0, 1) in
+ * f32, then round(v * 255) to the nearest, ties to even (numpy's round in
+ * numpy_to_pil). NaN gives 0. */
+KILN_API kiln_status kiln_image_postprocess(const float *sample, int64_t batch, int channels, int height, int width,
+                                            uint8_t *rgb);
+/* The same up to the float image (output_type="np"): out [B, H, W, 3] = clamp(x / 2 + 0.5, 0, 1). */
+KILN_API kiln_status kiln_image_postprocess_f32(const float *sample, int64_t batch, int channels, int height,
+                                                int width, float *out);
+/* diffusers' VaeImageProcessor.preprocess of an RGB image (no resize):
+ * rgb [H, W, 3] -> image [1, 3, H, W] = 2 (u / 255) - 1 in f32. H and W
+ * must be positive multiples of factor (the VAE's 2^(blocks - 1)); diffusers
+ * would resize, kiln refuses (KILN_ERR_SHAPE names the sizes). */
+KILN_API kiln_status kiln_image_preprocess(const uint8_t *rgb, int height, int width, int factor, float *image);
+
+/* What made an image, for the PNG's text. NULL / 0 fields are unknown and
+ * left out (a seed is written when has_seed). */
+typedef struct kiln_image_info {
+    const char *prompt, *negative_prompt;
+    int steps;
+    double guidance;  /* CFG scale; written when > 0 */
+    int has_seed;
+    uint64_t seed;
+    const char *sampler; /* e.g. "Euler (flow matching)" */
+    const char *model;   /* e.g. the model folder's name */
+} kiln_image_info;
+
+/* The A1111 "parameters" text other tools read (malloc'd; free()):
+ *   PROMPT\n
+ *   Negative prompt: NEGATIVE\n          (when there is one)
+ *   Steps: 28, Sampler: S, CFG scale: 7, Seed: 1, Size: WxH, Model: M, Version: kiln X
+ * (the last line's keys in that order, unknown ones left out). */
+KILN_API char *kiln_image_parameters(const kiln_image_info *info, int height, int width);
+/* Write rgb [height, width, 3] as a PNG (atomically) with the tEXt chunks
+ * "parameters" (above; info may be NULL: the size and version only) and
+ * "Software" = "kiln VERSION". */
+KILN_API kiln_status kiln_image_write_png(const char *path, const uint8_t *rgb, int height, int width,
+                                          const kiln_image_info *info);
+/* Read a PNG as 8-bit RGB rgb [*height, *width, 3] (malloc'd; free()):
+ * gray and palette images are expanded to RGB, an alpha channel or tRNS is
+ * dropped (as PIL's convert("RGB")), 16-bit samples are converted to 8 bits
+ * by keeping the high byte (as PIL reads 16-bit RGB), interlaced images are
+ * read whole. KILN_ERR_FORMAT: not a PNG, truncated, corrupt, or more than
+ * 32768 pixels a side / 2^30 pixels; KILN_ERR_IO: cannot be read. */
+KILN_API kiln_status kiln_png_read(const char *path, uint8_t **rgb, int *height, int *width);
+
+/* ---- the VAE: latents to pictures and back (src/pipeline/vae_decode.c) --
+ * Over a VAE model (family "vae-decoder" for decode, "vae-encoder" for
+ * encode): the factors come from its config.json (scaling_factor,
+ * shift_factor), never from code.
+ *
+ *   kiln_model *vae;  kiln_vae_open("sd3-medium", NULL, "vae-decoder", &vae);
+ *   kiln_vae_opts o = kiln_vae_defaults();        // tiling auto, 1/4 of RAM
+ *   kiln_vae_write_png(vae, latents, shape, &o, "out.png", &info, NULL);
+ */
+
+/* Open path (a VAE folder, or a pipeline folder with vae/) as family
+ * ("vae-decoder" or "vae-encoder"; NULL: the decoder). base: how to load
+ * (weight cache, dtype ...; source, component "vae" and family are set
+ * here); NULL: kiln_load_defaults(). */
+KILN_API kiln_status kiln_vae_open(const char *path, const kiln_load_opts *base, const char *family, kiln_model **out);
+
+/* How a decode tiles (diffusers' AutoencoderKL.tiled_decode: tiles of
+ * tile_size pixels, a quarter of them overlapping, seams blended). */
+typedef enum { KILN_VAE_TILE_AUTO = 0, KILN_VAE_TILE_OFF, KILN_VAE_TILE_ON } kiln_vae_tile_mode;
+typedef struct kiln_vae_opts {
+    /* AUTO: tile when the untiled decode's activations (kiln_vae_decode_bytes)
+     * pass memory_budget; ON: as diffusers with enable_tiling (tiles when the
+     * latent is larger than a tile); OFF: never */
+    kiln_vae_tile_mode tile;
+    /* a tile's side in pixels, a multiple of 4 x the VAE's factor; 0: the
+     * config's sample_size (rounded down to such a multiple), which AUTO
+     * shrinks until a tile fits the budget */
+    int tile_size;
+    uint64_t memory_budget; /* bytes; 0: a quarter of physical memory */
+    int no_scale;           /* the latents are in the VAE's space already (no / scaling + shift) */
+} kiln_vae_opts;
+KILN_API kiln_vae_opts kiln_vae_defaults(void);
+/* --vae-tile: "auto", "off" or a tile size in pixels ("512"), into o */
+KILN_API kiln_status kiln_vae_parse_tile(const char *s, kiln_vae_opts *o);
+/* --vae-memory: bytes, with an optional K, M, G or T suffix (powers of 1024: "2G"), into o->memory_budget */
+KILN_API kiln_status kiln_vae_parse_memory(const char *s, kiln_vae_opts *o);
+
+/* What a decode did (or would do). */
+typedef struct kiln_vae_plan {
+    int tiled;
+    int tile_size, tile_latent;     /* pixels and latent rows of a tile (tiled) */
+    int tiles;                      /* decoder runs */
+    uint64_t untiled_bytes, tile_bytes, budget; /* estimated peak activations; the budget used */
+} kiln_vae_plan;
+/* The estimated peak activation bytes of one decode of a [batch, C, h, w]
+ * latent by this decoder (from its config: the widest level's live
+ * tensors and the mid-block attention's scores). 0 for a model that is no VAE. */
+KILN_API uint64_t kiln_vae_decode_bytes(const kiln_model *vae, int64_t batch, int64_t h, int64_t w);
+/* The plan kiln_vae_decode follows for a [batch, C, h, w] latent. */
+KILN_API kiln_status kiln_vae_plan_for(const kiln_model *vae, const int64_t shape[4], const kiln_vae_opts *o,
+                                       kiln_vae_plan *plan);
+
+/* Decode latents [B, C, h, w] (the pipeline's: divided by scaling_factor,
+ * shift_factor added, unless o->no_scale) into sample [B, out_channels,
+ * h f, w f] (the decoder's output, [-1, 1] nominally), tiled as o says. o
+ * NULL: defaults; plan NULL or what was done. */
+KILN_API kiln_status kiln_vae_decode(kiln_model *vae, const float *latents, const int64_t shape[4],
+                                     const kiln_vae_opts *o, float *sample, kiln_vae_plan *plan);
+/* kiln_vae_decode then kiln_image_postprocess: rgb [B, H, W, 3]; sample
+ * (NULL: not kept) receives the float decode. */
+KILN_API kiln_status kiln_vae_decode_rgb(kiln_model *vae, const float *latents, const int64_t shape[4],
+                                         const kiln_vae_opts *o, uint8_t *rgb, float *sample, kiln_vae_plan *plan);
+/* The file of batch entry i: path itself when batch is 1, else STEM-i.EXT
+ * (out.png -> out-0.png, out-1.png ...). malloc'd. */
+KILN_API char *kiln_image_path(const char *path, int64_t i, int64_t batch);
+/* Decode and write one PNG per batch entry (kiln_image_path) with the
+ * parameters text of info (NULL: size and version only). Every file is
+ * written only after the whole batch decoded; on a failure the ones this
+ * call wrote are removed. sample as kiln_vae_decode_rgb. */
+KILN_API kiln_status kiln_vae_write_png(kiln_model *vae, const float *latents, const int64_t shape[4],
+                                        const kiln_vae_opts *o, const char *path, const kiln_image_info *info,
+                                        float *sample, kiln_vae_plan *plan);
+/* Encode an RGB image rgb [height, width, 3] (sides multiples of the VAE's
+ * factor) with a vae-encoder model: the mean of latent_dist, then (x -
+ * shift_factor) * scaling_factor unless no_scale; *latents malloc'd
+ * [1, latent_channels, height / f, width / f] (shape). */
+KILN_API kiln_status kiln_vae_encode_rgb(kiln_model *enc, const uint8_t *rgb, int height, int width, int no_scale,
+                                         float **latents, int64_t shape[4]);
 
 /* ---- runtime ---------------------------------------------------------- */
 

@@ -20,8 +20,8 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 /* the built-in families first (the first is the default for a config no
  * family claims: its parser names what is wrong), then registered ones */
-static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_vae_decoder, &ka_clip, &ka_t5};
-static int g_n = 4;
+static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_vae_decoder, &ka_clip, &ka_t5, &ka_vae_encoder};
+static int g_n = 5;
 static const kc_renamer *g_ren[KA_MAX_FAMILIES + 1];
 
 int ka_count(void) {

@@ -89,7 +89,12 @@ kiln_status kiln_png_write(const char *path, const uint8_t *rgb, int height, int
     png_text *chunks = n_text ? kb_calloc(n_text, sizeof *chunks) : NULL;
     if (n_text && !chunks) return KILN_ERR_NOMEM;
     for (size_t i = 0; i < n_text; i++) {
-        chunks[i].compression = PNG_TEXT_COMPRESSION_NONE;
+        /* tEXt is Latin-1: a value with bytes above 127 (UTF-8 prompts) goes
+         * into an iTXt chunk, which is UTF-8 (what PIL does for text Latin-1
+         * cannot hold; readers of "parameters" take either) */
+        int ascii = 1;
+        for (const unsigned char *c = (const unsigned char *)text[2 * i + 1]; *c; c++) ascii &= *c < 128;
+        chunks[i].compression = ascii ? PNG_TEXT_COMPRESSION_NONE : PNG_ITXT_COMPRESSION_NONE;
         chunks[i].key = (png_charp)text[2 * i];
         chunks[i].text = (png_charp)text[2 * i + 1];
         chunks[i].text_length = strlen(text[2 * i + 1]);

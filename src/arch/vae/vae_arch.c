@@ -99,9 +99,10 @@ const ka_arch ka_vae_decoder = {
 
 /* ---- the encoder: image [batch, in_channels, H, W] (in [-1, 1], sides
  * multiples of f) -> mean, std [batch, latent_channels, H/f, W/f]; symbols
- * batch, h, w are the latent's, as the decoder's. Not in the built-in list:
- * one config.json describes both halves and the decoder claims it (the
- * model layer has no way yet to open a model as a family it names) */
+ * batch, h, w are the latent's, as the decoder's. Listed but claims no
+ * config: one config.json describes both halves and the decoder claims it,
+ * so only kiln_open_opts.family / kiln_load_opts.family = "vae-encoder"
+ * opens a VAE folder as its encoder */
 
 static void enc_io_shapes(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]) {
     const vae_config *c = cfg;
