@@ -46,7 +46,25 @@ TEST(pipeline_matches_diffusers) {
         CHECK_MSG(e < 1e-5, "latents %.3g", e);
         free(want);
     }
-    CHECK(access(png, F_OK) == 0);
+    /* the PNG's pixels are diffusers' uint8 image (round(255 x), its float image stored) */
+    uint8_t *rgb = NULL;
+    int ph = 0, pw = 0;
+    CHECK_OK(kiln_png_read(png, &rgb, &ph, &pw));
+    if (io && rgb) {
+        size_t k = 0;
+        float *img = golden_tensor(io, "image", &k);
+        CHECK(ph == 32 && pw == 48 && k == (size_t)ph * pw * 3);
+        size_t off = 0, worse = 0;
+        for (size_t i = 0; i < k && k == (size_t)ph * pw * 3; i++) {
+            int want = (int)lrint(img[i] * 255.0), d = abs(want - (int)rgb[i]);
+            off += d == 1;
+            worse += d > 1;
+        }
+        printf("  PNG against diffusers' uint8 image: %zu of %zu values off by one, %zu by more\n", off, k, worse);
+        CHECK(worse == 0 && off * 1000 <= k);
+        free(img);
+    }
+    free(rgb);
     free(x);
     st_close(io);
 }

@@ -21,6 +21,8 @@ int cmd_package(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
+int cmd_decode(int argc, char **argv);
+int cmd_encode_image(int argc, char **argv);
 /* The lines of a prompts file: *text the file (malloc'd, lines point into
  * it), *lines malloc'd; 0, or the exit code after printing why (an empty
  * file is an error). */

@@ -10,6 +10,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char k_usage[] =
     "kiln generate PIPELINE (--prompt TEXT | --prompts-file FILE) --output out.png [--negative-prompt TEXT]\n"
@@ -32,6 +33,8 @@ static int help(void) {
            "  --images-per-prompt N   (default 1)  --max-sequence-length N  T5 tokens (default 256)\n"
            "  --latents-output FILE   also write the final latents `latents` [B, C, h, w]\n"
            "  --low-memory            release the text encoders before sampling\n"
+           "  --vae-tile auto|off|PX  the decode's tiling (default auto: tiled when an untiled decode\n"
+           "                          would pass --vae-memory BYTES, default a quarter of the RAM)\n"
            "  --compile               compile a package for every shape a component runs that none\n"
            "                          covers yet, so the next process starts from packages\n"
            "  --output out.png        one PNG per image: out.png, or out-0.png, out-1.png ... for B > 1\n\n"
@@ -151,10 +154,60 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
 
 /* what a pipeline run was asked (kiln generate PIPELINE ...) */
 typedef struct pipe_args {
-    const char *prompt, *prompts_file, *negative, *latents_out;
+    const char *prompt, *prompts_file, *negative, *latents_out, *vae_tile, *vae_memory;
     long width, height, ipp, msl;
     int low_memory, compile;
 } pipe_args;
+
+/* The batch's images: decoded by the pipeline's VAE (tiled when memory is
+ * short) and written one PNG per image with what made it in its
+ * "parameters" text; a pipeline without vae/ gets the latents' false-colour
+ * preview. Every image decodes before any file is written; a failed write
+ * removes the ones written. */
+static kiln_status write_images(kiln_pipeline *p, const kiln_pipeline_opts *po, const pipe_args *pa, const float *lat,
+                                const int64_t sh[4], const char *output, int from_noise, int quiet) {
+    kiln_model *vae = kiln_pipeline_vae(p);
+    int B = (int)sh[0], ipp = po->images_per_prompt;
+    size_t one = (size_t)(sh[1] * sh[2] * sh[3]);
+    kiln_status s = KILN_OK;
+    if (!vae) {
+        (void)pa;
+        fprintf(stderr, "generate: the pipeline has no vae/: writing the latents' preview instead of images\n");
+        for (int k = 0; k < B && !s; k++) {
+            char *pk = kiln_image_path(output, k, B);
+            s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, (int)sh[1], (int)sh[2], (int)sh[3]) : KILN_ERR_NOMEM;
+            free(pk);
+        }
+        return s;
+    }
+    kiln_vae_opts vo = kiln_vae_defaults();
+    if (pa->vae_tile && (s = kiln_vae_parse_tile(pa->vae_tile, &vo))) return s;
+    if (pa->vae_memory && (s = kiln_vae_parse_memory(pa->vae_memory, &vo))) return s;
+    int H = (int)sh[2] * kiln_pipeline_vae_scale(p), W = (int)sh[3] * kiln_pipeline_vae_scale(p);
+    uint8_t *rgb = malloc((size_t)B * (size_t)H * (size_t)W * 3);
+    if (!rgb) return kb_fail(KILN_ERR_NOMEM, "out of memory for %d images of %dx%d", B, W, H);
+    double t0 = kb_now();
+    kiln_vae_plan plan;
+    s = kiln_vae_decode_rgb(vae, lat, sh, &vo, rgb, NULL, &plan);
+    if (!s) kb_ledger_add("vae_decode", kb_now() - t0, plan.tiled ? "tiled" : "whole");
+    char **written = s ? NULL : calloc((size_t)B, sizeof *written);
+    if (!s && !written) s = KILN_ERR_NOMEM;
+    for (int k = 0; k < B && !s; k++) {
+        kiln_image_info info = {.prompt = po->prompts[k / ipp], .negative_prompt = po->guidance > 1 ? (po->negative_prompt ? po->negative_prompt : "") : NULL,
+                                .steps = po->steps, .guidance = po->guidance, .has_seed = !from_noise,
+                                .seed = po->seed + (uint64_t)k, .sampler = "Euler (flow matching)", .model = NULL};
+        if (!(written[k] = kiln_image_path(output, k, B))) s = KILN_ERR_NOMEM;
+        else if (!(s = kiln_image_write_png(written[k], rgb + (size_t)k * (size_t)H * (size_t)W * 3, H, W, &info)) && !quiet)
+            fprintf(stderr, "generate: image %d -> %s\n", k, written[k]);
+    }
+    for (int k = 0; written && k < B; k++) {
+        if (s && written[k]) unlink(written[k]); /* nothing half-written: the whole batch or none */
+        free(written[k]);
+    }
+    free(written);
+    free(rgb);
+    return s;
+}
 
 /* kiln generate PIPELINE --prompt ...: encode, sample, decode */
 static int generate_pipeline(const char *dir, const cli_common *com, const pipe_args *pa, kiln_generate_opts *g,
@@ -248,16 +301,9 @@ static int generate_pipeline(const char *dir, const cli_common *com, const pipe_
             rc = cli_fail(cmd, s);
             goto done;
         }
-        size_t one = (size_t)(sh[1] * sh[2] * sh[3]);
-        for (int k = 0; k < B; k++) { /* the latents' preview until the VAE decodes them */
-            char *pk = B == 1 ? kb_strdup(output) : cli_indexed_path(output, k);
-            s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, (int)sh[1], (int)sh[2], (int)sh[3]) : KILN_ERR_NOMEM;
-            if (!s && !quiet) fprintf(stderr, "%s: image %d -> %s\n", cmd, k, pk);
-            free(pk);
-            if (s) {
-                rc = cli_fail(cmd, s);
-                goto done;
-            }
+        if ((s = write_images(p, &po, pa, lat, sh, output, noise_file != NULL, quiet))) {
+            rc = cli_fail(cmd, s);
+            goto done;
         }
         if (!quiet) fprintf(stderr, "%s: %.2f s in all (backbone: %s)\n", cmd, kb_now() - t0,
                             kiln_model_last_exec(kiln_pipeline_transformer(p)));
@@ -331,7 +377,9 @@ int cmd_generate(int argc, char **argv) {
         if ((r = cli_opt("generate", argc, argv, &i, "--prompt", &pa.prompt)) ||
             (r = cli_opt("generate", argc, argv, &i, "--prompts-file", &pa.prompts_file)) ||
             (r = cli_opt("generate", argc, argv, &i, "--negative-prompt", &pa.negative)) ||
-            (r = cli_opt("generate", argc, argv, &i, "--latents-output", &pa.latents_out))) {
+            (r = cli_opt("generate", argc, argv, &i, "--latents-output", &pa.latents_out)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--vae-tile", &pa.vae_tile)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--vae-memory", &pa.vae_memory))) {
             if (r < 0) return 2;
             continue;
         }

@@ -17,6 +17,8 @@ static const struct {
     {"package", cmd_package, "list, verify and remove compiled packages"},
     {"quality", cmd_quality, "the quality gate of a quantized backbone: bf16 vs int8/fp8 on one sampler request"},
     {"encode", cmd_encode, "a pipeline's prompt conditioning (SD3 encode_prompt: CLIP-L, CLIP-G, T5) for kiln generate"},
+    {"decode", cmd_decode, "latents to PNG images through a VAE (tiled when memory is short)"},
+    {"encode-image", cmd_encode_image, "a PNG to the pipeline's latents through the VAE's encoder"},
     {"tokenize", cmd_tokenize, "token ids of a prompt from a pipeline's CLIP / T5 tokenizers, padded as the pipeline pads"},
     {"make-model", cmd_make, "write a seeded model of any SD3 config (and inputs) for trials and benchmarks"},
     {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
