@@ -1,14 +1,126 @@
 /* cmd_demo.c - kiln demo: the README's main job on an embedded default.
  * Makes a tiny SD3.5-style model from seeded weights, writes it as a
- * diffusers folder, generates at two widths and prints where the time went. */
+ * diffusers folder, generates at two widths and prints where the time went;
+ * then the whole pipeline, prompt to PNG, on the embedded sd3-pipeline-tiny:
+ * once in this process (converting and compiling every component), once in
+ * a fresh process on the caches and packages. */
 #include "arch/sd3/sd3.h"
 #include "base/base.h"
 #include "cli.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-static const char k_usage[] = "kiln demo [--dir DIR] [--steps N] [--threads N]";
+static const char k_usage[] = "kiln demo [--dir DIR] [--steps N] [--pipeline DIR] [--threads N]";
+
+#ifndef KILN_DEMO_PIPELINE
+#define KILN_DEMO_PIPELINE ""
+#endif
+
+#define DEMO_PROMPT "a lighthouse on a cliff at dawn, oil painting"
+
+/* The pipeline part: prompt -> PNG through every component, then the same
+ * request from a fresh process on what the first run left (caches, packages). */
+static int demo_pipeline(const char *dir, const char *pipe, const cli_common *com, long steps) {
+    char *cache = kb_path_join(dir, "cache"), *first = kb_path_join(dir, "pipeline.png"),
+         *again = kb_path_join(dir, "pipeline-again.png"), self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    int rc = 1;
+    if (!cache || !first || !again || n <= 0) goto done;
+    self[n] = 0;
+    const char *env_cache = getenv("KILN_CACHE_DIR");
+    const char *root = com->cache_dir ? com->cache_dir : env_cache && *env_cache ? env_cache : cache;
+    printf("\nkiln demo: the whole SD3 pipeline, prompt to PNG, on %s\n"
+           "  (seeded weights: the pictures are noise, but every component runs: 3 tokenizers, CLIP-L,\n"
+           "  CLIP-G, T5, the MMDiT with CFG over a batch of 2 images, the VAE decoder)\n", pipe);
+    cli_common pc = *com;
+    pc.cache_dir = root;
+    pc.name = "kiln-demo-pipeline";
+    char name[128];
+    kiln_load_opts lo = cli_load_opts(pipe, &pc, name, sizeof name);
+    kiln_pipeline *p = NULL;
+    float *lat = NULL;
+    double t0 = kb_now();
+    kiln_status s = kiln_pipeline_open(pipe, &lo, &p);
+    if (s) {
+        rc = cli_fail("demo", s);
+        goto done;
+    }
+    double topen = kb_now() - t0;
+    const char *prompts[1] = {DEMO_PROMPT};
+    kiln_pipeline_opts po = kiln_pipeline_defaults();
+    po.prompts = prompts;
+    po.n_prompts = 1;
+    po.images_per_prompt = 2;
+    po.negative_prompt = "blurry";
+    po.steps = (int)steps;
+    po.guidance = 5.0;
+    po.seed = 42;
+    po.compile = 1; /* every shape this run sees gets a package: the fresh process starts from them */
+    int64_t sh[4];
+    if ((s = kiln_pipeline_generate(p, &po, &lat, sh))) {
+        rc = cli_fail("demo", s);
+        goto done;
+    }
+    kiln_vae_opts vo = kiln_vae_defaults();
+    kiln_image_info info = {.prompt = DEMO_PROMPT, .negative_prompt = "blurry", .steps = (int)steps, .guidance = 5.0,
+                            .has_seed = 1, .seed = 42, .sampler = "Euler (flow matching)", .model = "sd3-pipeline-tiny"};
+    if ((s = kiln_vae_write_png(kiln_pipeline_vae(p), lat, sh, &vo, first, &info, NULL, NULL))) {
+        rc = cli_fail("demo", s);
+        goto done;
+    }
+    double t1 = kb_now() - t0;
+    char *f0 = kiln_image_path(first, 0, 2), *f1 = kiln_image_path(first, 1, 2);
+    printf("  first run, this process: %.2f s (components opened and converted into the cache in %.2f s, every\n"
+           "    shape compiled into a package as it ran) -> %s, %s\n", t1, topen, f0, f1);
+    free(f0);
+    free(f1);
+    fflush(stdout);
+    /* the same request from a fresh process: caches mapped, packages found */
+    char *cmd = kb_strfmt("'%s' generate '%s' --prompt '" DEMO_PROMPT "' --negative-prompt blurry --images-per-prompt 2 "
+                          "--steps %ld --guidance 5 --seed 42 --cache-dir '%s' --name kiln-demo-pipeline --quiet "
+                          "--timings --output '%s' 2>&1", self, pipe, steps, root, again);
+    double t2 = kb_now();
+    FILE *f = cmd ? popen(cmd, "r") : NULL;
+    char line[512];
+    printf("  a fresh process on the caches and packages (kiln generate PIPELINE --prompt ...):\n");
+    while (f && fgets(line, sizeof line, f)) printf("    %s", line);
+    int st = f ? pclose(f) : -1;
+    double tf = kb_now() - t2;
+    free(cmd);
+    if (st != 0) {
+        cli_error("demo", "the fresh process failed (exit status %d)", st);
+        goto done;
+    }
+    /* the same pixels from both processes */
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        char *a = kiln_image_path(first, k, 2), *b = kiln_image_path(again, k, 2);
+        uint8_t *x = NULL, *y = NULL;
+        int h1, w1, h2, w2;
+        same &= a && b && !kiln_png_read(a, &x, &h1, &w1) && !kiln_png_read(b, &y, &h2, &w2) && h1 == h2 && w1 == w2 &&
+                !memcmp(x, y, (size_t)h1 * (size_t)w1 * 3);
+        free(a);
+        free(b);
+        free(x);
+        free(y);
+    }
+    printf("  fresh process: %.2f s for its first images, %.2fx the first run's %.2f s; the pictures are %s\n", tf,
+           tf / t1, t1, same ? "pixel for pixel the same" : "NOT the same");
+    printf("\nnext:  kiln info %s\n"
+           "       kiln generate %s --prompt \"a red fox\" --steps 8 --cache-dir %s --name kiln-demo-pipeline "
+           "--output %s/fox.png\n", pipe, pipe, root, dir);
+    rc = same ? 0 : 1;
+done:
+    free(lat);
+    kiln_pipeline_free(p);
+    free(cache);
+    free(first);
+    free(again);
+    return rc;
+}
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -18,14 +130,19 @@ static int help(void) {
            "through the weight cache (KILN_CACHE_DIR, or DIR/cache): the first run converts and\n"
            "publishes, later runs map it. The backbone is compiled once into a package with a\n"
            "dynamic width (beside the cache); later runs find it and start from it.\n\n"
-           "  --dir DIR     where to put everything (default: kiln-demo)\n"
-           "  --steps N     sampler steps (default 8)\n",
+           "Then the whole pipeline, prompt to PNG (DIR/pipeline-0.png, -1.png), on --pipeline DIR (default:\n"
+           "the source tree's sd3-pipeline-tiny): once in this process, converting every component into\n"
+           "the cache and compiling each shape, then again from a fresh process on those caches and\n"
+           "packages, with where the time went and whether both made the same pixels.\n\n"
+           "  --dir DIR       where to put everything (default: kiln-demo)\n"
+           "  --steps N       sampler steps (default 8)\n"
+           "  --pipeline DIR  a StableDiffusion3Pipeline folder for the second part\n",
            k_usage);
     return 0;
 }
 
 int cmd_demo(int argc, char **argv) {
-    const char *dir = "kiln-demo", *v;
+    const char *dir = "kiln-demo", *v, *pipeline = NULL;
     long steps = 8;
     cli_common com = cli_common_defaults();
     com.timings = 1;
@@ -33,7 +150,8 @@ int cmd_demo(int argc, char **argv) {
         int r;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
         if ((r = cli_common_opt("demo", argc, argv, &i, &com)) ||
-            (r = cli_opt("demo", argc, argv, &i, "--dir", &dir))) {
+            (r = cli_opt("demo", argc, argv, &i, "--dir", &dir)) ||
+            (r = cli_opt("demo", argc, argv, &i, "--pipeline", &pipeline))) {
             if (r < 0) return 2;
             continue;
         }
@@ -144,6 +262,17 @@ int cmd_demo(int argc, char **argv) {
            "       kiln generate %s --name %s%s --cond %s --latent 32x40 --guidance 5 --output %s/out.safetensors\n"
            "       kiln package ls%s\n",
            model, model, com.name, cache_opt, cond, dir, cache_opt);
+    /* the whole pipeline: --pipeline, else the source tree's embedded one when it is there */
+    if (!pipeline && kb_is_dir(KILN_DEMO_PIPELINE)) pipeline = KILN_DEMO_PIPELINE;
+    if (pipeline) {
+        com.timings = 0; /* the pipeline part prints its own */
+        kiln_timings_print(stdout);
+        kiln_timings_reset();
+        rc = demo_pipeline(dir, pipeline, &com, steps);
+    } else {
+        printf("\n(the whole-pipeline part needs a pipeline folder: --pipeline DIR, e.g. the source tree's\n"
+               "tests/data/goldens/sd3-pipeline-tiny)\n");
+    }
 done:
     free(model);
     free(cond);

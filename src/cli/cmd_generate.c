@@ -186,10 +186,8 @@ static kiln_status write_images(kiln_pipeline *p, const kiln_pipeline_opts *po, 
     int H = (int)sh[2] * kiln_pipeline_vae_scale(p), W = (int)sh[3] * kiln_pipeline_vae_scale(p);
     uint8_t *rgb = malloc((size_t)B * (size_t)H * (size_t)W * 3);
     if (!rgb) return kb_fail(KILN_ERR_NOMEM, "out of memory for %d images of %dx%d", B, W, H);
-    double t0 = kb_now();
-    kiln_vae_plan plan;
+    kiln_vae_plan plan; /* kiln_vae_decode puts its time in the ledger ("vae decode") */
     s = kiln_vae_decode_rgb(vae, lat, sh, &vo, rgb, NULL, &plan);
-    if (!s) kb_ledger_add("vae_decode", kb_now() - t0, plan.tiled ? "tiled" : "whole");
     char **written = s ? NULL : calloc((size_t)B, sizeof *written);
     if (!s && !written) s = KILN_ERR_NOMEM;
     for (int k = 0; k < B && !s; k++) {
