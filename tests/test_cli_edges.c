@@ -142,7 +142,8 @@ TEST(demo_next_and_package_notes) {
     CHECK_MSG(rc == 0 && strstr(o, "ok ") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
     free(o);
     rc = run(&o, "$K cache ls --cache-dir %s/cache", demo);
-    CHECK_MSG(rc == 0 && strstr(o, "1 cache") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
+    /* the backbone, and the pipeline part's five components */
+    CHECK_MSG(rc == 0 && strstr(o, "6 caches") && !strstr(o, "packages/"), "exit %d: %s", rc, o);
     free(o);
     char cond16[600];
     snprintf(cond16, sizeof cond16, "%s/cond16.safetensors", g_dir);
