@@ -370,6 +370,24 @@ TEST(pipeline_call_writes_pngs) {
     kiln_model_free(m);
     free(lat), free(image), free(two);
     st_close(io);
+    /* Flux's VAE (scaling 0.3611, shift 0.1159 from its config): the
+     * unpacked final latents through kiln_vae_decode give image_decoded */
+    CHECK_OK(st_open(golden_path("flux-pipeline-tiny", "io.safetensors"), &io));
+    if (!io) return;
+    size_t nd;
+    float *fl = golden_tensor(io, "latents_unpacked", NULL), *want = golden_tensor(io, "image_decoded", &nd);
+    float *got = calloc(nd, sizeof(float));
+    CHECK_OK(kiln_vae_open(golden_path("flux-pipeline-tiny", NULL), &lo, NULL, &m));
+    if (m) {
+        int64_t fs[4] = {1, 16, 16, 24};
+        CHECK_OK(kiln_vae_decode(m, fl, fs, NULL, got, NULL));
+        double e = rel_l2(got, want, nd);
+        fprintf(stderr, "  flux-pipeline-tiny: latents_unpacked scaled by kiln, decoded: relative L2 %.3g\n", e);
+        CHECK(e < 1e-5);
+    }
+    kiln_model_free(m);
+    free(fl), free(want), free(got);
+    st_close(io);
 }
 
 int main(int argc, char **argv) {
