@@ -13,6 +13,8 @@
 #include "graph/graph.h"
 #include "kiln.h"
 
+#include <cjson/cJSON.h>
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -136,5 +138,22 @@ kiln_status ka_check_inputs(const ka_arch *a, const void *cfg, const int64_t (*i
                             const char *who);
 /* The element count of shape (ndim dims), 0 on overflow of size_t. */
 size_t ka_numel(int ndim, const int64_t *shape);
+
+
+/* ---- config.json, as every family's parser reads it (config_json.c) ----
+ * Absent or null keys keep the default; a refusal is KILN_ERR_CONFIG naming
+ * the key and what it must be. */
+/* the parsed object (caller cJSON_Delete), else KILN_ERR_FORMAT */
+kiln_status ka_json_object(const char *json, cJSON **root);
+/* an integer (was_null, may be NULL: set when absent or null) */
+kiln_status ka_json_int(const cJSON *root, const char *key, int *out, int *was_null);
+typedef struct ka_int_key {
+    const char *key;
+    int *field;
+} ka_int_key;
+kiln_status ka_json_ints(const cJSON *root, const ka_int_key *keys, size_t n);
+kiln_status ka_json_bool(const cJSON *root, const char *key, int *out);
+/* a finite number (present, may be NULL: 0 when absent or null) */
+kiln_status ka_json_num(const cJSON *root, const char *key, double *out, int *present);
 
 #endif

@@ -51,27 +51,12 @@ int clip_config_kind(const char *json) {
     return kind;
 }
 
-/* key -> int field; absent or null keeps the default */
-static kiln_status get_int(const cJSON *root, const char *key, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return KILN_OK;
-    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!(d == floor(d)) || d < -2147483648.0 || d > 2147483647.0)
-        return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be an integer", key);
-    *out = (int)d;
-    return KILN_OK;
-}
-
 kiln_status clip_config_parse(const char *json, clip_config *cfg) {
     *cfg = clip_config_defaults();
     cfg->with_projection = clip_config_kind(json) == 1;
-    cJSON *root = cJSON_Parse(json);
-    if (!root) return kb_fail(KILN_ERR_FORMAT, "config.json is not valid JSON");
-    kiln_status st = KILN_OK;
-    if (!cJSON_IsObject(root)) {
-        st = kb_fail(KILN_ERR_FORMAT, "config.json must hold a JSON object");
-        goto done;
-    }
+    cJSON *root = NULL;
+    kiln_status st = ka_json_object(json, &root);
+    if (st) return st;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (mt && !cJSON_IsNull(mt) && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "clip_text_model"))) {
         st = kb_fail(KILN_ERR_CONFIG, "config model_type is %s, kiln reads a CLIP text tower's config "
@@ -95,7 +80,7 @@ kiln_status clip_config_parse(const char *json, clip_config *cfg) {
         {"pad_token_id", &cfg->pad_token_id},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if ((st = get_int(root, keys[i].key, keys[i].field))) goto done;
+        if ((st = ka_json_int(root, keys[i].key, keys[i].field, NULL))) goto done;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (act && !cJSON_IsNull(act)) {
         if (cJSON_IsString(act) && !strcmp(act->valuestring, "quick_gelu")) cfg->hidden_act = CLIP_ACT_QUICK_GELU;

@@ -27,27 +27,11 @@ kiln_config sd3_config_defaults(void) {
     return c;
 }
 
-/* key -> int field; null keeps the default (out_channels: null = in_channels) */
-static kiln_status get_int(const cJSON *root, const char *key, int *out, int *was_null) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (was_null) *was_null = v == NULL || cJSON_IsNull(v);
-    if (!v || cJSON_IsNull(v)) return KILN_OK;
-    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!(d == floor(d)) || d < -2147483648.0 || d > 2147483647.0)
-        return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be an integer", key);
-    *out = (int)d;
-    return KILN_OK;
-}
-
 kiln_status sd3_config_parse(const char *json, kiln_config *cfg) {
     *cfg = sd3_config_defaults();
-    cJSON *root = cJSON_Parse(json);
-    if (!root) return kb_fail(KILN_ERR_FORMAT, "config.json is not valid JSON");
-    kiln_status st = KILN_OK;
-    if (!cJSON_IsObject(root)) {
-        st = kb_fail(KILN_ERR_FORMAT, "config.json must hold a JSON object");
-        goto done;
-    }
+    cJSON *root = NULL;
+    kiln_status st = ka_json_object(json, &root);
+    if (st) return st;
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
     if (cls && (!cJSON_IsString(cls) || strcmp(cls->valuestring, "SD3Transformer2DModel"))) {
         st = kb_fail(KILN_ERR_CONFIG, "config _class_name is %s, kiln runs SD3Transformer2DModel",
@@ -70,9 +54,9 @@ kiln_status sd3_config_parse(const char *json, kiln_config *cfg) {
         {"pos_embed_max_size", &cfg->pos_embed_max_size},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if ((st = get_int(root, keys[i].key, keys[i].field, NULL))) goto done;
+        if ((st = ka_json_int(root, keys[i].key, keys[i].field, NULL))) goto done;
     int out_null = 0;
-    if ((st = get_int(root, "out_channels", &cfg->out_channels, &out_null))) goto done;
+    if ((st = ka_json_int(root, "out_channels", &cfg->out_channels, &out_null))) goto done;
     if (out_null) cfg->out_channels = cfg->in_channels;
 
     const cJSON *qk = cJSON_GetObjectItemCaseSensitive(root, "qk_norm");

@@ -23,16 +23,6 @@ t5_config t5_config_defaults(void) {
                        .act = T5_ACT_RELU};
 }
 
-static kiln_status get_int(const cJSON *root, const char *key, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return KILN_OK;
-    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!(d == floor(d)) || d < -2147483648.0 || d > 2147483647.0)
-        return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be an integer", key);
-    *out = (int)d;
-    return KILN_OK;
-}
-
 /* transformers' ACT2FN name -> T5_ACT_*, -1 for one kiln does not run */
 static int act_of(const char *name) {
     if (!strcmp(name, "relu")) return T5_ACT_RELU;
@@ -82,13 +72,9 @@ static kiln_status parse_ff(const cJSON *root, t5_config *c) {
 
 kiln_status t5_config_parse(const char *json, t5_config *cfg) {
     *cfg = t5_config_defaults();
-    cJSON *root = cJSON_Parse(json);
-    if (!root) return kb_fail(KILN_ERR_FORMAT, "config.json is not valid JSON");
-    kiln_status st = KILN_OK;
-    if (!cJSON_IsObject(root)) {
-        st = kb_fail(KILN_ERR_FORMAT, "config.json must hold a JSON object");
-        goto done;
-    }
+    cJSON *root = NULL;
+    kiln_status st = ka_json_object(json, &root);
+    if (st) return st;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "t5"))) {
         st = kb_fail(KILN_ERR_CONFIG, "config model_type is %s, the T5 encoder needs \"t5\"",
@@ -120,7 +106,7 @@ kiln_status t5_config_parse(const char *json, t5_config *cfg) {
         {"relative_attention_max_distance", &cfg->max_distance},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if ((st = get_int(root, keys[i].key, keys[i].field))) goto done;
+        if ((st = ka_json_int(root, keys[i].key, keys[i].field, NULL))) goto done;
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "layer_norm_epsilon");
     if (eps && !cJSON_IsNull(eps)) {
         if (!cJSON_IsNumber(eps)) {

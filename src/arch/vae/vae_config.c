@@ -30,39 +30,6 @@ vae_config vae_config_defaults(void) {
     return c;
 }
 
-/* key -> int field; absent or null keeps the default */
-static kiln_status get_int(const cJSON *root, const char *key, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return KILN_OK;
-    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!(d == floor(d)) || d < -2147483648.0 || d > 2147483647.0)
-        return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be an integer", key);
-    *out = (int)d;
-    return KILN_OK;
-}
-
-static kiln_status get_bool(const cJSON *root, const char *key, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) return KILN_OK;
-    if (!cJSON_IsBool(v)) return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be true or false", key);
-    *out = cJSON_IsTrue(v);
-    return KILN_OK;
-}
-
-/* a finite number; null sets *present 0 (shift_factor) */
-static kiln_status get_num(const cJSON *root, const char *key, double *out, int *present) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (present) *present = 0;
-        return KILN_OK;
-    }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return kb_fail(KILN_ERR_CONFIG, "config key \"%s\" must be a finite number", key);
-    *out = v->valuedouble;
-    if (present) *present = 1;
-    return KILN_OK;
-}
-
 /* every entry of a list of block types must be `want`; *n receives its length */
 static kiln_status block_types(const cJSON *root, const char *key, const char *want, int *n) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -82,13 +49,9 @@ static kiln_status block_types(const cJSON *root, const char *key, const char *w
 
 kiln_status vae_config_parse(const char *json, vae_config *cfg) {
     *cfg = vae_config_defaults();
-    cJSON *root = cJSON_Parse(json);
-    if (!root) return kb_fail(KILN_ERR_FORMAT, "config.json is not valid JSON");
-    kiln_status st = KILN_OK;
-    if (!cJSON_IsObject(root)) {
-        st = kb_fail(KILN_ERR_FORMAT, "config.json must hold a JSON object");
-        goto done;
-    }
+    cJSON *root = NULL;
+    kiln_status st = ka_json_object(json, &root);
+    if (st) return st;
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
     if (!cJSON_IsString(cls) || strcmp(cls->valuestring, "AutoencoderKL")) {
         st = kb_fail(KILN_ERR_CONFIG, "config _class_name is %s, the VAE family runs AutoencoderKL",
@@ -104,7 +67,7 @@ kiln_status vae_config_parse(const char *json, vae_config *cfg) {
         {"norm_num_groups", &cfg->norm_num_groups},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if ((st = get_int(root, ints[i].key, ints[i].field))) goto done;
+        if ((st = ka_json_int(root, ints[i].key, ints[i].field, NULL))) goto done;
     struct {
         const char *key;
         int *field;
@@ -112,9 +75,9 @@ kiln_status vae_config_parse(const char *json, vae_config *cfg) {
                  {"use_post_quant_conv", &cfg->use_post_quant_conv},
                  {"mid_block_add_attention", &cfg->mid_block_add_attention}};
     for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++)
-        if ((st = get_bool(root, bools[i].key, bools[i].field))) goto done;
-    if ((st = get_num(root, "scaling_factor", &cfg->scaling_factor, NULL))) goto done;
-    if ((st = get_num(root, "shift_factor", &cfg->shift_factor, &cfg->has_shift))) goto done;
+        if ((st = ka_json_bool(root, bools[i].key, bools[i].field))) goto done;
+    if ((st = ka_json_num(root, "scaling_factor", &cfg->scaling_factor, NULL))) goto done;
+    if ((st = ka_json_num(root, "shift_factor", &cfg->shift_factor, &cfg->has_shift))) goto done;
     if (!cfg->has_shift) cfg->shift_factor = 0;
     /* sample_size (the training size, which no forward reads) may be a
      * pair [h, w] in some configs: then its first entry is kept */
@@ -122,10 +85,10 @@ kiln_status vae_config_parse(const char *json, vae_config *cfg) {
     if (cJSON_IsArray(ss) && cJSON_GetArraySize(ss) > 0) {
         cJSON *holder = cJSON_CreateObject();
         cJSON_AddItemReferenceToObject(holder, "sample_size", cJSON_GetArrayItem(ss, 0));
-        st = get_int(holder, "sample_size", &cfg->sample_size);
+        st = ka_json_int(holder, "sample_size", &cfg->sample_size, NULL);
         cJSON_Delete(holder);
     } else {
-        st = get_int(root, "sample_size", &cfg->sample_size);
+        st = ka_json_int(root, "sample_size", &cfg->sample_size, NULL);
     }
     if (st) goto done;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "act_fn");
