@@ -130,7 +130,7 @@ TEST(encode_then_generate) {
                    "encode '%s' --prompt '" PROMPT "' --negative-prompt '" NEGATIVE "' --dtype f32 --output '%s'", pipe, cond);
     char *out = NULL;
     int rc = run_kiln(&out, "generate '%s/transformer' --cond '%s' --noise '%s' --steps 4 --guidance 5 --dtype f32 --quiet "
-                      "--output '%s'", pipe, cond, golden_path(CASE, "io.safetensors"), lat);
+                      "--vae '%s' --output '%s'", pipe, cond, golden_path(CASE, "io.safetensors"), pipe, lat);
     CHECK_MSG(rc == 0, "generate: exit %d: %s", rc, out);
     free(out);
     st_file *io = NULL, *got = NULL;
@@ -143,6 +143,18 @@ TEST(encode_then_generate) {
         printf("  kiln encode -> kiln generate: latents %.3g relative L2\n", e);
         CHECK_MSG(e < 1e-5, "latents %.3g", e);
         free(x);
+        /* --vae: the decoded image beside the latents, diffusers' uint8 image but rounding ties */
+        char png[300];
+        snprintf(png, sizeof png, "%s/latents.png", g_dir);
+        uint8_t *rgb = NULL;
+        int h = 0, w = 0;
+        CHECK_OK(kiln_png_read(png, &rgb, &h, &w));
+        size_t k = 0, off = 0;
+        float *img = golden_tensor(io, "image", &k);
+        for (size_t i = 0; rgb && i < k && k == (size_t)h * w * 3; i++) off += abs((int)lrint(img[i] * 255.0) - rgb[i]) > 0;
+        CHECK_MSG(rgb && k == (size_t)h * w * 3 && off * 1000 <= k, "%zu of %zu pixels values differ", off, k);
+        free(img);
+        free(rgb);
     }
     st_close(io);
     st_close(got);

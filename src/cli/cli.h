@@ -98,10 +98,11 @@ float *cli_tensor(const char *cmd, const st_file *f, const char *name, int ndim,
 /* Write one f32 tensor to a safetensors file. */
 kiln_status cli_write_f32(const char *path, const char *name, const float *data, int ndim,
                           const int64_t *shape);
-/* Sample with progress on stderr, then write `latents` [1,C,H,W] to output
- * and a PNG preview beside it. Returns the exit code. */
-int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
-                     int quiet);
+/* Sample with progress on stderr, then write `latents` [B,C,H,W] to output
+ * and beside it a PNG per image: the VAE's decode, or without one (NULL) a
+ * preview of the latents. Returns the exit code. */
+int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output, int quiet,
+                     kiln_model *vae);
 /* Seeded conditioning under diffusers' pipeline names (prompt_embeds,
  * pooled_prompt_embeds and the negative_* pair), T tokens. */
 kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T, uint64_t seed);

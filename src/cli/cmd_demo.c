@@ -243,7 +243,7 @@ int cmd_demo(int argc, char **argv) {
         o.context_len = 32;
         char *out = kb_strfmt("%s/demo-%dx%d.safetensors", dir, o.latent_h, o.latent_w);
         rc = out && o.cond && o.cond_pooled && o.uncond && o.uncond_pooled
-                 ? cli_generate_run("demo", m, &o, out, 0)
+                 ? cli_generate_run("demo", m, &o, out, 0, NULL)
                  : 1;
         free(out);
         free((void *)o.cond);

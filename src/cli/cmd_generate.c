@@ -54,6 +54,8 @@ static int help(void) {
            "                   not with --seed)\n"
            "  --output FILE    (--cond) writes `latents` [B, C, H, W] (F32) to FILE and a PNG preview\n"
            "                   beside it: x.safetensors -> x.png; x.png -> x.safetensors + x.png\n"
+           "  --vae VAE        (--cond) decode the latents with this VAE (or pipeline) folder into one PNG per\n"
+           "                   image (x.png, x-0.png ...) instead of the preview\n"
            "  --quiet          no per-step progress\n%s",
            k_usage, cli_common_help);
     return 0;
@@ -95,7 +97,7 @@ static void on_step(void *user, int step, int steps, double sigma, const float *
 }
 
 int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
-                     int quiet) {
+                     int quiet, kiln_model *vae) {
     const kiln_config *c = kiln_model_config(m);
     int N = o->batch > 0 ? o->batch : 1;
     /* every size checked before the latent is allocated: --latent 65536x65536
@@ -133,6 +135,13 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         return cli_error(cmd, "out of memory");
     }
     s = cli_write_f32(file, "latents", lat, 4, shape);
+    if (!s && vae) { /* --vae: the decoded images, one PNG per image, instead of the preview */
+        kiln_vae_opts vo = kiln_vae_defaults();
+        kiln_image_info info = {.steps = o->steps, .guidance = o->guidance, .has_seed = o->noise == NULL, .seed = o->seed,
+                                .sampler = "Euler (flow matching)"};
+        s = kiln_vae_write_png(vae, lat, shape, &vo, png, &info, NULL, NULL);
+        N = 0; /* no preview */
+    }
     for (int k = 0; k < N && !s; k++) { /* a preview per image: x.png, or x-0.png, x-1.png ... */
         char *pk = N == 1 ? kb_strdup(png) : cli_indexed_path(png, k);
         s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, c->in_channels, o->latent_h, o->latent_w) : KILN_ERR_NOMEM;
@@ -352,7 +361,7 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
 
 int cmd_generate(int argc, char **argv) {
     cli_common com = cli_common_defaults();
-    const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *v;
+    const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *vae_dir = NULL, *v;
     kiln_generate_opts o = kiln_generate_defaults();
     int quiet = 0, hw_set = 0, seed_set = 0;
     pipe_args pa = {.ipp = 1, .msl = 256};
@@ -398,7 +407,8 @@ int cmd_generate(int argc, char **argv) {
         if ((r = cli_common_opt("generate", argc, argv, &i, &com)) ||
             (r = cli_opt("generate", argc, argv, &i, "--cond", &cond)) ||
             (r = cli_opt("generate", argc, argv, &i, "--output", &output)) ||
-            (r = cli_opt("generate", argc, argv, &i, "--noise", &noise))) {
+            (r = cli_opt("generate", argc, argv, &i, "--noise", &noise)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--vae", &vae_dir))) {
             if (r < 0) return 2;
             continue;
         }
@@ -460,7 +470,7 @@ int cmd_generate(int argc, char **argv) {
     if (hw_set && latent_hint("generate", model, &com, o.latent_h, o.latent_w)) return 1;
 
     int rc = 1;
-    kiln_model *m = NULL;
+    kiln_model *m = NULL, *vae = NULL;
     st_file *cf = NULL, *nf = NULL;
     float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL, *nz = NULL;
     kiln_status s;
@@ -539,7 +549,15 @@ int cmd_generate(int argc, char **argv) {
     o.cond_pooled = pp;
     o.uncond = ne;
     o.uncond_pooled = np;
-    rc = cli_generate_run("generate", m, &o, output, quiet);
+    if (vae_dir) {
+        char name[128];
+        kiln_load_opts vl = cli_load_opts(vae_dir, &com, name, sizeof name);
+        if ((s = kiln_vae_open(vae_dir, &vl, NULL, &vae))) {
+            rc = cli_fail("generate", kb_wrap(s, "--vae %s", vae_dir));
+            goto done;
+        }
+    }
+    rc = cli_generate_run("generate", m, &o, output, quiet, vae);
 done:
     free(pe);
     free(pp);
@@ -549,6 +567,7 @@ done:
     st_close(cf);
     st_close(nf);
     kiln_model_free(m);
+    kiln_model_free(vae);
     cli_common_finish(&com);
     return rc;
 }
