@@ -11,6 +11,7 @@
  * (target_clones). */
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/attn_ex.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/gemm_amx.h"
@@ -1290,6 +1291,15 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
     if (o_fmt == KK_FMT_BLOCKED) kk_block_segments(of, B, Na, qb ? Nb : 0, D, o);
 }
 
+/* attention_ex (scale, bias, causal: the text encoders) on the AVX-512 kernel
+ * (attn_ex.c, f32 arithmetic for both backends), else the general form */
+static void fast_attention_ex(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
+                              float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale,
+                              int causal) {
+    if (!kk_attention_ex_avx512(q, k, v, 0, bias, bs, o, B, Nq, Nk, H, Dh, scale, causal))
+        kk_attention_general(q, k, v, bias, bs, o, B, Nq, Nk, H, Dh, scale, causal);
+}
+
 /* ---- convolutions (the VAE) ------------------------------------------------------- */
 
 /* oneDNN's convolution on x and y as they are (nchw f32) with the weights in
@@ -1493,7 +1503,7 @@ static void fast_group_norm(const float *x, const float *w, const float *b, floa
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
     .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
-    .group_norm = fast_group_norm
+    .group_norm = fast_group_norm, .attention_ex = fast_attention_ex
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
                                       .conv2d = conv2d_f32,
