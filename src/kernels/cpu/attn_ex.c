@@ -75,11 +75,12 @@ typedef struct ex_args {
 static inline int64_t keys_of(const ex_args *a, int64_t i) { return a->causal && i + 1 < a->Nk ? i + 1 : a->Nk; }
 
 /* one task: queries [i0, i1) of head h of batch entry b; w holds
- * Dh*Nkp (K^T) + Nk*Dv (V) + RQ*Nkp (scores) floats */
+ * Dh*Nkp (K^T) + Nk*Dv (V) + RQ*Nkp (P) floats and RQ*Nkp (scores) doubles */
 EX_FN static void ex_task(const ex_args *a, int64_t b, int64_t h, int64_t i0, int64_t i1, float *w) {
     const int64_t Dh = a->Dh, D = a->D, Dv = a->Dv;
     const int64_t nk = keys_of(a, i1 - 1), nkp = up(nk, 16);
     float *kt = w, *vp = kt + Dh * a->Nkp, *s = vp + a->Nk * Dv;
+    double *sd = (double *)(s + RQ * a->Nkp); /* 64-byte aligned: every part is a multiple of 16 floats */
     /* K^T [Dh][nkp] and V [nk][Dv] of the keys this task's queries see */
     for (int64_t j = 0; j < nk; j++) {
         const char *kr = a->k + ((b * a->Nk + j) * D + h * Dh) * a->esz;
@@ -109,73 +110,97 @@ EX_FN static void ex_task(const ex_args *a, int64_t b, int64_t h, int64_t i0, in
             nkr[r] = keys_of(a, ii);
         }
         const int64_t tk = nkr[RQ - 1]; /* the tile's widest row: causal rows grow with i */
-        const __m512 sc = _mm512_set1_ps(a->scale);
-        /* scores s [RQ][tk] = scale * q k^T + bias, -inf past each row's keys */
+        /* scores sd [RQ][tk] = scale * q k^T + bias in double, -inf past each
+         * row's keys: T5 does not scale its scores (|s| reaches tens), and an
+         * f32 dot product's rounding there moved its outputs by 5e-6 */
+        const __m512d sc = _mm512_set1_pd(a->scale);
         for (int64_t j = 0; j < tk; j += 16) {
-            __m512 acc[RQ];
-            for (int r = 0; r < RQ; r++) acc[r] = _mm512_setzero_ps();
+            __m512d acc[RQ][2];
+            for (int r = 0; r < RQ; r++) acc[r][0] = acc[r][1] = _mm512_setzero_pd();
             const float *kc = kt + j;
-            if (a->bf16) {
-                for (int64_t d = 0; d < Dh; d++) {
-                    __m512 kv = _mm512_loadu_ps(kc + d * a->Nkp);
-                    for (int r = 0; r < RQ; r++) {
+            for (int64_t d = 0; d < Dh; d++) {
+                __m512 kv = _mm512_loadu_ps(kc + d * a->Nkp);
+                __m512d k0 = _mm512_cvtps_pd(_mm512_castps512_ps256(kv));
+                __m512d k1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(kv), 1)));
+                for (int r = 0; r < RQ; r++) {
+                    float qd;
+                    if (a->bf16) {
                         uint32_t u = (uint32_t)((const uint16_t *)qr[r])[d] << 16;
-                        float qd;
                         memcpy(&qd, &u, 4);
-                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qd), kv, acc[r]);
+                    } else {
+                        qd = ((const float *)qr[r])[d];
                     }
-                }
-            } else {
-                for (int64_t d = 0; d < Dh; d++) {
-                    __m512 kv = _mm512_loadu_ps(kc + d * a->Nkp);
-                    for (int r = 0; r < RQ; r++)
-                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(((const float *)qr[r])[d]), kv, acc[r]);
+                    __m512d qv = _mm512_set1_pd((double)qd);
+                    acc[r][0] = _mm512_fmadd_pd(qv, k0, acc[r][0]);
+                    acc[r][1] = _mm512_fmadd_pd(qv, k1, acc[r][1]);
                 }
             }
             for (int r = 0; r < RQ; r++) {
-                __m512 x = _mm512_mul_ps(acc[r], sc);
-                if (br[r]) x = _mm512_add_ps(x, load16(br[r], 0, j, nkr[r]));
                 int64_t left = nkr[r] - j;
                 __mmask16 live = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
-                _mm512_storeu_ps(s + r * a->Nkp + j, _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), x));
+                __m512d x0 = _mm512_mul_pd(acc[r][0], sc), x1 = _mm512_mul_pd(acc[r][1], sc);
+                if (br[r]) {
+                    __m512 bv = load16(br[r], 0, j, nkr[r]);
+                    x0 = _mm512_add_pd(x0, _mm512_cvtps_pd(_mm512_castps512_ps256(bv)));
+                    x1 = _mm512_add_pd(x1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(bv), 1))));
+                }
+                double *row = sd + r * a->Nkp + j;
+                _mm512_storeu_pd(row, _mm512_mask_blend_pd((__mmask8)live, _mm512_set1_pd(-INFINITY), x0));
+                _mm512_storeu_pd(row + 8, _mm512_mask_blend_pd((__mmask8)(live >> 8), _mm512_set1_pd(-INFINITY), x1));
             }
         }
-        /* the exact softmax of each row, unnormalized (e^(s - max)); 1 / sum kept */
+        /* the exact softmax of each row: max and s - max in double, e^(s -
+         * max) in f32 into s (unnormalized), 1 / sum kept */
         float inv[RQ];
         for (int r = 0; r < RQ; r++) {
+            double *dr = sd + r * a->Nkp;
             float *sr = s + r * a->Nkp;
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int64_t j = 0; j < tk; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + j));
-            float m = _mm512_reduce_max_ps(mx);
+            __m512d mx = _mm512_set1_pd(-INFINITY);
+            for (int64_t j = 0; j < tk; j += 8) mx = _mm512_max_pd(mx, _mm512_loadu_pd(dr + j));
+            double m = _mm512_reduce_max_pd(mx);
             if (m == -INFINITY) { /* every key masked: the row gives 0 */
                 memset(sr, 0, sizeof(float) * (size_t)up(tk, 16));
                 inv[r] = 0;
                 continue;
             }
-            __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(m);
+            __m512 sum = _mm512_setzero_ps();
+            __m512d mv = _mm512_set1_pd(m);
             for (int64_t j = 0; j < tk; j += 16) {
-                __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mv));
+                __m256 lo = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_loadu_pd(dr + j), mv));
+                __m256 hi = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_loadu_pd(dr + j + 8), mv));
+                __m512 x = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+                __m512 e = exp16(x);
                 _mm512_storeu_ps(sr + j, e);
                 sum = _mm512_add_ps(sum, e);
             }
             inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
         }
-        /* o = P V / sum, 64 output dims (4 vectors) at a time */
+        /* o = P V / sum, 64 output dims (4 vectors) at a time, summed in
+         * blocks of 16 keys added into totals: T5's padding tokens make long
+         * runs of equal values, whose one-by-one f32 sum drifts by N * eps */
         for (int64_t dc = 0; dc < Dv; dc += 64) {
-            __m512 acc[RQ][4];
+            __m512 tot[RQ][4];
             for (int r = 0; r < RQ; r++)
-                for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-            for (int64_t j = 0; j < tk; j++) {
-                const float *vr = vp + j * Dv + dc;
-                __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
-                       v3 = _mm512_loadu_ps(vr + 48);
-                for (int r = 0; r < RQ; r++) {
-                    __m512 p = _mm512_set1_ps(s[r * a->Nkp + j]);
-                    acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
-                    acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
-                    acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
-                    acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+                for (int c = 0; c < 4; c++) tot[r][c] = _mm512_setzero_ps();
+            for (int64_t j0 = 0; j0 < tk; j0 += 16) {
+                __m512 acc[RQ][4];
+                for (int r = 0; r < RQ; r++)
+                    for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+                int64_t j1 = j0 + 16 < tk ? j0 + 16 : tk;
+                for (int64_t j = j0; j < j1; j++) {
+                    const float *vr = vp + j * Dv + dc;
+                    __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
+                           v3 = _mm512_loadu_ps(vr + 48);
+                    for (int r = 0; r < RQ; r++) {
+                        __m512 p = _mm512_set1_ps(s[r * a->Nkp + j]);
+                        acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+                        acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+                        acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+                        acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+                    }
                 }
+                for (int r = 0; r < RQ; r++)
+                    for (int c = 0; c < 4; c++) tot[r][c] = _mm512_add_ps(tot[r][c], acc[r][c]);
             }
             for (int r = 0; r < nr; r++) {
                 float *orow = a->o + (b * a->Nq + i + r) * D + h * Dh;
@@ -184,7 +209,7 @@ EX_FN static void ex_task(const ex_args *a, int64_t b, int64_t h, int64_t i0, in
                     int64_t d = dc + 16 * c, left = Dh - d;
                     if (left <= 0) break;
                     __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-                    _mm512_mask_storeu_ps(orow + d, m, _mm512_mul_ps(acc[r][c], iv));
+                    _mm512_mask_storeu_ps(orow + d, m, _mm512_mul_ps(tot[r][c], iv));
                 }
             }
         }
@@ -211,7 +236,7 @@ int kk_attention_ex_avx512(const void *q, const void *k, const void *v, int bf16
     /* one work slice per thread, in a buffer the calling thread keeps (a
      * steady state allocates nothing) */
     int nt = omp_get_max_threads();
-    size_t per = (size_t)(Dh * a.Nkp + Nk * a.Dv + RQ * a.Nkp) + 16; /* floats; 16: keeps slices 64-byte aligned */
+    size_t per = (size_t)(Dh * a.Nkp + Nk * a.Dv + 3 * RQ * a.Nkp) + 16; /* floats; 16: keeps slices 64-byte aligned */
     per = (per + 15) / 16 * 16;
     static _Thread_local float *buf;
     static _Thread_local size_t cap;
