@@ -13,7 +13,8 @@
 # own init under a fixed seed, stored bf16, a folder both load) under
 # build/bench-encoder. Per model and kiln dtype, a fresh cache: one process
 # converts (the miss), then every round a fresh process loads the hit and
-# times its first encode (cold) and the median of --runs more (warm); the
+# times its first encode (cold process, warm page cache) and the median of
+# --runs more (warm); the
 # transformers runs alternate with kiln's in each round (the host's speed
 # drifts). Prints the medians over the rounds, kiln bf16 / this per round,
 # the hit's load time, and cold first encode / warm encode; checks that kiln
@@ -55,6 +56,9 @@ for model in $MODELS; do
   done
   for round in $(seq $ROUNDS); do
     for dt in bf16 $(echo " $DTYPES " | sed 's/ bf16 / /'); do
+      # a cold process on a warm page cache: the cache's files read once first (the
+      # torch runs between rounds may have pushed them out; that would time the disk)
+      find $DIR/cache-$model-$dt -type f -exec cat {} + > /dev/null
       read -r origin load first med <<< "$($BENCH --model $M --inputs $M/inputs.safetensors --cache-dir $DIR/cache-$model-$dt \
           --name $model --component $comp --dtype $dt --runs $RUNS | json origin load_ms first_ms median_ms)"
       [ "$origin" = hit ] || { echo "kiln $model $dt: expected a cache hit, got $origin" >&2; exit 1; }
