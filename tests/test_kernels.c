@@ -1011,6 +1011,46 @@ TEST(attention_ex_matches_reference) {
     fprintf(stderr, "  attention_ex: worst relative L2 against the general form %.2g\n", g_ex_worst);
 }
 
+/* the fast backends' unary (exact GELU by an f32 erf, quick GELU, ReLU)
+ * against kk_unary's double form: values from -12 to 12, odd lengths, a
+ * few extremes; relative L2 within 1e-6 and no element off by more than
+ * 3e-7 of the largest output */
+TEST(unary_matches_reference) {
+    const kk_backend *fast = kk_fast(KILN_F32);
+    if (!fast) return;
+    CHECK(fast->unary != NULL);
+    if (!fast->unary) return;
+    int64_t lens[] = {1, 17, 1000, 70001};
+    int ops[] = {KK_UN_GELU, KK_UN_QUICK_GELU, KK_UN_RELU};
+    double worst = 0;
+    for (int l = 0; l < 4; l++)
+        for (int o = 0; o < 3; o++) {
+            int64_t n = lens[l];
+            float *x = rnd(21, (size_t)n, 4), *y0 = rnd(22, (size_t)n, 0), *y1 = rnd(23, (size_t)n, 0);
+            float ext[] = {0.0f, -0.0f, 12.0f, -12.0f, 100.0f, -100.0f, 1e-20f, -1e-20f, 3e38f, -3e38f};
+            for (int64_t i = 0; i < n && i < 10; i++) x[i] = ext[i];
+            kk_unary(ops[o], x, y0, n);
+            fast->unary(ops[o], x, y1, n);
+            size_t s0 = n > 10 ? 10 : 0; /* the error of the random values, past the extremes */
+            double err = rel_l2(y1 + s0, y0 + s0, (size_t)n - s0), big = 0, off = 0;
+            for (int64_t i = 0; i < n; i++) {
+                if (n > 10 && i < 10) continue; /* the extremes: checked for finiteness only */
+                big = fabs(y0[i]) > big ? fabs(y0[i]) : big;
+                off = fabs(y1[i] - y0[i]) > off ? fabs(y1[i] - y0[i]) : off;
+            }
+            int finite = 1;
+            for (int64_t i = 0; i < n && i < 10; i++) finite &= isfinite(y1[i]) || (ops[o] == KK_UN_RELU);
+            worst = err > worst ? err : worst;
+            CHECK_MSG(err <= 1e-6 && off <= 3e-7 * (big > 0 ? big : 1) && finite,
+                      "unary %d n %lld: relative L2 %.3g, worst element %.3g of %.3g, finite %d", ops[o], (long long)n,
+                      err, off, big, finite);
+            kb_free_aligned(x);
+            kb_free_aligned(y0);
+            kb_free_aligned(y1);
+        }
+    fprintf(stderr, "  unary: worst relative L2 against the double form %.2g\n", worst);
+}
+
 int main(int argc, char **argv) {
     const char *group = argc > 1 ? argv[1] : "";
     if (!strcmp(group, "f16")) {
@@ -1033,6 +1073,7 @@ int main(int argc, char **argv) {
     RUN(attention_joint_matches_reference);
     RUN(attention_rising_scores);
     RUN(attention_ex_matches_reference);
+    RUN(unary_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);

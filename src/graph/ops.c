@@ -79,13 +79,13 @@ static void kg_run_silu(const kg_ctx *x, const kg_call *c) { x->be->silu(F(0), Y
 static void kg_run_gelu_tanh(const kg_ctx *x, const kg_call *c) { x->be->gelu_tanh(F(0), Y, numel_of(c, KG_Y)); }
 
 static void kg_run_gelu(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
+    if (x->be->unary) x->be->unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y)); /* the backend's, else the double form */
+    else kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
 }
 
 static void kg_run_quick_gelu(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
+    if (x->be->unary) x->be->unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y)); /* the backend's, else the double form */
+    else kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
 }
 
 static void kg_run_gather(const kg_ctx *x, const kg_call *c) {

@@ -185,6 +185,9 @@ typedef struct kk_backend {
      * kk_attention_general's contract (the text encoders' attention_ex) */
     void (*attention_ex)(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
                          float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale, int causal);
+    /* Optional (NULL: kk_unary, in double): y [n] = exact GELU, quick GELU
+     * or ReLU of x (KK_UN_*), as kk_unary */
+    void (*unary)(int op, const float *x, float *y, int64_t n);
 } kk_backend;
 
 /* A backend's memory (host memory where it has none of its own). */
