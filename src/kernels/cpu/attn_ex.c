@@ -31,7 +31,7 @@ static int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 /* elements [j, j+16) of a row (f32, or bf16 widened: exact) as f32, lanes past n zero */
 EX_FN static inline __m512 load16(const void *row, int bf16, int64_t j, int64_t n) {
-    __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+    __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : n - j <= 0 ? (__mmask16)0 : (__mmask16)((1u << (n - j)) - 1u);
     if (bf16)
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + j)), 16));
