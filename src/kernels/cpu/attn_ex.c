@@ -2,18 +2,19 @@
  * Nk] and a causal mask on AVX-512 (avx512f/bw/vl/dq: every AVX-512 CPU,
  * AMD Zen 4/5 included), for the text encoders (CLIP: causal; T5: position
  * bias, no scaling). The reference kk_attention_general is a double-precision
- * loop; this one keeps f32 throughout (products, softmax, sums), which is
- * within 1e-6 relative of it, so the f32 and the bf16 backends both use it
- * (attention is ~1% of an encoder's FLOPs; its GEMMs set the dtype's speed).
+ * loop; this one takes the scores q k^T in double (T5's unscaled scores reach
+ * tens) and the softmax and P V in f32, within ~2e-7 relative of it, so the
+ * f32 and the bf16 backends both use it (attention is ~1% of an encoder's
+ * FLOPs; its GEMMs set the dtype's speed).
  *
  * Work: tasks of QT query rows of one (batch entry, head), in parallel. A
  * task packs the keys it can see as K^T [Dh][Nkp] (Nkp: keys rounded up to
  * 16, zero padded) and V [nk][Dv] (Dv: Dh rounded up to 64, zero padded),
  * then takes RQ = 4 queries at a time: their scores against every visible
- * key (16 keys a vector, K^T's rows shared by the 4 queries), the exact row
- * softmax over that full row (max first, so no rescaling pass: the score
- * rows are short, QT x Nk floats at most), and P V with 4 x 4 accumulators
- * of 16 lanes. */
+ * key (16 keys a step, K^T's rows shared by the 4 queries), the exact row
+ * softmax over that full row (max first, so no online rescaling: a row is
+ * Nk scores, RQ rows at a time), and P V with 4 x 4 accumulators of 16
+ * lanes, summed in blocks of 16 keys. */
 #include "kernels/cpu/attn_ex.h"
 #include "base/base.h"
 #include "kernels/kernels.h"
