@@ -4,6 +4,7 @@
 #include "base/base.h"
 #include "graph/graph.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/attn_ex.h"
 #include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
@@ -922,6 +923,134 @@ TEST(quant_layouts) {
  *   test_kernels       every kernel this machine runs, against the reference
  *   test_kernels f16   the fp16 GEMM and attention (AVX512-FP16)
  *   test_kernels amx   the AMX layouts (AMX) */
+/* attention_ex (scale, additive bias broadcast over batch and / or heads,
+ * causal mask) on the fast backends' kernel against the double-precision
+ * general form: both dtypes (f32 arithmetic in both: within 1e-5), q, k
+ * and v also as bf16 rows (the reference fed the same values widened),
+ * and a bias of -inf that masks every key of some queries (their rows 0) */
+static double g_ex_worst;
+
+static void check_attention_ex(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, int bias_kind, int causal,
+                               float scale, int masked_rows) {
+    int64_t D = H * Dh, bs[4] = {1, 1, Nq, Nk};
+    if (bias_kind & 1) bs[0] = B;
+    if (bias_kind & 2) bs[1] = H;
+    size_t nb = (size_t)(bs[0] * bs[1] * Nq * Nk), nq = (size_t)(B * Nq * D), nk = (size_t)(B * Nk * D);
+    float *q = rnd(11, nq, 1), *k = rnd(12, nk, 1), *v = rnd(13, nk, 1);
+    float *bias = bias_kind ? rnd(14, nb, 2) : NULL;
+    if (bias && masked_rows) /* query 0 of every (batch, head) the bias covers sees no key; query 1 only its last */
+        for (size_t r = 0; r < nb / (size_t)(Nq * Nk); r++)
+            for (int64_t j = 0; j < Nk; j++) {
+                bias[r * (size_t)(Nq * Nk) + (size_t)j] = -INFINITY;
+                if (Nq > 1 && j + 1 < Nk) bias[r * (size_t)(Nq * Nk) + (size_t)(Nk + j)] = -INFINITY;
+            }
+    float *o0 = rnd(15, nq, 0), *o1 = rnd(16, nq, 0);
+    kk_attention_general(q, k, v, bias, bs, o0, B, Nq, Nk, H, Dh, scale, causal);
+    kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
+    for (int d = 0; d < 2; d++) {
+        const kk_backend *fast = kk_fast(dts[d]);
+        if (!fast) continue;
+        CHECK(fast->attention_ex != NULL);
+        if (!fast->attention_ex) continue;
+        for (size_t i = 0; i < nq; i++) o1[i] = NAN;
+        fast->attention_ex(q, k, v, bias, bs, o1, B, Nq, Nk, H, Dh, scale, causal);
+        double err = rel_l2(o1, o0, nq);
+        g_ex_worst = err > g_ex_worst ? err : g_ex_worst;
+        CHECK_MSG(err <= 1e-5, "attention_ex %s B %lld Nq %lld Nk %lld H %lld Dh %lld bias %d causal %d: error %.3g",
+                  kiln_dtype_name(dts[d]), (long long)B, (long long)Nq, (long long)Nk, (long long)H, (long long)Dh,
+                  bias_kind, causal, err);
+        if (masked_rows && bias) { /* query 0 (all keys masked) gives exactly 0 in each batch entry and head */
+            int zero = 1;
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t c = 0; c < D; c++) zero &= o1[b * Nq * D + c] == 0.0f;
+            CHECK_MSG(zero, "attention_ex: a query whose keys are all masked is not 0");
+        }
+    }
+    /* bf16 rows in: the kernel on the rounded values against the reference on them widened */
+    uint16_t *q16 = kb_alloc_aligned(2 * nq), *k16 = kb_alloc_aligned(2 * nk), *v16 = kb_alloc_aligned(2 * nk);
+    kt_from_f32(KILN_BF16, q, q16, nq);
+    kt_from_f32(KILN_BF16, k, k16, nk);
+    kt_from_f32(KILN_BF16, v, v16, nk);
+    kt_to_f32(KILN_BF16, q16, q, nq);
+    kt_to_f32(KILN_BF16, k16, k, nk);
+    kt_to_f32(KILN_BF16, v16, v, nk);
+    kk_attention_general(q, k, v, bias, bs, o0, B, Nq, Nk, H, Dh, scale, causal);
+    if (kk_attention_ex_avx512(q16, k16, v16, 1, bias, bs, o1, B, Nq, Nk, H, Dh, scale, causal)) {
+        double err = rel_l2(o1, o0, nq);
+        g_ex_worst = err > g_ex_worst ? err : g_ex_worst;
+        CHECK_MSG(err <= 1e-5, "attention_ex bf16 rows B %lld Nq %lld Nk %lld H %lld Dh %lld: error %.3g",
+                  (long long)B, (long long)Nq, (long long)Nk, (long long)H, (long long)Dh, err);
+    }
+    kb_free_aligned(q16);
+    kb_free_aligned(k16);
+    kb_free_aligned(v16);
+    kb_free_aligned(q);
+    kb_free_aligned(k);
+    kb_free_aligned(v);
+    kb_free_aligned(bias);
+    kb_free_aligned(o0);
+    kb_free_aligned(o1);
+}
+
+TEST(attention_ex_matches_reference) {
+    if (!kk_fast(KILN_F32)) {
+        fprintf(stderr, "  (no fast backend on this machine: skipped)\n");
+        return;
+    }
+    /* B, Nq, Nk, H, Dh, bias (1: per batch, 2: per head, 3: both, 0: none), causal, scale, masked rows */
+    check_attention_ex(1, 1, 1, 1, 64, 0, 1, 0.125f, 0);                 /* one token */
+    check_attention_ex(2, 77, 77, 20, 64, 0, 1, 0.125f, 0);              /* CLIP: causal */
+    check_attention_ex(1, 77, 77, 64, 64, 2, 0, 1.0f, 0);                /* T5: position bias per head, no scaling */
+    check_attention_ex(2, 300, 300, 3, 64, 2, 0, 1.0f, 0);               /* long, odd heads */
+    check_attention_ex(2, 257, 257, 2, 64, 3, 1, 0.3f, 0);               /* bias per batch and head, causal */
+    check_attention_ex(3, 33, 45, 5, 24, 1, 0, 0.2f, 0);                 /* Nq != Nk, bias per batch, head 24 */
+    check_attention_ex(1, 45, 33, 4, 80, 0, 1, 0.11f, 0);                /* causal with more queries than keys */
+    check_attention_ex(2, 19, 19, 1, 7, 3, 1, 0.5f, 1);                  /* head size 7; masked rows */
+    check_attention_ex(1, 131, 131, 2, 130, 2, 0, 0.09f, 1);             /* head size past 128 */
+    check_attention_ex(2, 5, 5, 64, 16, 2, 1, 1.0f, 1);
+    fprintf(stderr, "  attention_ex: worst relative L2 against the general form %.2g\n", g_ex_worst);
+}
+
+/* the fast backends' unary (exact GELU by an f32 erf, quick GELU, ReLU)
+ * against kk_unary's double form: values from -12 to 12, odd lengths, a
+ * few extremes; relative L2 within 1e-6 and no element off by more than
+ * 3e-7 of the largest output */
+TEST(unary_matches_reference) {
+    const kk_backend *fast = kk_fast(KILN_F32);
+    if (!fast) return;
+    CHECK(fast->unary != NULL);
+    if (!fast->unary) return;
+    int64_t lens[] = {1, 17, 1000, 70001};
+    int ops[] = {KK_UN_GELU, KK_UN_QUICK_GELU, KK_UN_RELU};
+    double worst = 0;
+    for (int l = 0; l < 4; l++)
+        for (int o = 0; o < 3; o++) {
+            int64_t n = lens[l];
+            float *x = rnd(21, (size_t)n, 4), *y0 = rnd(22, (size_t)n, 0), *y1 = rnd(23, (size_t)n, 0);
+            float ext[] = {0.0f, -0.0f, 12.0f, -12.0f, 100.0f, -100.0f, 1e-20f, -1e-20f, 3e38f, -3e38f};
+            for (int64_t i = 0; i < n && i < 10; i++) x[i] = ext[i];
+            kk_unary(ops[o], x, y0, n);
+            fast->unary(ops[o], x, y1, n);
+            size_t s0 = n > 10 ? 10 : 0; /* the error of the random values, past the extremes */
+            double err = rel_l2(y1 + s0, y0 + s0, (size_t)n - s0), big = 0, off = 0;
+            for (int64_t i = 0; i < n; i++) {
+                if (n > 10 && i < 10) continue; /* the extremes: checked for finiteness only */
+                big = fabs(y0[i]) > big ? fabs(y0[i]) : big;
+                off = fabs(y1[i] - y0[i]) > off ? fabs(y1[i] - y0[i]) : off;
+            }
+            int finite = 1;
+            for (int64_t i = 0; i < n && i < 10; i++) finite &= isfinite(y1[i]) || (ops[o] == KK_UN_RELU);
+            worst = err > worst ? err : worst;
+            CHECK_MSG(err <= 1e-6 && off <= 3e-7 * (big > 0 ? big : 1) && finite,
+                      "unary %d n %lld: relative L2 %.3g, worst element %.3g of %.3g, finite %d", ops[o], (long long)n,
+                      err, off, big, finite);
+            kb_free_aligned(x);
+            kb_free_aligned(y0);
+            kb_free_aligned(y1);
+        }
+    fprintf(stderr, "  unary: worst relative L2 against the double form %.2g\n", worst);
+}
+
 int main(int argc, char **argv) {
     const char *group = argc > 1 ? argv[1] : "";
     if (!strcmp(group, "f16")) {
@@ -943,6 +1072,8 @@ int main(int argc, char **argv) {
     RUN(attention_matches_reference);
     RUN(attention_joint_matches_reference);
     RUN(attention_rising_scores);
+    RUN(attention_ex_matches_reference);
+    RUN(unary_matches_reference);
     RUN(elementwise_matches_reference);
     RUN(bf16_activation_io);
     RUN(linear_gate_add_matches_reference);

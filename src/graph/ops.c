@@ -79,13 +79,13 @@ static void kg_run_silu(const kg_ctx *x, const kg_call *c) { x->be->silu(F(0), Y
 static void kg_run_gelu_tanh(const kg_ctx *x, const kg_call *c) { x->be->gelu_tanh(F(0), Y, numel_of(c, KG_Y)); }
 
 static void kg_run_gelu(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
+    if (x->be->unary) x->be->unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y)); /* the backend's, else the double form */
+    else kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
 }
 
 static void kg_run_quick_gelu(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
+    if (x->be->unary) x->be->unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y)); /* the backend's, else the double form */
+    else kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
 }
 
 static void kg_run_gather(const kg_ctx *x, const kg_call *c) {
@@ -166,8 +166,11 @@ static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
         if (c->ip[2])
             for (int d = 0; d < 4; d++) bs[d] = d - (4 - c->nd[3]) >= 0 ? c->sh[3][d - (4 - c->nd[3])] : 1;
         float scale = c->fp != 0 ? c->fp : 1.0f / sqrtf((float)Dh);
-        kk_attention_general(F(0), F(1), F(2), c->ip[2] ? F(3) : NULL, bs, Y, YS[0], YS[1], c->sh[1][1], H, Dh,
-                             scale, (int)c->ip[3]);
+        /* the backend's kernel where it has one (kk_backend.attention_ex), else the general form */
+        void (*run)(const float *, const float *, const float *, const float *, const int64_t *, float *, int64_t,
+                    int64_t, int64_t, int64_t, int64_t, float, int) =
+            be->attention_ex ? be->attention_ex : kk_attention_general;
+        run(F(0), F(1), F(2), c->ip[2] ? F(3) : NULL, bs, Y, YS[0], YS[1], c->sh[1][1], H, Dh, scale, (int)c->ip[3]);
         return;
     }
     if (c->fmt[1]) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */

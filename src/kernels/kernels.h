@@ -180,6 +180,14 @@ typedef struct kk_backend {
      * kk_group_norm computes it */
     void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
                        int64_t G, float eps, int silu);
+    /* Optional (NULL: kk_attention_general, the double-precision form):
+     * attention with a scale, an additive bias and a causal mask, exactly
+     * kk_attention_general's contract (the text encoders' attention_ex) */
+    void (*attention_ex)(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
+                         float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale, int causal);
+    /* Optional (NULL: kk_unary, in double): y [n] = exact GELU, quick GELU
+     * or ReLU of x (KK_UN_*), as kk_unary */
+    void (*unary)(int op, const float *x, float *y, int64_t n);
 } kk_backend;
 
 /* A backend's memory (host memory where it has none of its own). */

@@ -11,6 +11,7 @@
  * (target_clones). */
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/attn_ex.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/gemm_amx.h"
@@ -903,6 +904,35 @@ static void fast_gelu(const float *x, float *y, int64_t n) {
     for (int64_t c = 0; c < n; c += chunk) gelu_chunk(x + c, y + c, n - c < chunk ? n - c : chunk);
 }
 
+/* exact GELU 0.5 x (1 + erf(x / sqrt 2)) with erf by Abramowitz & Stegun
+ * 7.1.26 (|error| <= 1.5e-7, as PyTorch's vectorized erf) on exp_f, quick
+ * GELU x / (1 + e^(-1.702 x)), ReLU: f32, vectorized (kk_unary, the
+ * reference's, takes erf and exp in double one element at a time: 11% of
+ * a CLIP-G encode) */
+KK_CLONES static void unary_chunk(int op, const float *x, float *y, int64_t n) {
+    if (op == KK_UN_GELU) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i], z = fabsf(v) * 0.70710678118654752f, t = 1.0f / (1.0f + 0.3275911f * z);
+            float p = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+            float e = 1.0f - p * exp_f(-z * z); /* erf(|v| / sqrt 2) */
+            y[i] = 0.5f * v * (1.0f + (v < 0 ? -e : e));
+        }
+    } else if (op == KK_UN_QUICK_GELU) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + exp_f(-1.702f * x[i]));
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
+    }
+}
+
+static void fast_unary(int op, const float *x, float *y, int64_t n) {
+    int64_t chunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > 4 * chunk)
+    for (int64_t c = 0; c < n; c += chunk) unary_chunk(op, x + c, y + c, n - c < chunk ? n - c : chunk);
+}
+
 /* A row's mean and 1 / sqrt(variance + eps), each sum over RS_LANES
  * interleaved partial sums (element i into lane i % RS_LANES), added up
  * in one fixed order: the lanes are independent chains, which the
@@ -1290,6 +1320,15 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
     if (o_fmt == KK_FMT_BLOCKED) kk_block_segments(of, B, Na, qb ? Nb : 0, D, o);
 }
 
+/* attention_ex (scale, bias, causal: the text encoders) on the AVX-512 kernel
+ * (attn_ex.c, f32 arithmetic for both backends), else the general form */
+static void fast_attention_ex(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
+                              float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale,
+                              int causal) {
+    if (!kk_attention_ex_avx512(q, k, v, 0, bias, bs, o, B, Nq, Nk, H, Dh, scale, causal))
+        kk_attention_general(q, k, v, bias, bs, o, B, Nq, Nk, H, Dh, scale, causal);
+}
+
 /* ---- convolutions (the VAE) ------------------------------------------------------- */
 
 /* oneDNN's convolution on x and y as they are (nchw f32) with the weights in
@@ -1493,7 +1532,7 @@ static void fast_group_norm(const float *x, const float *w, const float *b, floa
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
     .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
-    .group_norm = fast_group_norm
+    .group_norm = fast_group_norm, .attention_ex = fast_attention_ex, .unary = fast_unary
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
                                       .conv2d = conv2d_f32,
