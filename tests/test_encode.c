@@ -73,14 +73,14 @@ TEST(encode_matches_pipeline) {
     char *path = kb_strfmt("%s/sd3-pipeline-tiny/text_encoder_3", cache); /* the component key's folder */
     CHECK(path && kb_is_dir(path));
     free(path);
-    /* bf16: CLIP within 1e-2; T5 with f16 weights rounded to bf16 lands near 2e-2 (docs/PERFORMANCE.md) */
+    /* bf16: every encoder within 1e-2 (T5's q and k stay f32: ka_spec.keep_f32) */
     o.dtype = KILN_BF16;
     kiln_sd3_text *t = NULL;
     CHECK_OK(kiln_sd3_text_open(golden_path(CASE, NULL), &o, &t));
     if (t) {
         double e = encode_case(t, io, 1);
         printf("  bf16: worst relative L2 %.3g\n", e);
-        CHECK_MSG(e < 3e-2, "bf16: %.3g", e);
+        CHECK_MSG(e < 1e-2, "bf16: %.3g", e);
     }
     kiln_sd3_text_free(t);
     st_close(io);

@@ -36,6 +36,8 @@ typedef struct ka_spec {
     int linear; /* the W of a linear layer: packed for the fast GEMM, quantizable */
     int split;  /* KA_SPLIT_*, the rule tensor parallel applies (ka_shard_spec) */
     int block;  /* FSDP: the block it belongs to, gathered before the block runs; -1: none */
+    int keep_f32; /* a linear whose GEMM stays f32 in a bf16 model: bf16 rounding of it would go,
+                   * unscaled, into a softmax's exponent (T5's q and k) */
 } ka_spec;
 
 /* One rank's part of a parallel run: the builder places the collectives. */

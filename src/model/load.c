@@ -28,7 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define LAYOUT_VERSION 2 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts) */
+#define LAYOUT_VERSION 3 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts;
+                          * 3: linears a family keeps f32 in bf16 models, T5's q and k) */
 
 /* ---- loaded models: the documented process-wide registry ----------------------- */
 

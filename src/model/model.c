@@ -65,11 +65,10 @@ static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_re
 
 /* Replace a linear weight's f32 data by the fast GEMM's packed layout
  * (quantized where the compute choice's scheme selects the layer). */
-static kiln_status pack_one(km_weight *w, const km_compute *cp) {
+static kiln_status pack_one(km_weight *w, kiln_dtype dt) {
     int64_t M = w->ndim ? w->shape[0] : 1, K = 1;
     for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
     size_t bytes;
-    kiln_dtype dt = km_pack_dtype(cp, w->name);
     kiln_status st = kk_fast_layout(M, K, dt, w->layout, &bytes);
     if (st) return st;
     void *p = kb_alloc_aligned(bytes);
@@ -170,7 +169,7 @@ kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km
     snprintf(w->layout, sizeof w->layout, "rowmajor");
     if (n_params) *n_params += n;
     if (!st && cp->tp > 1 && s->split != KA_SPLIT_NONE) st = km_shard_weight(w, s->split, cp->tp, cp->tp_index, n_params);
-    if (!st && s->linear && !cp->reference) st = pack_one(w, cp);
+    if (!st && s->linear && !cp->reference) st = pack_one(w, km_spec_dtype(cp, s));
     set_view(w, w->packed ? w->packed_dtype : KILN_F32);
     return st;
 }
@@ -369,7 +368,7 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         size_t want_bytes = 0;
         int64_t numel = 1;
         for (int d = 0; d < spec[i].ndim; d++) numel *= spec[i].shape[d];
-        kiln_dtype want_dt = packed ? km_pack_dtype(&cp, spec[i].name) : KILN_F32;
+        kiln_dtype want_dt = packed ? km_spec_dtype(&cp, &spec[i]) : KILN_F32;
         if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], want_dt, want_layout,
                                            &want_bytes)))
             break;

@@ -172,6 +172,8 @@ void km_compute_for_arch(km_compute *cp, const ka_arch *a);
 /* The packed dtype of a linear weight (by its name) under cp: the compute
  * dtype, or I8 / F8_E4M3 when the scheme quantizes its layer. */
 kiln_dtype km_pack_dtype(const km_compute *cp, const char *weight_name);
+/* The same for a spec entry: F32 for one the family keeps at f32 (keep_f32). */
+kiln_dtype km_spec_dtype(const km_compute *cp, const ka_spec *s);
 /* The scheme's part of the cache key: "" (none), "int8", "fp8", with
  * "-l<hex>" for layer patterns the caller named and "-brokenscales" under
  * the test hook KILN_TEST_BREAK_QUANT_SCALES. */

@@ -83,6 +83,10 @@ kiln_dtype km_pack_dtype(const km_compute *cp, const char *weight_name) {
     return cp->quant == KILN_QUANT_INT8 ? KILN_I8 : KILN_F8_E4M3;
 }
 
+kiln_dtype km_spec_dtype(const km_compute *cp, const ka_spec *s) {
+    return s->keep_f32 ? KILN_F32 : km_pack_dtype(cp, s->name);
+}
+
 void km_quant_tag(const km_compute *cp, char *buf, size_t cap) {
     buf[0] = 0;
     if (cp->quant == KILN_QUANT_NONE) return;

@@ -59,7 +59,7 @@ kiln_status km_fsdp_map(km_weight *w, const ka_spec *s, const kcache_entry *e, s
     size_t full = sizeof(float) * (size_t)numel;
     int packed = s->linear && !cp.reference;
     if (packed) {
-        kiln_status st = kk_fast_layout(s->shape[0], numel / s->shape[0], cp.dtype, layout, &full);
+        kiln_status st = kk_fast_layout(s->shape[0], numel / s->shape[0], s->keep_f32 ? KILN_F32 : cp.dtype, layout, &full);
         if (st) return st;
     }
     size_t off, len;
@@ -74,7 +74,8 @@ kiln_status km_fsdp_map(km_weight *w, const ka_spec *s, const kcache_entry *e, s
     if (!(w->name = kb_strdup(t->name))) return KILN_ERR_NOMEM;
     w->ndim = s->ndim;
     memcpy(w->shape, s->shape, sizeof w->shape);
-    w->src_dtype = packed ? cp.dtype : KILN_F32;
+    kiln_dtype dt = s->keep_f32 ? KILN_F32 : cp.dtype;
+    w->src_dtype = packed ? dt : KILN_F32;
     snprintf(w->layout, sizeof w->layout, "%s", layout);
     w->fsdp = 1;
     w->block = s->block;
@@ -83,7 +84,7 @@ kiln_status km_fsdp_map(km_weight *w, const ka_spec *s, const kcache_entry *e, s
     w->full_bytes = full;
     if (packed) {
         w->packed_bytes = full;
-        w->packed_dtype = cp.dtype; /* FSDP with a quantized backbone is refused at load */
+        w->packed_dtype = dt; /* FSDP with a quantized backbone is refused at load */
     }
     return KILN_OK;
 }

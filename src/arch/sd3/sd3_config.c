@@ -230,6 +230,7 @@ static void add(spec_list *l, int ndim, int64_t d0, int64_t d1, int64_t d2, int6
         l->cap = cap;
     }
     ka_spec *s = &l->s[l->n++];
+    memset(s, 0, sizeof *s); /* every field the spec has, then the ones set here */
     s->linear = 0;
     s->split = KA_SPLIT_NONE;
     s->block = -1;

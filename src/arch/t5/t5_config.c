@@ -214,6 +214,9 @@ kiln_status t5_weight_spec(const t5_config *c, ka_spec **out, size_t *n) {
             char fmt[96];
             snprintf(fmt, sizeof fmt, "%s.%s.weight", att, qkv[k]);
             ADD(2, 1, i, fmt, i);
+            /* T5 does not scale q k^T: q and k rounded to bf16 (from f16 weights)
+             * move the attention logits by ~1e-2 relative; they stay f32 */
+            if (ok && k < 2) s[ns - 1].keep_f32 = 1;
         }
         {
             int64_t shape[2] = {D, inner};

@@ -796,6 +796,24 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
         return;
     }
     int x_bf16 = x_fmt != KK_FMT_F32, y_bf16 = y_fmt != KK_FMT_F32;
+    if (dt == KILN_BF16 && w->packed && w->packed_dtype == KILN_F32) {
+        /* a linear the model keeps f32 (ka_spec.keep_f32): the f32 GEMM, its
+         * rows converted from and to bf16 where the graph gives them so */
+        float *xf = NULL, *yf = NULL;
+        if (x_bf16 && !(xf = kb_alloc_aligned(sizeof(float) * (size_t)(rows * w->K)))) goto nomem;
+        if (y_bf16 && !(yf = kb_alloc_aligned(sizeof(float) * (size_t)(rows * w->M)))) goto nomem;
+        if (xf)
+            for (int64_t i = 0; i < rows * w->K; i++) xf[i] = kt_bf16_to_f32(((const uint16_t *)x)[i]);
+        fast_linear_io(KILN_F32, xf ? xf : x, KK_FMT_F32, w, b, yf ? (void *)yf : y, KK_FMT_F32, rows, act);
+        if (yf) to_bf16_par(yf, y, rows * w->M);
+        kb_free_aligned(xf);
+        kb_free_aligned(yf);
+        return;
+    nomem:
+        kb_free_aligned(xf);
+        kb_defer_failure(KILN_ERR_NOMEM, "linear: out of memory converting the rows of an f32 weight");
+        return;
+    }
     if (w->packed && kk_dtype_is_quant(w->packed_dtype)) {
         quant_linear(x, x_fmt, w, b, y, y_fmt, rows, act);
         return;
