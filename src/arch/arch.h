@@ -155,6 +155,8 @@ typedef struct ka_int_key {
 } ka_int_key;
 kiln_status ka_json_ints(const cJSON *root, const ka_int_key *keys, size_t n);
 kiln_status ka_json_bool(const cJSON *root, const char *key, int *out);
+/* does transformers' "architectures" list name cls */
+int ka_json_lists_arch(const cJSON *root, const char *cls);
 /* a finite number (present, may be NULL: 0 when absent or null) */
 kiln_status ka_json_num(const cJSON *root, const char *key, double *out, int *present);
 

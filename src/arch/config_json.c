@@ -5,6 +5,7 @@
 #include "base/base.h"
 
 #include <math.h>
+#include <string.h>
 
 kiln_status ka_json_object(const char *json, cJSON **root) {
     *root = cJSON_Parse(json ? json : "");
@@ -34,6 +35,13 @@ kiln_status ka_json_ints(const cJSON *root, const ka_int_key *keys, size_t n) {
         if (st) return st;
     }
     return KILN_OK;
+}
+
+int ka_json_lists_arch(const cJSON *root, const char *cls) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures"), *e;
+    if (!cJSON_IsArray(a)) return 0;
+    cJSON_ArrayForEach(e, a) if (cJSON_IsString(e) && !strcmp(e->valuestring, cls)) return 1;
+    return 0;
 }
 
 kiln_status ka_json_bool(const cJSON *root, const char *key, int *out) {

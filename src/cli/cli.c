@@ -296,10 +296,6 @@ static int stem_len(const char *path) {
 
 char *cli_preview_path(const char *path) { return kb_strfmt("%.*s.png", stem_len(path), path); }
 
-char *cli_indexed_path(const char *path, int k) {
-    int s = stem_len(path);
-    return kb_strfmt("%.*s-%d%s", s, path, k, path + s);
-}
 
 char *cli_latents_path(const char *output) {
     size_t n = strlen(output);

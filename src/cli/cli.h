@@ -111,8 +111,6 @@ kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T,
  * .safetensors or .png (so x.png and x.safetensors both give x.png, never
  * x.png.png). Both malloc'd. */
 char *cli_preview_path(const char *path);
-/* image k of a batch: "out.png" -> "out-3.png" (malloc'd) */
-char *cli_indexed_path(const char *path, int k);
 char *cli_latents_path(const char *output);
 /* --output's folder exists and is writable, and the path is no folder:
  * checked before any work. 0, or a message printed and 1. */

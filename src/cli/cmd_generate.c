@@ -143,7 +143,7 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         N = 0; /* no preview */
     }
     for (int k = 0; k < N && !s; k++) { /* a preview per image: x.png, or x-0.png, x-1.png ... */
-        char *pk = N == 1 ? kb_strdup(png) : cli_indexed_path(png, k);
+        char *pk = kiln_image_path(png, k, N);
         s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, c->in_channels, o->latent_h, o->latent_w) : KILN_ERR_NOMEM;
         free(pk);
     }

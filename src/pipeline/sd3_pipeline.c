@@ -7,6 +7,7 @@
  * component loads through the weight cache under its own component key. */
 #include "base/base.h"
 #include "kiln.h"
+#include "pipeline/component.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -59,24 +60,9 @@ static cJSON *read_json(const char *dir, const char *file, int required, kiln_st
 static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_model **out) {
     char *dir = kb_path_join(p->dir, component);
     if (!dir) return KILN_ERR_NOMEM;
-    double t0 = kb_now();
-    kiln_status st;
-    if (!p->has_base) {
-        st = kiln_model_open(dir, NULL, out);
-    } else {
-        kiln_load_opts o = p->base;
-        o.source = dir;
-        o.source_fn = NULL;
-        o.config_path = NULL;
-        o.component = component;
-        st = kiln_load_model(&o, out);
-    }
+    kiln_status st = kp_open_component(dir, component, p->has_base ? &p->base : NULL, out);
     free(dir);
-    if (st) return kb_wrap(st, "%s", component);
-    char what[64];
-    snprintf(what, sizeof what, "load %s", component);
-    kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
-    return KILN_OK;
+    return st ? kb_wrap(st, "%s", component) : KILN_OK;
 }
 
 /* an integer of a model's config JSON (dflt when absent) */

@@ -12,6 +12,7 @@
  * the weight cache and the compiled packages like the transformer. */
 #include "base/base.h"
 #include "kiln.h"
+#include "pipeline/component.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -53,25 +54,6 @@ static int joint_dim(const char *pipeline) {
     return d;
 }
 
-static kiln_status open_encoder(const char *dir, const char *component, const kiln_load_opts *base, kiln_model **out) {
-    double t0 = kb_now();
-    kiln_status st;
-    if (!base) {
-        st = kiln_model_open(dir, NULL, out);
-    } else {
-        kiln_load_opts o = *base;
-        o.source = dir;
-        o.source_fn = NULL;
-        o.config_path = NULL;
-        o.component = component;
-        st = kiln_load_model(&o, out);
-    }
-    char what[64];
-    snprintf(what, sizeof what, "load %s", component);
-    if (!st) kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
-    return st;
-}
-
 /* an encoder's output by name, and its shape */
 static int has_output(const kiln_model *m, const char *name) {
     for (int i = 0; i < kiln_model_n_outputs(m); i++)
@@ -94,7 +76,7 @@ kiln_status kiln_sd3_text_open(const char *pipeline, const kiln_load_opts *base,
             st = kb_fail(KILN_ERR_MISSING, "%s: an SD3 pipeline needs %s/ and %s/%s", pipeline, k_tok[i], k_enc[i],
                          i == 2 ? " (or neither)" : "");
         } else if (!(st = kiln_tokenizer_open(td, &t->tok[i]))) {
-            st = open_encoder(ed, k_enc[i], base, &t->enc[i]);
+            st = kp_open_component(ed, k_enc[i], base, &t->enc[i]);
             if (st) st = kb_wrap(st, "%s", k_enc[i]);
         }
         free(td);

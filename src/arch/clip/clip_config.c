@@ -28,21 +28,13 @@ clip_config clip_config_defaults(void) {
     return c;
 }
 
-/* does the "architectures" list of root name cls */
-static int lists_arch(const cJSON *root, const char *cls) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures"), *e;
-    if (!cJSON_IsArray(a)) return 0;
-    cJSON_ArrayForEach(e, a) if (cJSON_IsString(e) && !strcmp(e->valuestring, cls)) return 1;
-    return 0;
-}
-
 int clip_config_kind(const char *json) {
     cJSON *root = cJSON_Parse(json);
     int kind = -1;
     if (cJSON_IsObject(root)) {
         const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-        if (lists_arch(root, "CLIPTextModelWithProjection")) kind = 1;
-        else if (lists_arch(root, "CLIPTextModel")) kind = 0;
+        if (ka_json_lists_arch(root, "CLIPTextModelWithProjection")) kind = 1;
+        else if (ka_json_lists_arch(root, "CLIPTextModel")) kind = 0;
         else if (!cJSON_GetObjectItemCaseSensitive(root, "architectures") && cJSON_IsString(mt) &&
                  !strcmp(mt->valuestring, "clip_text_model"))
             kind = 0; /* what transformers' AutoModel makes of it */

@@ -16,10 +16,8 @@ static int claims(const char *json) {
     cJSON *root = cJSON_Parse(json);
     int yes = 0;
     if (cJSON_IsObject(root)) {
-        const cJSON *ar = cJSON_GetObjectItemCaseSensitive(root, "architectures"), *e;
         const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-        if (cJSON_IsArray(ar))
-            cJSON_ArrayForEach(e, ar) yes |= cJSON_IsString(e) && !strcmp(e->valuestring, "T5EncoderModel");
+        yes = ka_json_lists_arch(root, "T5EncoderModel");
         if (mt && !(cJSON_IsString(mt) && !strcmp(mt->valuestring, "t5"))) yes = 0;
     }
     cJSON_Delete(root);

@@ -83,11 +83,7 @@ kiln_status t5_config_parse(const char *json, t5_config *cfg) {
     }
     const cJSON *ar = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     if (ar && !cJSON_IsNull(ar)) {
-        int found = 0;
-        const cJSON *e;
-        if (cJSON_IsArray(ar))
-            cJSON_ArrayForEach(e, ar) found |= cJSON_IsString(e) && !strcmp(e->valuestring, "T5EncoderModel");
-        if (!found) {
+        if (!ka_json_lists_arch(root, "T5EncoderModel")) {
             st = kb_fail(KILN_ERR_CONFIG, "config architectures does not name T5EncoderModel");
             goto done;
         }
