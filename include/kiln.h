@@ -313,6 +313,11 @@ typedef struct kiln_load_opts {
     /* as kiln_open_opts.family: a family that reads the same weights (its
      * weight list is the claiming family's, so both map one cache) */
     const char *family;
+    /* Progress of a pipeline's components (kiln_pipeline_open, kiln_sd3_text_open):
+     * called before each loads (seconds < 0, origin NULL) and after it
+     * (kiln_model_origin: "hit", "miss: ...", seconds taken); may be NULL. */
+    void (*on_component)(void *user, const char *component, const char *origin, double seconds);
+    void *component_user;
 } kiln_load_opts;
 
 KILN_API kiln_load_opts kiln_load_defaults(void);
@@ -373,7 +378,20 @@ typedef struct kiln_generate_opts {
     void *user;
     int batch;                  /* B images in one backbone batch (CFG: 2B rows,
                                  * uncond first as diffusers orders them); default 1 */
+    /* Micro-batches: each step runs the backbone on at most max_batch images
+     * at a time (CFG: 2 max_batch rows, the chunk's uncond rows first). 0:
+     * as many as fit memory_budget (bytes of the planned executor's
+     * activations; 0: all B at once). An image's result does not depend on
+     * the split (bitwise on the reference kernels). */
+    int max_batch;
+    uint64_t memory_budget;
 } kiln_generate_opts;
+
+/* Images per backbone call for a batch of o->batch under o's max_batch /
+ * memory_budget (kiln_generate's choice; *row_bytes, may be NULL, the
+ * activations one image adds: CFG's two rows). */
+KILN_API kiln_status kiln_generate_micro_batch(kiln_model *m, const kiln_generate_opts *o, int *images,
+                                               uint64_t *row_bytes);
 
 KILN_API kiln_generate_opts kiln_generate_defaults(void);
 /* out: [B, in_channels, latent_h, latent_w]. */
@@ -513,11 +531,23 @@ typedef struct kiln_pipeline_opts {
     uint64_t seed;                /* image k starts from kiln_noise(seed + k) */
     const float *noise;           /* [B, C, h, w] instead, or NULL */
     int max_sequence_length;      /* T5's tokens; default 256 */
-    int low_memory;               /* release the text encoders after encoding */
+    int low_memory;               /* 1: release the text encoders' mappings after encoding
+                                   * (the next request maps them again: cache hits);
+                                   * 0: only when every component's weights together pass
+                                   * 3/4 of the physical memory; -1: never */
     int compile;                  /* every component compiles a fixed-shape package for
                                    * a shape no package covers (kiln_model_set_compile) */
     void (*on_step)(void *user, int step, int steps, double sigma, const float *latent);
     void *user;
+    const char *const *negative_prompts; /* n_prompts negative prompts instead of
+                                          * negative_prompt, or NULL */
+    int max_batch;                /* images per backbone call (kiln_generate_opts) */
+    uint64_t memory_budget;       /* bytes for a call's activations; 0: a quarter of the RAM */
+    /* Called once with the conditioning (encode_prompt's four tensors under
+     * diffusers' names: prompt_embeds [B, T, J], pooled_prompt_embeds [B, P],
+     * negative_* the same, NULL without CFG); may be NULL. */
+    void (*on_cond)(void *user, const float *embeds, const int64_t embeds_shape[3], const float *pooled,
+                    const int64_t pooled_shape[2], const float *negative_embeds, const float *negative_pooled);
 } kiln_pipeline_opts;
 KILN_API kiln_pipeline_opts kiln_pipeline_defaults(void);
 /* The sampled latents [B, C, h, w] (malloc'd; free()) before decoding. */

@@ -29,11 +29,14 @@ TEST(pipeline_matches_diffusers) {
     snprintf(png, sizeof png, "%s/image.png", g_dir);
     const char *pipe = golden_path(CASE, NULL);
     char *out = NULL;
+    char tens[256];
+    snprintf(tens, sizeof tens, "%s/tensors.safetensors", g_dir);
     int rc = run_kiln(&out, "generate '%s' --prompt '" PROMPT "' --negative-prompt '" NEGATIVE "' --steps 4 --guidance 5 "
-                      "--dtype f32 --noise '%s' --latents-output '%s' --output '%s'", pipe,
-                      golden_path(CASE, "io.safetensors"), lat, png);
+                      "--dtype f32 --noise '%s' --latents-output '%s' --tensor-output '%s' --output '%s'", pipe,
+                      golden_path(CASE, "io.safetensors"), lat, tens, png);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
     CHECK(out && strstr(out, "1 image 48x32, 4 steps"));
+    CHECK(out && strstr(out, "generate: text_encoder_3  ")); /* progress per component */
     free(out);
     st_file *io = NULL;
     CHECK_OK(st_open(golden_path(CASE, "io.safetensors"), &io));
@@ -46,6 +49,22 @@ TEST(pipeline_matches_diffusers) {
         CHECK_MSG(e < 1e-5, "latents %.3g", e);
         free(want);
     }
+    /* --tensor-output: the conditioning, every step's latents and the decoder's float image */
+    st_file *tf = NULL;
+    CHECK_OK(st_open(tens, &tf));
+    const char *names[] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
+                           "negative_pooled_prompt_embeds", "latents_step1", "latents_step2", "latents_step3",
+                           "latents_step4", "latents", "image_decoded"};
+    for (size_t k = 0; tf && io && k < sizeof names / sizeof *names; k++) {
+        size_t a = 0, b = 0;
+        float *got = golden_tensor(tf, names[k], &a), *want = golden_tensor(io, names[k], &b);
+        double e = got && want && a == b ? kb_rel_l2(got, want, a) : INFINITY;
+        printf("  %-30s %.3g relative L2\n", names[k], e);
+        CHECK_MSG(e < 1e-5, "%s: %.3g", names[k], e);
+        free(got);
+        free(want);
+    }
+    st_close(tf);
     /* the PNG's pixels are diffusers' uint8 image (round(255 x), its float image stored) */
     uint8_t *rgb = NULL;
     int ph = 0, pw = 0;
@@ -108,11 +127,101 @@ static void batch_equals_alone(const char *extra, double tol) {
         CHECK(pi && access(pi, F_OK) == 0);
         free(pi);
     }
+    /* micro-batches (3 images a call: 2 + 2, and 1 a call) give the same images */
+    const int micro[2] = {3, 1};
+    for (int k = 0; k < 2; k++) {
+        char lm[256];
+        snprintf(lm, sizeof lm, "%s/micro-%d.safetensors", g_dir, micro[k]);
+        rc = run_kiln(&out, "generate '%s' --prompts-file '%s' --images-per-prompt 2 --steps 2 --guidance 4 --seed 5 %s "
+                      "--micro-batch %d --timings --latents-output '%s' --output '%s'", pipe, pf, extra, micro[k], lm, png);
+        CHECK_MSG(rc == 0 && strstr(out, micro[k] == 3 ? "cfg batch 8 in 2 calls" : "cfg batch 8 in 4 calls"),
+                  "micro-batch %d: exit %d: %s", micro[k], rc, out);
+        free(out);
+        size_t m = 0;
+        float *x = read_latents(lm, &m);
+        if (!x) continue;
+        double e = m == n ? kb_rel_l2(batch, x, n) : INFINITY;
+        printf("  micro-batch %d against the whole batch (%s): %.3g relative L2\n", micro[k], extra, e);
+        if (tol == 0) CHECK_MSG(m == n && !memcmp(batch, x, sizeof(float) * n), "micro-batch %d: %.3g", micro[k], e);
+        else CHECK_MSG(e <= tol, "micro-batch %d: %.3g", micro[k], e);
+        free(x);
+    }
     free(batch);
 }
 
 TEST(batch_reference_bitwise) { batch_equals_alone("--reference", 0); }
 TEST(batch_fast) { batch_equals_alone("--dtype f32", 1e-5); }
+
+/* --prompts-file with JSON lines: per-prompt settings, one batch per set of
+ * settings, images numbered in the file's order, each the image its settings
+ * make alone */
+TEST(prompts_json_lines) {
+    char pf[256], lat[256], png[256];
+    snprintf(pf, sizeof pf, "%s/prompts.jsonl", g_dir);
+    snprintf(lat, sizeof lat, "%s/jl.safetensors", g_dir);
+    snprintf(png, sizeof png, "%s/jl.png", g_dir);
+    FILE *f = fopen(pf, "w");
+    if (!f) return;
+    fputs("a red fox in the snow\n"
+          "{\"prompt\": \"an astronaut riding a horse\", \"negative_prompt\": \"ugly\", \"seed\": 11}\n"
+          "  {\"prompt\": \"a lighthouse\", \"steps\": 3, \"guidance\": 1}\n"
+          "{\"prompt\": \"a boat\"}\n", f);
+    fclose(f);
+    const char *pipe = golden_path(CASE, NULL);
+    char *out = NULL;
+    int rc = run_kiln(&out, "generate '%s' --prompts-file '%s' --steps 2 --guidance 4 --seed 5 --reference --latents-output '%s' "
+                      "--output '%s'", pipe, pf, lat, png);
+    CHECK_MSG(rc == 0 && strstr(out, "3 images 64x64, 2 steps, guidance 4") && strstr(out, "1 image 64x64, 3 steps, guidance 1"),
+              "exit %d: %s", rc, out);
+    free(out);
+    size_t n = 0;
+    float *all = read_latents(lat, &n);
+    if (!all) return;
+    const char *alone[4] = {"--prompt 'a red fox in the snow' --steps 2 --guidance 4 --seed 5",
+                            "--prompt 'an astronaut riding a horse' --negative-prompt ugly --steps 2 --guidance 4 --seed 11",
+                            "--prompt 'a lighthouse' --steps 3 --guidance 1 --seed 7",
+                            "--prompt 'a boat' --steps 2 --guidance 4 --seed 8"};
+    for (int k = 0; k < 4; k++) {
+        char lk[256];
+        snprintf(lk, sizeof lk, "%s/jl-%d.safetensors", g_dir, k);
+        rc = run_kiln(&out, "generate '%s' %s --reference --quiet --latents-output '%s' --output '%s/jl-alone.png'", pipe,
+                      alone[k], lk, g_dir);
+        CHECK_MSG(rc == 0, "alone %d: %s", k, out);
+        free(out);
+        size_t m = 0;
+        float *x = read_latents(lk, &m);
+        CHECK_MSG(x && m * 4 == n && !memcmp(all + (size_t)k * m, x, sizeof(float) * m), "line %d's image differs", k + 1);
+        free(x);
+        char *pi = kb_strfmt("%s/jl-%d.png", g_dir, k);
+        CHECK(pi && access(pi, F_OK) == 0);
+        free(pi);
+    }
+    free(all);
+    /* a bad line names itself and nothing is written */
+    f = fopen(pf, "w");
+    if (f) {
+        fputs("a cat\n{\"prompt\": \"a dog\", \"sed\": 3}\n", f);
+        fclose(f);
+    }
+    CHECK_RUN_WITH(run_kiln, 1, "line 2: unknown key \"sed\"", "generate '%s' --prompts-file '%s' --output '%s/bad.png'", pipe,
+                   pf, g_dir);
+    f = fopen(pf, "w");
+    if (f) {
+        fputs("{\"prompt\": \"a dog\", \"width\": 50}\n", f);
+        fclose(f);
+    }
+    CHECK_RUN_WITH(run_kiln, 1, "line 1: width 50 px: must be a multiple of 4", "generate '%s' --prompts-file '%s' --output "
+                   "'%s/bad.png'", pipe, pf, g_dir);
+    f = fopen(pf, "w");
+    if (f) {
+        fputs("a\n{\"prompt\": \"b\", \"steps\": 3}\n", f);
+        fclose(f);
+    }
+    CHECK_RUN_WITH(run_kiln, 1, "--tensor-output needs one batch", "generate '%s' --prompts-file '%s' --tensor-output "
+                   "'%s/t.safetensors' --output '%s/bad.png'", pipe, pf, g_dir, g_dir);
+    CHECK(kiln_sh(&out, "ls '%s' | grep -c '^bad' || true", g_dir) == 0 && out && atoi(out) == 0);
+    free(out);
+}
 
 TEST(pipeline_info) {
     CHECK_RUN_WITH(run_kiln, 0, "text_encoder_3   t5: 0.35 M parameters in 21 tensors, F16 x 21", "info '%s'",
@@ -188,7 +297,13 @@ TEST(pipeline_errors) {
     free(out);
     CHECK_RUN_WITH(run_kiln, 1, "the transformer takes joint_attention_dim", "generate '%s' --prompt x --output '%s'", bad,
                    png);
+    CHECK(kiln_sh(&out, "rm -rf '%s/transformer'", bad) == 0);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 1, "transformer", "generate '%s' --prompt x --output '%s'", bad, png);
     free(bad);
+    CHECK_RUN_WITH(run_kiln, 1, "--memory", "generate '%s' --prompt x --memory 12Q --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "--micro-batch", "generate '%s' --prompt x --micro-batch 0 --output '%s'", pipe, png);
+    CHECK(access(png, F_OK) != 0); /* no error above left an image */
 }
 
 int main(void) {
@@ -198,6 +313,7 @@ int main(void) {
     RUN(pipeline_matches_diffusers);
     RUN(batch_reference_bitwise);
     RUN(batch_fast);
+    RUN(prompts_json_lines);
     RUN(pipeline_info);
     RUN(pipeline_cache_build);
     RUN(pipeline_compile);

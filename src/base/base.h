@@ -63,6 +63,10 @@ int kb_huge_pages(void);
  * own definition (weak, mem.c) never does; a test program defines its own. */
 int kb_alloc_fault(size_t n);
 void kb_free_aligned(void *p);
+/* The machine's physical memory in bytes (0 when the system cannot say). */
+uint64_t kb_phys_bytes(void);
+/* A memory budget by default: a quarter of the physical memory (4 GiB when unknown). */
+uint64_t kb_default_budget(void);
 /* a*b and a+b with overflow check: return 0 on overflow */
 int kb_mul_ok(size_t a, size_t b, size_t *out);
 

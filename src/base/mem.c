@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 int kb_mul_ok(size_t a, size_t b, size_t *out) {
     if (a && b > SIZE_MAX / a) return 0;
@@ -91,4 +92,14 @@ double kb_rel_l2(const float *a, const float *b, size_t n) {
         den += (double)b[i] * (double)b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+uint64_t kb_phys_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+uint64_t kb_default_budget(void) {
+    uint64_t b = kb_phys_bytes();
+    return b ? b / 4 : (uint64_t)4 << 30;
 }

@@ -481,3 +481,11 @@ int cli_read_lines(const char *cmd, const char *path, char **text, char ***lines
     if (!*n) return cli_error(cmd, "%s holds no prompt (one per line)", path);
     return 0;
 }
+
+void cli_step_progress(void *user, int step, int steps, double sigma, const float *latent) {
+    (void)latent;
+    cli_progress *p = user;
+    double now = kb_now();
+    if (!p->quiet) fprintf(stderr, "  step %d/%d  sigma %.4f  %.2f s\n", step, steps, sigma, now - p->last);
+    p->last = now;
+}

@@ -91,6 +91,23 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
  * or sd3-medium.safetensors), so two folders of one name never collide. */
 void cli_model_name(const char *path, char *buf, size_t cap);
 
+/* One request of --prompts-file: a line of text is a prompt; a line that
+ * starts with { is a JSON object with "prompt" and any of
+ * "negative_prompt", "seed", "steps", "guidance", "width", "height",
+ * "images_per_prompt" for that prompt alone (unknown keys are an error).
+ * Unset: seed -1, the numbers 0, has_guidance 0 (the run's options). */
+typedef struct cli_prompt {
+    char *prompt, *negative;
+    int64_t seed;
+    int steps, width, height, images;
+    double guidance;
+    int has_guidance;
+    int line;
+} cli_prompt;
+/* 0 with *out (cli_prompts_free) and *n >= 1, or a message printed and 1 */
+int cli_prompts_read(const char *cmd, const char *path, cli_prompt **out, int *n);
+void cli_prompts_free(cli_prompt *p, int n);
+
 /* A named f32 copy of a tensor in f with ndim dims; NULL and a message
  * naming file and tensor otherwise (a NaN or Inf in it too: the message
  * gives the first one's index). shape gets its dims. */
@@ -98,6 +115,23 @@ float *cli_tensor(const char *cmd, const st_file *f, const char *name, int ndim,
 /* Write one f32 tensor to a safetensors file. */
 kiln_status cli_write_f32(const char *path, const char *name, const float *data, int ndim,
                           const int64_t *shape);
+/* Per-step progress on stderr (a kiln_generate_opts.on_step; user: a
+ * cli_progress, quiet: nothing printed). */
+typedef struct cli_progress {
+    double t0, last;
+    int quiet;
+} cli_progress;
+void cli_step_progress(void *user, int step, int steps, double sigma, const float *latent);
+/* kiln generate PIPELINE: what was asked */
+typedef struct pipe_args {
+    const char *prompt, *prompts_file, *negative, *latents_out, *tensor_out, *vae_tile, *vae_memory, *memory;
+    long width, height, ipp, msl, micro_batch;
+    int low_memory, compile;
+} pipe_args;
+/* kiln generate PIPELINE ... (generate_pipeline.c): g holds --steps,
+ * --guidance, --shift, --seed. Returns the exit code. */
+int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_args *pa, const kiln_generate_opts *g,
+                          const char *noise_file, const char *output, int quiet);
 /* Sample with progress on stderr, then write `latents` [B,C,H,W] to output
  * and beside it a PNG per image: the VAE's decode, or without one (NULL) a
  * preview of the latents. Returns the exit code. */

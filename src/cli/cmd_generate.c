@@ -15,7 +15,8 @@
 static const char k_usage[] =
     "kiln generate PIPELINE (--prompt TEXT | --prompts-file FILE) --output out.png [--negative-prompt TEXT]\n"
     "                     [--width W --height H] [--images-per-prompt N] [--max-sequence-length N]\n"
-    "                     [--latents-output FILE] [--low-memory] [--steps N] [--shift S] [--guidance G]\n"
+    "                     [--latents-output FILE] [--tensor-output FILE] [--low-memory] [--micro-batch N]\n"
+    "                     [--memory BYTES] [--steps N] [--shift S] [--guidance G]\n"
     "                     [--seed N | --noise FILE] [--quiet] [options]\n"
     "       kiln generate TRANSFORMER --cond FILE --output FILE [--latent HxW] [--steps N] ...";
 
@@ -27,12 +28,23 @@ static int help(void) {
            "text_encoder*/, tokenizer*/, transformer/, vae/), as its __call__: each component loads\n"
            "through the weight cache under its own key; the prompt is encoded (kiln encode), sampled\n"
            "with the scheduler config's shift, and decoded by the VAE.\n"
-           "  --prompt TEXT / --prompts-file FILE (one prompt per line)  --negative-prompt TEXT\n"
+           "  --prompt TEXT           the prompt  --negative-prompt TEXT (default \"\", as diffusers)\n"
+           "  --prompts-file FILE     one prompt per line, or per line a JSON object with that prompt's\n"
+           "                          own settings: {\"prompt\": \"...\", \"negative_prompt\": \"...\", \"seed\": 7,\n"
+           "                          \"steps\": 20, \"guidance\": 5, \"width\": 768, \"height\": 768,\n"
+           "                          \"images_per_prompt\": 2}; prompts with the same settings run as one\n"
+           "                          batch; images are numbered in the file's order\n"
            "  --width W --height H    pixels (default: the transformer's sample_size x the VAE factor;\n"
            "                          multiples of the VAE factor x the patch)\n"
            "  --images-per-prompt N   (default 1)  --max-sequence-length N  T5 tokens (default 256)\n"
            "  --latents-output FILE   also write the final latents `latents` [B, C, h, w]\n"
-           "  --low-memory            release the text encoders before sampling\n"
+           "  --tensor-output FILE    also write every intermediate under diffusers' names:\n"
+           "                          prompt_embeds, pooled_prompt_embeds, negative_*, latents_step1..N,\n"
+           "                          latents, image_decoded [B, 3, H, W] (the decoder's float image)\n"
+           "  --low-memory            release the text encoders before sampling (default: only when\n"
+           "                          the pipeline's weights pass 3/4 of the RAM)\n"
+           "  --micro-batch N         at most N images a backbone call (CFG: 2N rows); default: as\n"
+           "                          many as fit --memory BYTES (default a quarter of the RAM)\n"
            "  --vae-tile auto|off|PX  the decode's tiling (default auto: tiled when an untiled decode\n"
            "                          would pass --vae-memory BYTES, default a quarter of the RAM)\n"
            "  --compile               compile a package for every shape a component runs that none\n"
@@ -82,20 +94,6 @@ static int latent_hint(const char *cmd, const char *model, const cli_common *com
     return rc;
 }
 
-typedef struct {
-    double t0, last;
-    int quiet;
-} progress;
-
-static void on_step(void *user, int step, int steps, double sigma, const float *latent) {
-    (void)latent;
-    progress *p = user;
-    double now = kb_now();
-    if (!p->quiet)
-        fprintf(stderr, "  step %d/%d  sigma %.4f  %.2f s\n", step, steps, sigma, now - p->last);
-    p->last = now;
-}
-
 int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, const char *output,
                      int quiet, kiln_model *vae) {
     const kiln_config *c = kiln_model_config(m);
@@ -110,8 +108,8 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     if (!lat) return cli_error(cmd, "out of memory");
     int rank = kiln_dist_rank(); /* on a mesh every rank samples; rank 0 reports and writes */
     if (rank) quiet = 1;
-    progress p = {kb_now(), kb_now(), quiet};
-    o->on_step = on_step;
+    cli_progress p = {kb_now(), kb_now(), quiet};
+    o->on_step = cli_step_progress;
     o->user = &p;
     if (!quiet)
         fprintf(stderr, "%s: %d steps, latent %dx%d, %d image%s, guidance %g%s\n", cmd, o->steps, o->latent_h,
@@ -161,204 +159,6 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     return s ? cli_fail(cmd, s) : 0;
 }
 
-/* what a pipeline run was asked (kiln generate PIPELINE ...) */
-typedef struct pipe_args {
-    const char *prompt, *prompts_file, *negative, *latents_out, *vae_tile, *vae_memory;
-    long width, height, ipp, msl;
-    int low_memory, compile;
-} pipe_args;
-
-/* The batch's images: decoded by the pipeline's VAE (tiled when memory is
- * short) and written one PNG per image with what made it in its
- * "parameters" text; a pipeline without vae/ gets the latents' false-colour
- * preview. Every image decodes before any file is written; a failed write
- * removes the ones written. */
-static kiln_status write_images(kiln_pipeline *p, const kiln_pipeline_opts *po, const pipe_args *pa, const float *lat,
-                                const int64_t sh[4], const char *output, int from_noise, int quiet) {
-    kiln_model *vae = kiln_pipeline_vae(p);
-    int B = (int)sh[0], ipp = po->images_per_prompt;
-    size_t one = (size_t)(sh[1] * sh[2] * sh[3]);
-    kiln_status s = KILN_OK;
-    if (!vae) {
-        (void)pa;
-        fprintf(stderr, "generate: the pipeline has no vae/: writing the latents' preview instead of images\n");
-        for (int k = 0; k < B && !s; k++) {
-            char *pk = kiln_image_path(output, k, B);
-            s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, (int)sh[1], (int)sh[2], (int)sh[3]) : KILN_ERR_NOMEM;
-            free(pk);
-        }
-        return s;
-    }
-    kiln_vae_opts vo = kiln_vae_defaults();
-    if (pa->vae_tile && (s = kiln_vae_parse_tile(pa->vae_tile, &vo))) return s;
-    if (pa->vae_memory && (s = kiln_vae_parse_memory(pa->vae_memory, &vo))) return s;
-    int H = (int)sh[2] * kiln_pipeline_vae_scale(p), W = (int)sh[3] * kiln_pipeline_vae_scale(p);
-    uint8_t *rgb = malloc((size_t)B * (size_t)H * (size_t)W * 3);
-    if (!rgb) return kb_fail(KILN_ERR_NOMEM, "out of memory for %d images of %dx%d", B, W, H);
-    kiln_vae_plan plan; /* kiln_vae_decode puts its time in the ledger ("vae decode") */
-    s = kiln_vae_decode_rgb(vae, lat, sh, &vo, rgb, NULL, &plan);
-    char **written = s ? NULL : calloc((size_t)B, sizeof *written);
-    if (!s && !written) s = KILN_ERR_NOMEM;
-    for (int k = 0; k < B && !s; k++) {
-        kiln_image_info info = {.prompt = po->prompts[k / ipp], .negative_prompt = po->guidance > 1 ? (po->negative_prompt ? po->negative_prompt : "") : NULL,
-                                .steps = po->steps, .guidance = po->guidance, .has_seed = !from_noise,
-                                .seed = po->seed + (uint64_t)k, .sampler = "Euler (flow matching)", .model = NULL};
-        if (!(written[k] = kiln_image_path(output, k, B))) s = KILN_ERR_NOMEM;
-        else if (!(s = kiln_image_write_png(written[k], rgb + (size_t)k * (size_t)H * (size_t)W * 3, H, W, &info)) && !quiet)
-            fprintf(stderr, "generate: image %d -> %s\n", k, written[k]);
-    }
-    for (int k = 0; written && k < B; k++) {
-        if (s && written[k]) unlink(written[k]); /* nothing half-written: the whole batch or none */
-        free(written[k]);
-    }
-    free(written);
-    free(rgb);
-    return s;
-}
-
-/* kiln generate PIPELINE --prompt ...: encode, sample, decode */
-static int generate_pipeline(const char *dir, const cli_common *com, const pipe_args *pa, kiln_generate_opts *g,
-                             const char *noise_file, const char *output, int quiet) {
-    const char *cmd = "generate";
-    if (!pa->prompt == !pa->prompts_file)
-        return cli_usage_error(cmd, k_usage, "a pipeline needs one of --prompt or --prompts-file");
-    char *text = NULL, **lines = NULL;
-    const char *one[1] = {pa->prompt};
-    const char *const *prompts = one;
-    int n = 1, rc = 1;
-    if (pa->prompts_file && (rc = cli_read_lines(cmd, pa->prompts_file, &text, &lines, &n))) return rc;
-    if (pa->prompts_file) prompts = (const char *const *)lines;
-    rc = 1;
-    if ((long)n * pa->ipp > KM_MAX_BATCH / 2) {
-        cli_error(cmd, "%d prompts x %ld images a prompt: at most %d images in a batch", n, pa->ipp, KM_MAX_BATCH / 2);
-        goto out;
-    }
-    if (pa->latents_out && cli_check_output(cmd, pa->latents_out)) goto out;
-    char name[128];
-    kiln_load_opts lo = cli_load_opts(dir, com, name, sizeof name);
-    kiln_pipeline *p = NULL;
-    st_file *nf = NULL;
-    float *lat = NULL, *nz = NULL;
-    double t0 = kb_now();
-    kiln_status s = cli_check_ranks(com);
-    if (!s) s = kiln_pipeline_open(dir, &lo, &p);
-    if (s) {
-        rc = cli_fail(cmd, s);
-        goto done;
-    }
-    if (!quiet) fprintf(stderr, "%s: pipeline ready in %.2f s (%s)\n", cmd, kb_now() - t0, dir);
-    kiln_pipeline_opts po = kiln_pipeline_defaults();
-    po.prompts = prompts;
-    po.n_prompts = n;
-    po.negative_prompt = pa->negative;
-    po.images_per_prompt = (int)pa->ipp;
-    po.height = (int)pa->height;
-    po.width = (int)pa->width;
-    po.steps = g->steps;
-    po.guidance = g->guidance;
-    po.shift = g->shift;
-    po.seed = g->seed;
-    po.max_sequence_length = (int)pa->msl;
-    po.low_memory = pa->low_memory;
-    po.compile = pa->compile;
-    progress pr = {kb_now(), kb_now(), quiet || kiln_dist_rank()};
-    po.on_step = on_step;
-    po.user = &pr;
-    const kiln_config *c = kiln_model_config(kiln_pipeline_transformer(p));
-    int B = n * (int)pa->ipp;
-    if (noise_file) { /* the noise sets the size: it must be one the pipeline makes */
-        int64_t sn[4];
-        if ((s = st_open(noise_file, &nf))) {
-            rc = cli_fail(cmd, s);
-            goto done;
-        }
-        if (!(nz = cli_tensor(cmd, nf, "noise", 4, sn))) goto done;
-        int f = kiln_pipeline_vae_scale(p);
-        if (sn[0] != B || sn[1] != c->in_channels || sn[2] > 1 << 16 || sn[3] > 1 << 16) {
-            cli_error(cmd, "%s: noise is [%lld, %lld, %lld, %lld]; this run needs [%d, %d, h, w] (%d prompt%s x %ld)",
-                      noise_file, (long long)sn[0], (long long)sn[1], (long long)sn[2], (long long)sn[3], B,
-                      c->in_channels, n, n == 1 ? "" : "s", pa->ipp);
-            goto done;
-        }
-        if ((po.height && po.height != sn[2] * f) || (po.width && po.width != sn[3] * f)) {
-            cli_error(cmd, "--height/--width disagree with the noise's %lldx%lld latent (%lldx%lld pixels)",
-                      (long long)sn[2], (long long)sn[3], (long long)sn[2] * f, (long long)sn[3] * f);
-            goto done;
-        }
-        po.height = (int)sn[2] * f;
-        po.width = (int)sn[3] * f;
-        po.noise = nz;
-    }
-    if (!po.height) po.height = c->sample_size * kiln_pipeline_vae_scale(p);
-    if (!po.width) po.width = c->sample_size * kiln_pipeline_vae_scale(p);
-    if ((s = kiln_pipeline_check_size(p, po.height, po.width, NULL, NULL))) {
-        rc = cli_fail(cmd, s);
-        goto done;
-    }
-    if (!quiet)
-        fprintf(stderr, "%s: %d image%s %dx%d, %d steps, guidance %g\n", cmd, B, B == 1 ? "" : "s", po.width,
-                po.height, po.steps, po.guidance);
-    int64_t sh[4];
-    if ((s = kiln_pipeline_generate(p, &po, &lat, sh))) {
-        rc = cli_fail(cmd, s);
-        goto done;
-    }
-    if (kiln_dist_rank() == 0) {
-        if (pa->latents_out && (s = cli_write_f32(pa->latents_out, "latents", lat, 4, sh))) {
-            rc = cli_fail(cmd, s);
-            goto done;
-        }
-        if ((s = write_images(p, &po, pa, lat, sh, output, noise_file != NULL, quiet))) {
-            rc = cli_fail(cmd, s);
-            goto done;
-        }
-        if (!quiet) fprintf(stderr, "%s: %.2f s in all (backbone: %s)\n", cmd, kb_now() - t0,
-                            kiln_model_last_exec(kiln_pipeline_transformer(p)));
-    }
-    rc = 0;
-done:
-    free(lat);
-    free(nz);
-    st_close(nf);
-    kiln_pipeline_free(p);
-out:
-    free(lines);
-    free(text);
-    return rc;
-}
-
-int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int width, int height, double guidance) {
-    const char *cmd = "compile";
-    char name[128];
-    kiln_load_opts lo = cli_load_opts(dir, com, name, sizeof name);
-    kiln_pipeline *p = NULL;
-    float *lat = NULL;
-    int64_t sh[4];
-    double t0 = kb_now();
-    kiln_status s = kiln_pipeline_open(dir, &lo, &p);
-    if (!s) {
-        /* one step of a request compiles every shape the request runs: text
-         * encoders, the transformer's CFG batch, the decoder */
-        const char *prompts[1] = {""};
-        kiln_pipeline_opts po = kiln_pipeline_defaults();
-        po.prompts = prompts;
-        po.n_prompts = 1;
-        po.images_per_prompt = images;
-        po.width = width;
-        po.height = height;
-        po.steps = 1;
-        po.guidance = guidance;
-        po.compile = 1;
-        s = kiln_pipeline_generate(p, &po, &lat, sh);
-    }
-    free(lat);
-    kiln_pipeline_free(p);
-    if (s) return cli_fail(cmd, s);
-    printf("compiled %s for %d image%s a request (%s) in %.2f s: every component's packages are published\n", dir,
-           images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG", kb_now() - t0);
-    return 0;
-}
-
 int cmd_generate(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *vae_dir = NULL, *v;
@@ -385,6 +185,8 @@ int cmd_generate(int argc, char **argv) {
             (r = cli_opt("generate", argc, argv, &i, "--prompts-file", &pa.prompts_file)) ||
             (r = cli_opt("generate", argc, argv, &i, "--negative-prompt", &pa.negative)) ||
             (r = cli_opt("generate", argc, argv, &i, "--latents-output", &pa.latents_out)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--tensor-output", &pa.tensor_out)) ||
+            (r = cli_opt("generate", argc, argv, &i, "--memory", &pa.memory)) ||
             (r = cli_opt("generate", argc, argv, &i, "--vae-tile", &pa.vae_tile)) ||
             (r = cli_opt("generate", argc, argv, &i, "--vae-memory", &pa.vae_memory))) {
             if (r < 0) return 2;
@@ -398,6 +200,10 @@ int cmd_generate(int argc, char **argv) {
         if (r) continue;
         if ((r = cli_opt("generate", argc, argv, &i, "--images-per-prompt", &v)) &&
             (r < 0 || cli_parse_int("generate", "--images-per-prompt", v, 1, KM_MAX_BATCH / 2, &pa.ipp)))
+            return 2;
+        if (r) continue;
+        if ((r = cli_opt("generate", argc, argv, &i, "--micro-batch", &v)) &&
+            (r < 0 || cli_parse_int("generate", "--micro-batch", v, 1, KM_MAX_BATCH / 2, &pa.micro_batch)))
             return 2;
         if (r) continue;
         if ((r = cli_opt("generate", argc, argv, &i, "--max-sequence-length", &v)) &&
@@ -447,13 +253,15 @@ int cmd_generate(int argc, char **argv) {
     if (pipeline) { /* a whole pipeline folder: prompt to image */
         if (cond) return cli_usage_error("generate", k_usage, "--cond is for a transformer folder; a pipeline encodes --prompt");
         if (hw_set) return cli_usage_error("generate", k_usage, "--latent is for a transformer; a pipeline takes --width and --height in pixels");
+        if (!pa.prompt == !pa.prompts_file)
+            return cli_usage_error("generate", k_usage, "a pipeline needs one of --prompt or --prompts-file");
         if (!output) return cli_usage_error("generate", k_usage, "--output is required");
         if (cli_check_output("generate", output)) return 1; /* before any work */
-        int rc = generate_pipeline(model, &com, &pa, &o, noise, output, quiet);
+        int rc = cli_generate_pipeline(model, &com, &pa, &o, noise, output, quiet);
         cli_common_finish(&com);
         return rc;
     }
-    if (pa.prompt || pa.prompts_file || pa.width || pa.height)
+    if (pa.prompt || pa.prompts_file || pa.width || pa.height || pa.tensor_out || pa.micro_batch || pa.memory)
         return cli_usage_error("generate", k_usage, "%s is not a pipeline folder (no model_index.json): --prompt, "
                                "--width and --height need one; a transformer takes --cond and --latent",
                                model ? model : "MODEL");

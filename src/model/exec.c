@@ -481,6 +481,17 @@ static kiln_status run_planned(kiln_model *m, const int64_t *s, const float *con
     return st;
 }
 
+kiln_status km_exec_arena_bytes(kiln_model *m, const int64_t *s, size_t *bytes) {
+    kg_graph g;
+    kx_plan plan = {0};
+    kiln_status st = graph_for(m, s, &g, 1);
+    if (!st) st = kx_plan_graph(&g, &plan);
+    if (!st) *bytes = plan.arena_bytes;
+    kx_plan_free(&plan);
+    kg_free(&g);
+    return st;
+}
+
 static kiln_status run_eager(kiln_model *m, const int64_t *s, const float *const *in, float *const *out) {
     kg_graph g;
     kiln_status st = graph_for(m, s, &g, 0);

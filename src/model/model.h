@@ -137,6 +137,10 @@ kiln_status km_run(kiln_model *m, const int64_t (*in_shape)[4], const float *con
 kiln_status km_solve(const kiln_model *m, const int64_t (*in_shape)[4], int64_t *s, int64_t (*out_shape)[4], const char *who);
 /* The fallback chain for solved symbols (no checks; exec.c). */
 kiln_status km_exec_run(kiln_model *m, const int64_t *s, const float *const *in, float *const *out);
+/* The planned executor's arena for solved symbols s: the activations a
+ * forward of that shape holds at its peak (a package's plan is the same),
+ * planned without running (the sampler's micro-batches are sized by it). */
+kiln_status km_exec_arena_bytes(kiln_model *m, const int64_t *s, size_t *bytes);
 /* km_exec_run on a mesh: CFG parallel splits dim 0 (the batch, symbol 0)
  * of every input and output across its group (forward_dist.c). */
 kiln_status km_exec_run_dist(kiln_model *m, const int64_t *s, const float *const *in, float *const *out);
@@ -196,6 +200,8 @@ void km_destroy(kiln_model *m);
 
 /* kiln_forward's body without the checks: km_exec_run of the SD3 inputs. */
 kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out);
+/* km_exec_arena_bytes of an SD3 forward of batch B, latent H x W, context T. */
+kiln_status km_forward_bytes(kiln_model *m, int64_t B, int64_t H, int64_t W, int64_t T, size_t *bytes);
 /* The largest batch and context length a forward or a sampler takes: far
  * beyond real use (SD3 runs batch 2 with CFG and 333 context tokens), small
  * enough that no size computed from them overflows before an allocation. */

@@ -41,6 +41,14 @@ kiln_status km_forward(kiln_model *m, const kiln_forward_args *a, float *out) {
     return m->mesh ? km_exec_run_dist(m, s, in, outs) : km_exec_run(m, s, in, outs);
 }
 
+kiln_status km_forward_bytes(kiln_model *m, int64_t B, int64_t H, int64_t W, int64_t T, size_t *bytes) {
+    const kiln_config *c = m->cfg;
+    kiln_status st = sd3_check_latent(c, H, W);
+    if (st) return st;
+    int64_t p = c->patch_size, s[SD3_NSYM] = {B, H / p, W / p, T};
+    return km_exec_arena_bytes(m, s, bytes);
+}
+
 /* n = a * b * c * d, or 0 on overflow (every factor is positive here) */
 static int mul4(size_t a, size_t b, size_t c, size_t d, size_t *n) {
     return kb_mul_ok(a, b, n) && kb_mul_ok(*n, c, n) && kb_mul_ok(*n, d, n);

@@ -8,6 +8,7 @@
 kiln_status kp_open_component(const char *dir, const char *component, const kiln_load_opts *base, kiln_model **out) {
     double t0 = kb_now();
     kiln_status st;
+    if (base && base->on_component) base->on_component(base->component_user, component, NULL, -1);
     if (!base) {
         st = kiln_model_open(dir, NULL, out);
     } else {
@@ -22,5 +23,6 @@ kiln_status kp_open_component(const char *dir, const char *component, const kiln
     char what[64];
     snprintf(what, sizeof what, "load %s", component);
     kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
+    if (base && base->on_component) base->on_component(base->component_user, component, kiln_model_origin(*out), kb_now() - t0);
     return KILN_OK;
 }

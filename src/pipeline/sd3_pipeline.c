@@ -194,6 +194,25 @@ kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int wid
     return KILN_OK;
 }
 
+/* low_memory: 1 releases the text encoders after encoding, -1 never, 0
+ * when every component's weights together pass 3/4 of the physical memory
+ * (then the backbone and the VAE would push the encoders' pages out anyway) */
+static int release_text(const kiln_pipeline *p, int low_memory) {
+    if (low_memory) return low_memory > 0;
+    uint64_t phys = kb_phys_bytes(), total = 0;
+    kiln_model *m[5] = {p->transformer, p->vae, kiln_sd3_text_model(p->text, 0), kiln_sd3_text_model(p->text, 1),
+                        kiln_sd3_text_model(p->text, 2)};
+    for (int k = 0; k < 5; k++) {
+        kiln_model_info in;
+        if (m[k] && !kiln_model_get_info(m[k], &in) && in.weight_bytes > 0) total += (uint64_t)in.weight_bytes;
+    }
+    int release = phys && total > phys / 4 * 3;
+    if (release)
+        kb_log(KILN_LOG_INFO, "the pipeline's weights (%.1f GiB) pass 3/4 of the memory (%.1f GiB): the text encoders "
+               "are released after encoding", (double)total / (1 << 30), (double)phys / (1 << 30));
+    return release;
+}
+
 kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o, float **latents, int64_t shape[4]) {
     if (!p || !o || !latents || !shape)
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: pipeline, options and outputs are required");
@@ -208,9 +227,12 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     int lh, lw;
     kiln_status st = kiln_pipeline_check_size(p, H, W, &lh, &lw);
     if (st) return st;
-    if (!p->text)
-        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: the text encoders were released (low_memory); "
-                       "open the pipeline again");
+    if (o->max_batch < 0) return kb_fail(KILN_ERR_INVALID_ARG, "max_batch %d: images per backbone call, 1 or more", o->max_batch);
+    if (!p->text) { /* released by low_memory after the last request: mapped again (cache hits) */
+        double t1 = kb_now();
+        if ((st = kiln_sd3_text_open(p->dir, p->has_base ? &p->base : NULL, &p->text))) return kb_wrap(st, "%s: text encoders", p->dir);
+        kb_ledger_add("load text encoders", kb_now() - t1, "again, after low_memory released them");
+    }
     kiln_model *comps[5] = {p->transformer, p->vae, kiln_sd3_text_model(p->text, 0), kiln_sd3_text_model(p->text, 1),
                             kiln_sd3_text_model(p->text, 2)};
     for (int k = 0; k < 5; k++)
@@ -222,11 +244,15 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     st = kiln_sd3_encode(p->text, o->prompts, n, ipp, o->max_sequence_length, &pe, es, &pp, ps);
     const char **negs = cfg && !st ? malloc(sizeof(char *) * (size_t)n) : NULL;
     if (cfg && !st && !negs) st = KILN_ERR_NOMEM;
-    for (int k = 0; negs && k < n; k++) negs[k] = o->negative_prompt ? o->negative_prompt : "";
+    for (int k = 0; negs && k < n; k++)
+        negs[k] = o->negative_prompts && o->negative_prompts[k] ? o->negative_prompts[k]
+                  : o->negative_prompt                          ? o->negative_prompt
+                                                                : "";
     if (cfg && !st) st = kiln_sd3_encode(p->text, negs, n, ipp, o->max_sequence_length, &ne, nes, &np, nps);
     free(negs);
     if (!st) kb_ledger_add("encode_prompt", kb_now() - t0, "CLIP-L, CLIP-G, T5");
-    if (!st && o->low_memory) { /* the encoders' mappings go before the backbone runs */
+    if (!st && o->on_cond) o->on_cond(o->user, pe, es, pp, ps, ne, np);
+    if (!st && release_text(p, o->low_memory)) { /* the encoders' mappings go before the backbone runs */
         kiln_sd3_text_free(p->text);
         p->text = NULL;
     }
@@ -251,6 +277,8 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         g.on_step = o->on_step;
         g.user = o->user;
         g.batch = B;
+        g.max_batch = o->max_batch;
+        g.memory_budget = o->memory_budget ? o->memory_budget : kb_default_budget();
         st = kiln_generate(p->transformer, &g, lat);
     }
     free(pe);

@@ -47,6 +47,37 @@ kiln_generate_opts kiln_generate_defaults(void) {
     return o;
 }
 
+kiln_status kiln_generate_micro_batch(kiln_model *m, const kiln_generate_opts *o, int *images, uint64_t *row_bytes) {
+    if (!m || !o || !images) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate_micro_batch: model, options and out are required");
+    const kiln_config *c = kiln_model_config(m);
+    if (!c) return kb_fail(KILN_ERR_UNSUPPORTED, "kiln_generate samples SD3 backbones; this is a %s model", kiln_model_family(m));
+    int N = o->batch > 0 ? o->batch : 1, r = o->guidance > 1.0 ? 2 : 1;
+    *images = N;
+    if (row_bytes) *row_bytes = 0;
+    if (o->max_batch < 0) return kb_fail(KILN_ERR_INVALID_ARG, "max_batch %d: images per backbone call, 1 or more (0: by memory)", o->max_batch);
+    if (o->max_batch > 0) {
+        if (o->max_batch < N) *images = o->max_batch;
+        return KILN_OK;
+    }
+    if (!o->memory_budget || m->mesh) return KILN_OK; /* a mesh splits the batch its own way */
+    /* the planned arena of one image's rows and of two: what an image adds,
+     * and what every call holds whatever its batch */
+    size_t a1 = 0, a2 = 0;
+    kiln_status st = km_forward_bytes(m, r, o->latent_h, o->latent_w, o->context_len, &a1);
+    if (!st) st = km_forward_bytes(m, 2 * r, o->latent_h, o->latent_w, o->context_len, &a2);
+    if (st) return kb_wrap(st, "sizing the micro-batches");
+    uint64_t per = a2 > a1 ? a2 - a1 : a1, fixed = a1 > per ? a1 - per : 0;
+    if (row_bytes) *row_bytes = per;
+    uint64_t fit = o->memory_budget > fixed ? (o->memory_budget - fixed) / per : 0;
+    if (fit < 1) {
+        kb_log(KILN_LOG_WARN, "one image's backbone activations (%.2f GiB) pass the memory budget (%.2f GiB): running "
+               "one image a call", (double)(fixed + per) / (1 << 30), (double)o->memory_budget / (1 << 30));
+        fit = 1;
+    }
+    if (fit < (uint64_t)N) *images = (int)fit;
+    return KILN_OK;
+}
+
 kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out) {
     if (!m || !o || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_generate: model, options and output are required");
     const kiln_config *c = kiln_model_config(m);
@@ -91,13 +122,19 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
                 (size_t)N * (size_t)P}};
     for (int i = 0; i < 5; i++)
         if (in[i].x && (st = kt_check_finite(in[i].name, in[i].x, in[i].n))) return st;
+    /* micro-batches of nb images (chunks as even as they go: 5 by 4 is 3 + 2) */
+    int nb = N;
+    if ((st = kiln_generate_micro_batch(m, o, &nb, NULL))) return st;
+    int chunks = (N + nb - 1) / nb;
+    nb = (N + chunks - 1) / chunks;
+    int R = cfg ? 2 * nb : nb; /* rows of the largest call */
     double *ts = kb_calloc((size_t)o->steps + 1, sizeof(double));
     double *sig = kb_calloc((size_t)o->steps + 1, sizeof(double));
-    float *hidden = kb_calloc((size_t)B * lat, sizeof(float));
+    float *hidden = kb_calloc((size_t)R * lat, sizeof(float));
     float *ctx = kb_calloc((size_t)B * (size_t)T * (size_t)J, sizeof(float));
     float *pooled = kb_calloc((size_t)B * (size_t)P, sizeof(float));
-    float *v = kb_calloc((size_t)B * vlat, sizeof(float));
-    float *tstep = kb_calloc((size_t)B, sizeof(float));
+    float *v = kb_calloc((size_t)R * vlat, sizeof(float));
+    float *tstep = kb_calloc((size_t)R, sizeof(float));
     if (!ts || !sig || !hidden || !ctx || !pooled || !v || !tstep) {
         st = KILN_ERR_NOMEM;
         goto done;
@@ -107,33 +144,42 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
     if (o->noise) memcpy(out, o->noise, nl * sizeof(float));
     else /* image k from (seed + k) alone: the same image as generated on its own */
         for (int k = 0; k < N; k++) kiln_noise(o->seed + (uint64_t)k, out + (size_t)k * lat, lat);
-    /* batch order as diffusers' pipeline: every uncond row first, then every cond row */
-    size_t np = (size_t)N * (size_t)P;
-    if (cfg) {
-        memcpy(ctx, o->uncond, (size_t)N * tj * sizeof(float));
-        memcpy(ctx + (size_t)N * tj, o->cond, (size_t)N * tj * sizeof(float));
-        memcpy(pooled, o->uncond_pooled, np * sizeof(float));
-        memcpy(pooled + np, o->cond_pooled, np * sizeof(float));
-    } else {
-        memcpy(ctx, o->cond, (size_t)N * tj * sizeof(float));
-        memcpy(pooled, o->cond_pooled, np * sizeof(float));
+    /* each chunk's rows in diffusers' order: its uncond rows first, then its
+     * cond rows (one chunk: every uncond row of the batch, then every cond row) */
+    for (int i0 = 0; i0 < N; i0 += nb) {
+        size_t nc = (size_t)(N - i0 < nb ? N - i0 : nb), row = cfg ? 2 * (size_t)i0 : (size_t)i0;
+        float *cx = ctx + row * tj, *px = pooled + row * (size_t)P;
+        if (cfg) {
+            memcpy(cx, o->uncond + (size_t)i0 * tj, nc * tj * sizeof(float));
+            memcpy(px, o->uncond_pooled + (size_t)i0 * P, nc * (size_t)P * sizeof(float));
+            cx += nc * tj;
+            px += nc * (size_t)P;
+        }
+        memcpy(cx, o->cond + (size_t)i0 * tj, nc * tj * sizeof(float));
+        memcpy(px, o->cond_pooled + (size_t)i0 * P, nc * (size_t)P * sizeof(float));
     }
-    kiln_forward_args a = {B, o->latent_h, o->latent_w, T, hidden, ctx, pooled, tstep};
     for (int i = 0; i < o->steps; i++) {
         double t0 = kb_now();
-        for (int b = 0; b < B; b++) { /* row b (and N + b under CFG) holds image b % N */
-            memcpy(hidden + (size_t)b * lat, out + (size_t)(b % N) * lat, lat * sizeof(float));
-            tstep[b] = (float)ts[i];
-        }
-        if ((st = kiln_forward(m, &a, v))) {
-            st = kb_wrap(st, "step %d of %d", i + 1, o->steps);
-            goto done;
-        }
         double dt = sig[i + 1] - sig[i];
-        for (size_t k = 0; k < nl; k++) { /* v: N uncond rows, then N cond rows */
-            double vel = cfg ? (double)v[k] + o->guidance * ((double)v[nl + k] - (double)v[k])
-                             : (double)v[k];
-            out[k] = (float)((double)out[k] + dt * vel);
+        for (int i0 = 0; i0 < N; i0 += nb) {
+            int nc = N - i0 < nb ? N - i0 : nb, rows = cfg ? 2 * nc : nc;
+            size_t row = cfg ? 2 * (size_t)i0 : (size_t)i0, cl = (size_t)nc * lat;
+            float *x = out + (size_t)i0 * lat;
+            for (int b = 0; b < rows; b++) { /* row b (and nc + b under CFG) holds image i0 + b % nc */
+                memcpy(hidden + (size_t)b * lat, x + (size_t)(b % nc) * lat, lat * sizeof(float));
+                tstep[b] = (float)ts[i];
+            }
+            kiln_forward_args a = {rows, o->latent_h, o->latent_w, T, hidden, ctx + row * tj, pooled + row * (size_t)P,
+                                   tstep};
+            if ((st = kiln_forward(m, &a, v))) {
+                st = chunks > 1 ? kb_wrap(st, "step %d of %d, images %d to %d", i + 1, o->steps, i0, i0 + nc - 1)
+                                : kb_wrap(st, "step %d of %d", i + 1, o->steps);
+                goto done;
+            }
+            for (size_t k = 0; k < cl; k++) { /* v: nc uncond rows, then nc cond rows */
+                double vel = cfg ? (double)v[k] + o->guidance * ((double)v[cl + k] - (double)v[k]) : (double)v[k];
+                x[k] = (float)((double)x[k] + dt * vel);
+            }
         }
         /* finite velocities can still overflow the f32 latent (a huge guidance) */
         size_t bad = kt_find_nonfinite(out, nl);
@@ -142,8 +188,9 @@ kiln_status kiln_generate(kiln_model *m, const kiln_generate_opts *o, float *out
                          o->steps, kt_nonfinite_name(out[bad]), bad);
             goto done;
         }
-        char what[48];
-        snprintf(what, sizeof what, "%sbatch %d", cfg ? "cfg " : "", B);
+        char what[64];
+        if (chunks > 1) snprintf(what, sizeof what, "%sbatch %d in %d calls", cfg ? "cfg " : "", B, chunks);
+        else snprintf(what, sizeof what, "%sbatch %d", cfg ? "cfg " : "", B);
         kb_ledger_add("sampler_step", kb_now() - t0, what);
         if (o->on_step) o->on_step(o->user, i + 1, o->steps, sig[i + 1], out);
     }
