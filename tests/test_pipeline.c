@@ -196,6 +196,17 @@ TEST(prompts_json_lines) {
         CHECK(pi && access(pi, F_OK) == 0);
         free(pi);
     }
+    /* --low-memory (the encoders mapped again for the second batch) and a
+     * budget too small for two images a call: the same images */
+    rc = run_kiln(&out, "generate '%s' --prompts-file '%s' --steps 2 --guidance 4 --seed 5 --reference --low-memory --memory 1K "
+                  "--log warn --timings --latents-output '%s' --output '%s'", pipe, pf, lat, png);
+    CHECK_MSG(rc == 0 && strstr(out, "running one image a call") &&
+              strstr(out, "load text encoders"), "exit %d: %s", rc, out);
+    free(out);
+    size_t m = 0;
+    float *again = read_latents(lat, &m);
+    CHECK(again && m == n && !memcmp(again, all, sizeof(float) * n));
+    free(again);
     free(all);
     /* a bad line names itself and nothing is written */
     f = fopen(pf, "w");
