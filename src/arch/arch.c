@@ -118,33 +118,6 @@ void ka_shard_spec(int tp, ka_spec *spec, size_t n) {
     }
 }
 
-ka_spec *ka_spec_add(ka_spec **s, size_t *n, size_t *cap, int ndim, const int64_t *shape, const char *fmt, ...) {
-    if (*n == *cap) {
-        size_t c = *cap ? *cap * 2 : 64;
-        ka_spec *ns = realloc(*s, c * sizeof *ns);
-        if (!ns) return NULL;
-        *s = ns;
-        *cap = c;
-    }
-    ka_spec *e = &(*s)[(*n)++];
-    memset(e, 0, sizeof *e);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->name, sizeof e->name, fmt, ap);
-    va_end(ap);
-    e->ndim = ndim;
-    for (int d = 0; d < ndim && d < 4; d++) e->shape[d] = shape[d];
-    e->block = -1;
-    return e;
-}
-
-size_t ka_numel(int ndim, const int64_t *shape) {
-    size_t n = 1;
-    for (int d = 0; d < ndim; d++)
-        if (shape[d] < 0 || !kb_mul_ok(n, (size_t)shape[d], &n)) return 0;
-    return n;
-}
-
 static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s) {
     size_t len = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && len < cap; i++) len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)s[i]);
