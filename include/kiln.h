@@ -318,6 +318,13 @@ typedef struct kiln_load_opts {
      * (kiln_model_origin: "hit", "miss: ...", seconds taken); may be NULL. */
     void (*on_component)(void *user, const char *component, const char *origin, double seconds);
     void *component_user;
+    /* one component of a file that holds several (an all-in-one SD3 file):
+     * only the tensors under this name prefix ("first_stage_model."), the
+     * prefix stripped; it is part of the source's identity. NULL: all */
+    const char *source_prefix;
+    /* config.json text for the source (wins over config_path); part of the
+     * source's identity. NULL: none */
+    const char *source_config_text;
 } kiln_load_opts;
 
 KILN_API kiln_load_opts kiln_load_defaults(void);
@@ -562,6 +569,30 @@ KILN_API int kiln_pipeline_vae_scale(const kiln_pipeline *p);
 /* The components (owned by the pipeline; the VAE is NULL without vae/). */
 KILN_API kiln_model *kiln_pipeline_transformer(kiln_pipeline *p);
 KILN_API kiln_model *kiln_pipeline_vae(kiln_pipeline *p);
+
+/* ---- all-in-one single files (src/pipeline/single_file.c) -------------
+ * SD3 / SD3.5 as ONE safetensors file, as ComfyUI and A1111 load it:
+ * model.diffusion_model.* (the transformer, original MMDiT names),
+ * text_encoders.clip_l.transformer.*, text_encoders.clip_g.transformer.*,
+ * text_encoders.t5xxl.transformer.* (transformers' names) and
+ * first_stage_model.* (the VAE, original LDM names). Each component opens as
+ * a model of its own (the tensors under its prefix, as views into the one
+ * mapped file), through the weight cache under its own component key
+ * (transformer, text_encoder, text_encoder_2, text_encoder_3, vae). Such a
+ * file has no tokenizers and no configs: tokenizers_dir is a folder laid out
+ * as a diffusers pipeline (tokenizer/, tokenizer_2/, tokenizer_3/; optional
+ * model_index.json, scheduler/, and <component>/config.json, which win over
+ * configs inferred from the tensors' shapes; docs/cli.md says what inference
+ * assumes). path may also be a pipeline folder (tokenizers_dir NULL):
+ * then these are kiln_pipeline_open and kiln_sd3_text_open, which in turn
+ * take an all-in-one file too (and then say that tokenizers are needed). */
+KILN_API kiln_status kiln_pipeline_open_file(const char *path, const char *tokenizers_dir, const kiln_load_opts *base,
+                                             kiln_pipeline **out);
+KILN_API kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir, const kiln_load_opts *base,
+                                             kiln_sd3_text **out);
+/* 1 when path is an all-in-one file (the transformer's prefix and another
+ * component's); a plain transformer checkpoint is not one */
+KILN_API int kiln_is_single_file(const char *path);
 
 /* ---- seeded models ---------------------------------------------------- */
 

@@ -6,86 +6,28 @@
 #include "base/base.h"
 #include "cli_util.h"
 #include "golden_util.h"
+#include "pipeline_util.h"
 
 #include <unistd.h>
 
-#define CASE "sd3-pipeline-tiny"
-#define PROMPT "A cat holding a sign that says hello world"
-#define NEGATIVE "blurry, low quality, deformed hands"
+#define CASE PIPELINE_CASE
 
 static char g_dir[128];
 
-static float *read_latents(const char *path, size_t *n) {
-    st_file *f = NULL;
-    if (st_open(path, &f)) return NULL;
-    float *x = golden_tensor(f, "latents", n);
-    st_close(f);
-    return x;
-}
-
 TEST(pipeline_matches_diffusers) {
-    char lat[256], png[256];
+    char lat[256], png[256], tens[256];
     snprintf(lat, sizeof lat, "%s/latents.safetensors", g_dir);
     snprintf(png, sizeof png, "%s/image.png", g_dir);
+    snprintf(tens, sizeof tens, "%s/tensors.safetensors", g_dir);
     const char *pipe = golden_path(CASE, NULL);
     char *out = NULL;
-    char tens[256];
-    snprintf(tens, sizeof tens, "%s/tensors.safetensors", g_dir);
-    int rc = run_kiln(&out, "generate '%s' --prompt '" PROMPT "' --negative-prompt '" NEGATIVE "' --steps 4 --guidance 5 "
-                      "--dtype f32 --noise '%s' --latents-output '%s' --tensor-output '%s' --output '%s'", pipe,
-                      golden_path(CASE, "io.safetensors"), lat, tens, png);
+    int rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --noise '%s' --latents-output '%s' --tensor-output '%s' "
+                      "--output '%s'", pipe, golden_path(CASE, "io.safetensors"), lat, tens, png);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
     CHECK(out && strstr(out, "1 image 48x32, 4 steps"));
     CHECK(out && strstr(out, "generate: text_encoder_3  ")); /* progress per component */
     free(out);
-    st_file *io = NULL;
-    CHECK_OK(st_open(golden_path(CASE, "io.safetensors"), &io));
-    size_t n = 0, m = 0;
-    float *x = read_latents(lat, &n);
-    if (io && x) {
-        float *want = golden_tensor(io, "latents", &m);
-        double e = n == m ? kb_rel_l2(x, want, n) : INFINITY;
-        printf("  kiln generate PIPELINE: final latents %.3g relative L2\n", e);
-        CHECK_MSG(e < 1e-5, "latents %.3g", e);
-        free(want);
-    }
-    /* --tensor-output: the conditioning, every step's latents and the decoder's float image */
-    st_file *tf = NULL;
-    CHECK_OK(st_open(tens, &tf));
-    const char *names[] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
-                           "negative_pooled_prompt_embeds", "latents_step1", "latents_step2", "latents_step3",
-                           "latents_step4", "latents", "image_decoded"};
-    for (size_t k = 0; tf && io && k < sizeof names / sizeof *names; k++) {
-        size_t a = 0, b = 0;
-        float *got = golden_tensor(tf, names[k], &a), *want = golden_tensor(io, names[k], &b);
-        double e = got && want && a == b ? kb_rel_l2(got, want, a) : INFINITY;
-        printf("  %-30s %.3g relative L2\n", names[k], e);
-        CHECK_MSG(e < 1e-5, "%s: %.3g", names[k], e);
-        free(got);
-        free(want);
-    }
-    st_close(tf);
-    /* the PNG's pixels are diffusers' uint8 image (round(255 x), its float image stored) */
-    uint8_t *rgb = NULL;
-    int ph = 0, pw = 0;
-    CHECK_OK(kiln_png_read(png, &rgb, &ph, &pw));
-    if (io && rgb) {
-        size_t k = 0;
-        float *img = golden_tensor(io, "image", &k);
-        CHECK(ph == 32 && pw == 48 && k == (size_t)ph * pw * 3);
-        size_t off = 0, worse = 0;
-        for (size_t i = 0; i < k && k == (size_t)ph * pw * 3; i++) {
-            int want = (int)lrint(img[i] * 255.0), d = abs(want - (int)rgb[i]);
-            off += d == 1;
-            worse += d > 1;
-        }
-        printf("  PNG against diffusers' uint8 image: %zu of %zu values off by one, %zu by more\n", off, k, worse);
-        CHECK(worse == 0 && off * 1000 <= k);
-        free(img);
-    }
-    free(rgb);
-    free(x);
-    st_close(io);
+    pipeline_check_case("kiln generate PIPELINE", lat, tens, png);
 }
 
 /* image k of a batch starts from seed + k: the batch equals the images made alone */
@@ -105,7 +47,7 @@ static void batch_equals_alone(const char *extra, double tol) {
     CHECK_MSG(rc == 0, "batch: exit %d: %s", rc, out);
     free(out);
     size_t n = 0;
-    float *batch = read_latents(lat, &n);
+    float *batch = pipeline_read_latents(lat, &n);
     if (!batch) return;
     size_t one = n / 4;
     for (int k = 0; k < 4; k++) {
@@ -117,7 +59,7 @@ static void batch_equals_alone(const char *extra, double tol) {
         CHECK_MSG(rc == 0, "alone %d: exit %d: %s", k, rc, out);
         free(out);
         size_t m = 0;
-        float *x = read_latents(lk, &m);
+        float *x = pipeline_read_latents(lk, &m);
         if (!x) continue;
         double e = m == one ? kb_rel_l2(batch + (size_t)k * one, x, one) : INFINITY;
         if (tol == 0) CHECK_MSG(m == one && !memcmp(batch + (size_t)k * one, x, sizeof(float) * one), "image %d: %.3g", k, e);
@@ -138,7 +80,7 @@ static void batch_equals_alone(const char *extra, double tol) {
                   "micro-batch %d: exit %d: %s", micro[k], rc, out);
         free(out);
         size_t m = 0;
-        float *x = read_latents(lm, &m);
+        float *x = pipeline_read_latents(lm, &m);
         if (!x) continue;
         double e = m == n ? kb_rel_l2(batch, x, n) : INFINITY;
         printf("  micro-batch %d against the whole batch (%s): %.3g relative L2\n", micro[k], extra, e);
@@ -175,7 +117,7 @@ TEST(prompts_json_lines) {
               "exit %d: %s", rc, out);
     free(out);
     size_t n = 0;
-    float *all = read_latents(lat, &n);
+    float *all = pipeline_read_latents(lat, &n);
     if (!all) return;
     const char *alone[4] = {"--prompt 'a red fox in the snow' --steps 2 --guidance 4 --seed 5",
                             "--prompt 'an astronaut riding a horse' --negative-prompt ugly --steps 2 --guidance 4 --seed 11",
@@ -189,7 +131,7 @@ TEST(prompts_json_lines) {
         CHECK_MSG(rc == 0, "alone %d: %s", k, out);
         free(out);
         size_t m = 0;
-        float *x = read_latents(lk, &m);
+        float *x = pipeline_read_latents(lk, &m);
         CHECK_MSG(x && m * 4 == n && !memcmp(all + (size_t)k * m, x, sizeof(float) * m), "line %d's image differs", k + 1);
         free(x);
         char *pi = kb_strfmt("%s/jl-%d.png", g_dir, k);
@@ -204,7 +146,7 @@ TEST(prompts_json_lines) {
               strstr(out, "load text encoders"), "exit %d: %s", rc, out);
     free(out);
     size_t m = 0;
-    float *again = read_latents(lat, &m);
+    float *again = pipeline_read_latents(lat, &m);
     CHECK(again && m == n && !memcmp(again, all, sizeof(float) * n));
     free(again);
     free(all);

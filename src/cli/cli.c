@@ -126,6 +126,9 @@ const char cli_common_help[] =
     "  --cache-dir DIR     cache root (default: KILN_CACHE_DIR; unset: convert every time)\n"
     "  --name NAME         the model's folder in the cache (default: from MODEL)\n"
     "  --component NAME    the diffusers component (default: transformer)\n"
+    "  --tokenizers DIR    an all-in-one single file's tokenizers, laid out as a diffusers pipeline\n"
+    "                      folder (tokenizer/, tokenizer_2/, tokenizer_3/; optional scheduler/,\n"
+    "                      model_index.json and <component>/config.json; docs/cli.md)\n"
     "  --no-create-cache   on a miss, convert but do not publish\n"
     "  --verify            check every tensor's hash on a hit\n"
     "  --mesh RxC --tp N --sp N --cfgp N --fsdp   the parallel part of the key\n"
@@ -162,6 +165,7 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
     if ((r = cli_opt(cmd, argc, argv, i, "--cache-dir", &c->cache_dir)) ||
         (r = cli_opt(cmd, argc, argv, i, "--name", &c->name)) ||
         (r = cli_opt(cmd, argc, argv, i, "--component", &c->component)) ||
+        (r = cli_opt(cmd, argc, argv, i, "--tokenizers", &c->tokenizers)) ||
         (r = par_opt(cmd, argc, argv, i, "--tp", &c->parallel.tp)) ||
         (r = par_opt(cmd, argc, argv, i, "--sp", &c->parallel.sp)) ||
         (r = par_opt(cmd, argc, argv, i, "--cfgp", &c->parallel.cfg)))
@@ -387,6 +391,17 @@ int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q) {
         return -1;
     }
     return 0;
+}
+
+int cli_is_pipeline(const char *path, const cli_common *c) {
+    if (!path) return 0;
+    if (kb_is_dir(path)) {
+        char *index = kb_path_join(path, "model_index.json");
+        int yes = index && kb_is_file(index);
+        free(index);
+        return yes;
+    }
+    return kiln_is_single_file(path) || (c && c->tokenizers && kb_is_file(path));
 }
 
 kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap) {

@@ -63,7 +63,12 @@ typedef struct cli_common {
     const char *package_dir; /* --package-dir */
     kiln_quant quant; /* --quant none|int8|fp8 (default none) */
     const char *quant_layers; /* --quant-layers PATTERNS (default: the family's, kiln_family_quant_layers) */
+    const char *tokenizers; /* --tokenizers DIR: an all-in-one file's tokenizers (and optional configs) */
 } cli_common;
+/* A pipeline: a folder with model_index.json, or an all-in-one single file
+ * (kiln_is_single_file), or any file when the command was given
+ * --tokenizers (kiln_pipeline_open_file then says what is wrong with it). */
+int cli_is_pipeline(const char *path, const cli_common *c);
 /* "none", "int8", "fp8" -> *q; -1 and a message naming the value otherwise */
 int cli_parse_quant(const char *cmd, const char *s, kiln_quant *q);
 /* Defaults for cli_common. */

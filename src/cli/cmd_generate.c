@@ -247,10 +247,9 @@ int cmd_generate(int argc, char **argv) {
         return cli_usage_error("generate", k_usage,
                                "--noise and --seed both set the starting noise: give one (--noise %s is used as is, "
                                "the seed would be ignored)", noise);
-    char *index = model && kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
-    int pipeline = index && kb_is_file(index);
-    free(index);
-    if (pipeline) { /* a whole pipeline folder: prompt to image */
+    /* a pipeline folder or an all-in-one file (a file given a prompt is meant as one) */
+    int pipeline = cli_is_pipeline(model, &com) || (model && kb_is_file(model) && (pa.prompt || pa.prompts_file));
+    if (pipeline) { /* a whole pipeline: prompt to image */
         if (cond) return cli_usage_error("generate", k_usage, "--cond is for a transformer folder; a pipeline encodes --prompt");
         if (hw_set) return cli_usage_error("generate", k_usage, "--latent is for a transformer; a pipeline takes --width and --height in pixels");
         if (!pa.prompt == !pa.prompts_file)

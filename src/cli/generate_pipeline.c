@@ -195,7 +195,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     run_state rs = {{kb_now(), kb_now(), quiet || kiln_dist_rank()}, 0, {0}, {0}, {0}, NULL, 0, 0};
     double t0 = kb_now();
     kiln_status s = cli_check_ranks(com);
-    if (!s) s = kiln_pipeline_open(dir, &lo, &p);
+    if (!s) s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p); /* a folder, or an all-in-one file */
     if (s) {
         rc = cli_fail(cmd, s);
         goto done;
@@ -393,7 +393,7 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
     float *lat = NULL;
     int64_t sh[4];
     double t0 = kb_now();
-    kiln_status s = kiln_pipeline_open(dir, &lo, &p);
+    kiln_status s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p);
     if (!s) {
         /* one step of a request compiles every shape the request runs: text
          * encoders, the transformer's CFG batch, the decoder */

@@ -69,6 +69,7 @@ static kiln_status apply_rename(tlist *l, const kc_rename *r, const st_tensor *s
         kiln_status st = tl_push(l, r->to[i], src);
         if (st) return st;
         kc_tensor *t = &l->t[l->n - 1];
+        while (r->squeeze && t->ndim > 1 && t->shape[t->ndim - 1] == 1) t->shape[--t->ndim] = 0;
         if (n > 1) {
             t->shape[0] = src->shape[0] / n;
             t->part[0] = (const uint8_t *)src->data + part * (size_t)i;
@@ -108,27 +109,64 @@ static kiln_status find_weights(const char *dir, char **out) {
 
 /* Name the raw tensors the diffusers way (a family's renamer maps original names),
  * sort them and reject duplicates. Views only: nothing is copied. */
-static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_t nraw,
-                            const kc_renamer *const *renamers) {
+/* A name under prefix (plen bytes; 0: every name), as the renamers see it:
+ * the prefix stripped; NULL when it is not under it, or is a position_ids
+ * buffer of a component (transformers' CLIP saves them in older files). */
+static const char *part_name(const char *name, const char *prefix, size_t plen) {
+    if (!plen) return name;
+    if (strncmp(name, prefix, plen)) return NULL;
+    const char *s = name + plen;
+    size_t l = strlen(s);
+    if (!l || (l >= 12 && !strcmp(s + l - 12, "position_ids"))) return NULL;
+    return s;
+}
+
+static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *all, size_t nall,
+                            const kc_renamer *const *renamers, const char *prefix) {
     tlist l = {0};
     kiln_status st = KILN_OK;
     const kc_renamer *ren = NULL;
     int64_t state[4] = {0};
-    const char **names = kb_calloc(nraw ? nraw : 1, sizeof *names);
-    if (!names) return KILN_ERR_NOMEM;
-    for (size_t i = 0; i < nraw; i++) names[i] = raw[i]->name;
+    size_t plen = prefix ? strlen(prefix) : 0, nraw = 0;
+    const char **names = kb_calloc(nall ? nall : 1, sizeof *names);
+    const st_tensor **raw = kb_calloc(nall ? nall : 1, sizeof *raw);
+    if (!names || !raw) {
+        free(names);
+        free(raw);
+        return KILN_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < nall; i++) {
+        const char *n = part_name(all[i]->name, prefix, plen);
+        if (!n) continue;
+        names[nraw] = n;
+        raw[nraw++] = all[i];
+    }
+    if (plen && !nraw) {
+        free(names);
+        free(raw);
+        return kb_fail(KILN_ERR_MISSING, "%s holds no tensor under %s (the component is not in the file)", c->path,
+                       prefix);
+    }
+    if (plen) { /* the component's bytes, not the file's */
+        c->bytes_on_disk = 0;
+        for (size_t i = 0; i < nraw; i++) c->bytes_on_disk += (int64_t)raw[i]->nbytes;
+    }
     for (size_t k = 0; renamers && renamers[k] && !ren; k++) {
         memset(state, 0, sizeof state);
         if (renamers[k]->detect(names, nraw, state)) ren = renamers[k];
     }
-    free(names);
     c->layout = ren ? ren->layout : "diffusers";
     for (size_t i = 0; i < nraw && !st; i++) {
         kc_rename r;
         memset(&r, 0, sizeof r);
-        if (ren && ren->rename(state, raw[i]->name, &r)) st = apply_rename(&l, &r, raw[i]);
-        else st = tl_push(&l, raw[i]->name, raw[i]);
+        if (ren && ren->rename(state, names[i], &r)) {
+            if (!r.drop) st = apply_rename(&l, &r, raw[i]);
+        } else {
+            st = tl_push(&l, names[i], raw[i]);
+        }
     }
+    free(names);
+    free(raw);
     c->t = l.t;
     c->n = l.n;
     if (st) return st;
@@ -143,6 +181,11 @@ static kiln_status kc_build(kc_checkpoint *c, const st_tensor *const *raw, size_
 
 kiln_status kc_open(const char *path, const char *config_path, const kc_renamer *const *renamers,
                     kc_checkpoint **out) {
+    return kc_open_part(path, NULL, config_path, NULL, renamers, out);
+}
+
+kiln_status kc_open_part(const char *path, const char *prefix, const char *config_path, const char *config_json,
+                         const kc_renamer *const *renamers, kc_checkpoint **out) {
     *out = NULL;
     kc_checkpoint *c = kb_calloc(1, sizeof *c);
     if (!c) return KILN_ERR_NOMEM;
@@ -155,7 +198,7 @@ kiln_status kc_open(const char *path, const char *config_path, const kc_renamer 
     }
     if (kb_is_dir(path)) {
         if ((st = find_weights(path, &weights))) goto fail;
-        if (!config_path) {
+        if (!config_path && !config_json) {
             char *cp = kb_path_join(path, "config.json");
             if (!cp) {
                 st = KILN_ERR_NOMEM;
@@ -182,7 +225,11 @@ kiln_status kc_open(const char *path, const char *config_path, const kc_renamer 
         st = kb_fail(KILN_ERR_IO, "%s: no such file or folder", path);
         goto fail;
     }
-    if (config_path && (st = kb_read_file(config_path, &c->config_json, NULL))) goto fail;
+    if (config_json && !(c->config_json = kb_strdup(config_json))) {
+        st = KILN_ERR_NOMEM;
+        goto fail;
+    }
+    if (!config_json && config_path && (st = kb_read_file(config_path, &c->config_json, NULL))) goto fail;
     if ((st = st_set_open(weights, &c->set))) goto fail;
     c->bytes_on_disk = st_set_bytes(c->set);
     size_t nraw = st_set_count(c->set);
@@ -192,7 +239,7 @@ kiln_status kc_open(const char *path, const char *config_path, const kc_renamer 
         goto fail;
     }
     for (size_t i = 0; i < nraw; i++) raw[i] = st_set_at(c->set, i);
-    st = kc_build(c, raw, nraw, renamers);
+    st = kc_build(c, raw, nraw, renamers, prefix);
     free(raw);
     if (st) goto fail;
     free(weights);
@@ -294,7 +341,7 @@ kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_jso
     const st_tensor **raw = NULL;
     if (!st && !(raw = kb_calloc(c->n_owned ? c->n_owned : 1, sizeof *raw))) st = KILN_ERR_NOMEM;
     for (size_t i = 0; !st && i < c->n_owned; i++) raw[i] = &c->owned[i];
-    if (!st) st = kc_build(c, raw, c->n_owned, renamers);
+    if (!st) st = kc_build(c, raw, c->n_owned, renamers, NULL);
     free(raw);
     if (st) {
         kc_close(c);

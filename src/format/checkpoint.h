@@ -30,6 +30,8 @@ typedef struct kc_rename {
     int n;
     char to[3][128];
     int swap;
+    int squeeze; /* drop trailing dims of size 1: a 1x1 conv weight [C, C, 1, 1] read as a linear's [C, C] */
+    int drop;    /* leave the tensor out (a tied copy of another one) */
 } kc_rename;
 
 /* A family's original single-file layout. detect: do these names use it
@@ -59,6 +61,15 @@ typedef struct kc_checkpoint {
  * the tensors. */
 kiln_status kc_open(const char *path, const char *config_path, const kc_renamer *const *renamers,
                     kc_checkpoint **out);
+/* One component of a file that holds several (an all-in-one single file:
+ * model.diffusion_model.*, text_encoders.clip_l.transformer.*,
+ * first_stage_model.* ...): only the tensors whose names start with prefix,
+ * the prefix stripped before the renamers see them (NULL or "": all);
+ * transformers' position_ids buffers under it are left out (never weights).
+ * Still views into the one mapped file. config_json (text, may be NULL)
+ * wins over config_path. No tensor under prefix is KILN_ERR_MISSING. */
+kiln_status kc_open_part(const char *path, const char *prefix, const char *config_path, const char *config_json,
+                         const kc_renamer *const *renamers, kc_checkpoint **out);
 /* The tensors a kiln_source_fn emits (copied), with config.json text. */
 kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_json, const char *name,
                            const kc_renamer *const *renamers, kc_checkpoint **out);

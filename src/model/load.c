@@ -107,10 +107,19 @@ kiln_load_opts kiln_load_defaults(void) {
 
 static int has_source(const kiln_load_opts *o) { return o->source || o->source_fn; }
 
+/* A component of a file (its prefix) and a config given as text are part of
+ * the source's identity: mixed into the file's hash */
+static uint64_t part_hash(const kiln_load_opts *o, uint64_t h) {
+    if (o->source_prefix && *o->source_prefix) h = kcache_hash_bytes(o->source_prefix, strlen(o->source_prefix), h ^ 0x70726566);
+    if (o->source_config_text) h = kcache_hash_bytes(o->source_config_text, strlen(o->source_config_text), h ^ 0x636f6e66);
+    return h;
+}
+
 /* Convert from the source: a model with owned weights in the compute layout. */
 static kiln_status convert(const kiln_load_opts *o, km_compute cp, kiln_model **out) {
     kc_checkpoint *c = NULL;
-    kiln_status st = o->source ? kc_open(o->source, o->config_path, ka_renamers(), &c)
+    kiln_status st = o->source ? kc_open_part(o->source, o->source_prefix, o->config_path, o->source_config_text,
+                                              ka_renamers(), &c)
                                : kc_from_source(o->source_fn, o->source_user, o->source_config_json,
                                                 o->source_id, ka_renamers(), &c);
     if (!st) st = km_from_checkpoint(c, o->config_path ? o->config_path : c->path, cp, out);
@@ -206,7 +215,8 @@ static void stream_release(void *user, size_t i) {
 
 static kiln_status convert_publish(const kiln_load_opts *o, km_compute cp, const kcache_key *k, const char *kj) {
     kc_checkpoint *c = NULL;
-    kiln_status st = o->source ? kc_open(o->source, o->config_path, ka_renamers(), &c)
+    kiln_status st = o->source ? kc_open_part(o->source, o->source_prefix, o->config_path, o->source_config_text,
+                                              ka_renamers(), &c)
                                : kc_from_source(o->source_fn, o->source_user, o->source_config_json,
                                                 o->source_id, ka_renamers(), &c);
     kiln_model *m = NULL;
@@ -292,6 +302,7 @@ static char *source_config(const kiln_load_opts *o) {
     char *text = NULL;
     if (o->source_fn) return o->source_config_json ? kb_strdup(o->source_config_json) : NULL;
     if (!o->source) return NULL;
+    if (o->source_config_text) return kb_strdup(o->source_config_text);
     char *path = o->config_path ? kb_strdup(o->config_path)
                  : kb_is_dir(o->source) ? kb_path_join(o->source, "config.json") : NULL;
     if (path && kb_is_file(path) && kb_read_file(path, &text, NULL)) text = NULL;
@@ -462,6 +473,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
                "and map the result afterwards", o->source ? o->source : o->source_id);
         uint64_t h = 0;
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
+        if (o->source) h = part_hash(o, h);
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
         char rkey[200];
         snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s:%s:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
@@ -489,6 +501,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         in.host_c0 = mesh->host_c0, in.host_c1 = mesh->host_c1;
     }
     if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &in.source_hash))) return st;
+    if (o->source) in.source_hash = part_hash(o, in.source_hash);
     if (o->source_fn) in.source_hash = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
     kcache_key k;
     if ((st = kcache_key_make(root, &in, &k))) return st;
@@ -499,6 +512,8 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     /* the source's identity: its absolute path (a callback: its source_id) */
     char source[PATH_MAX + 1] = "";
     if (o->source && !realpath(o->source, source)) snprintf(source, sizeof source, "%s", o->source);
+    if (o->source && o->source_prefix && *o->source_prefix) /* one component of the file: file#prefix */
+        snprintf(source + strlen(source), sizeof source - strlen(source), "#%s", o->source_prefix);
     if (o->source_fn) snprintf(source, sizeof source, "%s", o->source_id);
     char *kj = key_json(o, cp, &k, has_source(o) ? source : NULL, in.source_hash);
     if (!kj) return kb_fail(KILN_ERR_NOMEM, "out of memory making the cache key");

@@ -1,5 +1,7 @@
-/* component.h - one component folder of a pipeline (text_encoder,
- * transformer, vae ...) opened the one way the pipeline code opens them. */
+/* component.h - one component of a pipeline (text_encoder, transformer,
+ * vae ...) opened the one way the pipeline code opens them: from a
+ * diffusers pipeline folder (component.c), or from an all-in-one single
+ * file that holds every component under its prefix (single_file.c). */
 #ifndef KILN_PIPELINE_COMPONENT_H
 #define KILN_PIPELINE_COMPONENT_H
 
@@ -9,5 +11,53 @@
  * options (source and component set here), or kiln_model_open without one
  * (base NULL); its load time goes into the ledger as "load COMPONENT". */
 kiln_status kp_open_component(const char *dir, const char *component, const kiln_load_opts *base, kiln_model **out);
+
+/* ---- where a pipeline's parts are --------------------------------------------
+ * A diffusers pipeline folder (dir: every component a sub-folder, aux ==
+ * dir), or an all-in-one single file (file) as ComfyUI and A1111 load SD3 /
+ * SD3.5, whose components are name prefixes:
+ *
+ *   transformer     model.diffusion_model.              (original MMDiT names)
+ *   text_encoder    text_encoders.clip_l.transformer.   (transformers' CLIP-L names)
+ *   text_encoder_2  text_encoders.clip_g.transformer.   (transformers' CLIP-G names)
+ *   text_encoder_3  text_encoders.t5xxl.transformer.    (transformers' T5 names)
+ *   vae             first_stage_model.                  (original LDM names)
+ *
+ * Such a file has no configs and no tokenizers: aux (the --tokenizers DIR,
+ * laid out as a diffusers pipeline folder) gives tokenizer*, and optionally
+ * model_index.json, scheduler/ and <component>/config.json; a component
+ * without a config there gets one inferred from its tensors' shapes. */
+typedef struct kp_source {
+    const char *dir;  /* the pipeline folder, or NULL */
+    const char *file; /* the all-in-one file, or NULL */
+    const char *aux;  /* where tokenizers, scheduler and configs are: dir, or the tokenizers folder (may be NULL) */
+} kp_source;
+
+/* path a pipeline folder or an all-in-one file (tokenizers_dir: the file's
+ * tokenizers folder; for a folder it must be NULL). Nothing is copied: out
+ * points at the strings given. */
+kiln_status kp_source_init(const char *path, const char *tokenizers_dir, kp_source *out);
+/* 1 when path is a safetensors file holding model.diffusion_model.* and at
+ * least one other component prefix (a plain transformer checkpoint is not) */
+int kp_is_single_file(const char *path);
+/* The name prefix of a component inside an all-in-one file (NULL: unknown) */
+const char *kp_component_prefix(const char *component);
+/* Does the source hold component (a folder: its sub-folder; a file: a tensor under its prefix) */
+int kp_has_component(const kp_source *s, const char *component);
+/* component as a model, as kp_open_component (through the cache with base,
+ * under its own component key: for a file, the source identity is the file
+ * plus the prefix, so a changed file is a miss) */
+kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_load_opts *base, kiln_model **out);
+/* A file's component config: aux/<component>/config.json's text when there
+ * is one (*inferred 0), else inferred from the tensors' shapes (*inferred
+ * 1) with the real models' conventions: CLIP-L quick_gelu, CLIP-G gelu, heads
+ * of width 64; T5 heads from relative_attention_bias; the VAE SD3's
+ * AutoencoderKL; the transformer the SD3 family's inference. Malloc'd. */
+kiln_status kp_part_config(const char *file, const char *component, const char *aux, char **json, int *inferred);
+/* A file of the source's aux folder (model_index.json, scheduler/...) as a
+ * malloc'd path; NULL when there is no aux folder (or out of memory). */
+char *kp_aux_path(const kp_source *s, const char *rel);
+/* The error for a tokenizer folder the source lacks: which one, and how to give it */
+kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer);
 
 #endif

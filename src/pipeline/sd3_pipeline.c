@@ -15,7 +15,9 @@
 #include <string.h>
 
 struct kiln_pipeline {
-    char *dir;
+    char *dir;           /* the folder or the all-in-one file */
+    char *tokenizers;    /* an all-in-one file's tokenizers folder, or NULL */
+    kp_source src;       /* where the parts are (pointing at dir, tokenizers) */
     kiln_sd3_text *text; /* NULL once released (kiln_pipeline_opts.low_memory) */
     kiln_load_opts base;
     int has_base;
@@ -33,15 +35,18 @@ void kiln_pipeline_free(kiln_pipeline *p) {
     kiln_model_free(p->transformer);
     kiln_model_free(p->vae);
     free(p->dir);
+    free(p->tokenizers);
     free(p);
 }
 
-/* a JSON file of the pipeline folder (NULL when absent; *st set on a bad one) */
-static cJSON *read_json(const char *dir, const char *file, int required, kiln_status *st) {
-    char *path = kb_path_join(dir, file), *text = NULL;
+/* a JSON file of the pipeline folder, or of an all-in-one file's tokenizers
+ * folder (NULL when absent; *st set on a bad one) */
+static cJSON *read_json(const kp_source *src, const char *file, int required, kiln_status *st) {
+    char *path = kp_aux_path(src, file), *text = NULL;
+    const char *dir = src->aux;
     cJSON *j = NULL;
     if (!path) {
-        *st = KILN_ERR_NOMEM;
+        if (src->aux) *st = KILN_ERR_NOMEM;
         return NULL;
     }
     if (!kb_is_file(path)) {
@@ -58,10 +63,7 @@ static cJSON *read_json(const char *dir, const char *file, int required, kiln_st
 }
 
 static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_model **out) {
-    char *dir = kb_path_join(p->dir, component);
-    if (!dir) return KILN_ERR_NOMEM;
-    kiln_status st = kp_open_component(dir, component, p->has_base ? &p->base : NULL, out);
-    free(dir);
+    kiln_status st = kp_open_part(&p->src, component, p->has_base ? &p->base : NULL, out);
     return st ? kb_wrap(st, "%s", component) : KILN_OK;
 }
 
@@ -81,45 +83,61 @@ static int config_int(const kiln_model *m, const char *key, int dflt, int *n_ite
 kiln_status kiln_pipeline_open(const char *dir, const kiln_load_opts *base, kiln_pipeline **out) {
     if (!dir || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_open: folder and out are required");
     *out = NULL;
-    if (!kb_is_dir(dir)) return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", dir);
-    kiln_status st = KILN_OK;
-    cJSON *index = read_json(dir, "model_index.json", 1, &st);
-    if (!index) return st;
-    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(index, "_class_name");
-    if (!cJSON_IsString(cls) || (strcmp(cls->valuestring, "StableDiffusion3Pipeline"))) {
+    if (!kb_is_dir(dir) && !kp_is_single_file(dir)) return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", dir);
+    return kiln_pipeline_open_file(dir, NULL, base, out);
+}
+
+kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir, const kiln_load_opts *base,
+                                    kiln_pipeline **out) {
+    if (!dir || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_open_file: path and out are required");
+    *out = NULL;
+    kp_source src;
+    kiln_status st = kp_source_init(dir, tokenizers_dir, &src);
+    if (st) return st;
+    /* a folder must say its class; a file's tokenizers folder may */
+    cJSON *index = read_json(&src, "model_index.json", src.dir != NULL, &st);
+    if (st) return st;
+    const cJSON *cls = index ? cJSON_GetObjectItemCaseSensitive(index, "_class_name") : NULL;
+    if (index && (!cJSON_IsString(cls) || (strcmp(cls->valuestring, "StableDiffusion3Pipeline")))) {
         st = kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs "
-                     "StableDiffusion3Pipeline (SD3, SD3.5)", dir, cJSON_IsString(cls) ? cls->valuestring : "(none)");
+                     "StableDiffusion3Pipeline (SD3, SD3.5)", src.aux, cJSON_IsString(cls) ? cls->valuestring : "(none)");
         cJSON_Delete(index);
         return st;
     }
     cJSON_Delete(index);
     kiln_pipeline *p = kb_calloc(1, sizeof *p);
-    if (!p || !(p->dir = kb_strdup(dir))) {
+    if (!p || !(p->dir = kb_strdup(dir)) || (tokenizers_dir && !(p->tokenizers = kb_strdup(tokenizers_dir)))) {
+        if (p) free(p->dir);
         free(p);
         return KILN_ERR_NOMEM;
     }
+    /* the same source, on the pipeline's own copies of the strings */
+    p->src.dir = src.dir ? p->dir : NULL;
+    p->src.file = src.file ? p->dir : NULL;
+    p->src.aux = src.dir ? p->dir : p->tokenizers;
     if (base) {
         p->base = *base;
         p->has_base = 1;
     }
     p->shift = 3.0;
     p->num_train_timesteps = 1000;
-    cJSON *sch = read_json(dir, "scheduler/scheduler_config.json", 0, &st);
+    /* no scheduler config (an all-in-one file's tokenizers folder without one): SD3's shift 3.0, 1000 steps */
+    cJSON *sch = read_json(&p->src, "scheduler/scheduler_config.json", 0, &st);
     if (sch) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(sch, "_class_name"),
                     *s = cJSON_GetObjectItemCaseSensitive(sch, "shift"),
                     *n = cJSON_GetObjectItemCaseSensitive(sch, "num_train_timesteps"),
                     *d = cJSON_GetObjectItemCaseSensitive(sch, "use_dynamic_shifting");
         if (cJSON_IsString(c) && strcmp(c->valuestring, "FlowMatchEulerDiscreteScheduler"))
-            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: %s; kiln samples with FlowMatchEulerDiscreteScheduler", dir,
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: %s; kiln samples with FlowMatchEulerDiscreteScheduler", p->src.aux,
                          c->valuestring);
         else if (cJSON_IsTrue(d))
             st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: use_dynamic_shifting is true; SD3 pipelines use a "
-                         "static shift", dir);
+                         "static shift", p->src.aux);
         if (cJSON_IsNumber(s)) p->shift = s->valuedouble;
         if (cJSON_IsNumber(n)) p->num_train_timesteps = n->valueint;
         if (!st && (!(p->shift > 0) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
-            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift %g and num_train_timesteps %d must be positive", dir,
+            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift %g and num_train_timesteps %d must be positive", p->src.aux,
                          p->shift, p->num_train_timesteps);
         cJSON_Delete(sch);
     }
@@ -130,7 +148,7 @@ kiln_status kiln_pipeline_open(const char *dir, const kiln_load_opts *base, kiln
                      kiln_model_family(p->transformer));
     if (!st) {
         p->sample_size = tc->sample_size;
-        st = kiln_sd3_text_open(dir, base, &p->text);
+        st = kiln_sd3_text_open_file(dir, tokenizers_dir, base, &p->text);
     }
     int64_t t5w = 0, pw = 0;
     if (!st) st = kiln_sd3_text_widths(p->text, &t5w, &pw);
@@ -140,9 +158,8 @@ kiln_status kiln_pipeline_open(const char *dir, const kiln_load_opts *base, kiln
     if (!st && pw != tc->pooled_projection_dim)
         st = kb_fail(KILN_ERR_CONFIG, "%s: the CLIP projections give %lld pooled features, the transformer takes "
                      "pooled_projection_dim %d", dir, (long long)pw, tc->pooled_projection_dim);
-    char *vd = st ? NULL : kb_path_join(dir, "vae");
     p->vae_scale = 8;
-    if (!st && vd && kb_is_dir(vd)) {
+    if (!st && kp_has_component(&p->src, "vae")) {
         int blocks = 0;
         if (!(st = open_model(p, "vae", &p->vae))) {
             int lc = config_int(p->vae, "latent_channels", 4, NULL);
@@ -153,7 +170,6 @@ kiln_status kiln_pipeline_open(const char *dir, const kiln_load_opts *base, kiln
                              "gives %d out", dir, lc, tc->in_channels, tc->out_channels);
         }
     }
-    free(vd);
     if (st) {
         kiln_pipeline_free(p);
         return st;

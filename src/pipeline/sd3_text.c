@@ -39,16 +39,20 @@ void kiln_sd3_text_free(kiln_sd3_text *t) {
     free(t);
 }
 
-/* transformer/config.json's joint_attention_dim (SD3's default without one) */
-static int joint_dim(const char *pipeline) {
-    char *path = kb_strfmt("%s/transformer/config.json", pipeline), *text = NULL;
+/* transformer/config.json's joint_attention_dim (SD3's default without one;
+ * an all-in-one file: its tokenizers folder's, or the transformer's inferred) */
+static int joint_dim(const kp_source *src) {
+    char *path = kp_aux_path(src, "transformer/config.json"), *text = NULL;
     int d = SD3_JOINT_DEFAULT;
-    if (path && kb_is_file(path) && !kb_read_file(path, &text, NULL)) {
+    if (path && kb_is_file(path)) kb_read_file(path, &text, NULL);
+    else if (src->file && kp_part_config(src->file, "transformer", src->aux, &text, NULL)) text = NULL;
+    if (text) {
         cJSON *j = cJSON_Parse(text);
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "joint_attention_dim");
         if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1 << 20) d = v->valueint;
         cJSON_Delete(j);
     }
+    kb_clear_error();
     free(path);
     free(text);
     return d;
@@ -64,32 +68,47 @@ static int has_output(const kiln_model *m, const char *name) {
 kiln_status kiln_sd3_text_open(const char *pipeline, const kiln_load_opts *base, kiln_sd3_text **out) {
     if (!pipeline || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_text_open: pipeline folder and out are required");
     *out = NULL;
+    if (!kb_is_dir(pipeline) && kp_is_single_file(pipeline)) return kiln_sd3_text_open_file(pipeline, NULL, base, out);
     if (!kb_is_dir(pipeline)) return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", pipeline);
+    return kiln_sd3_text_open_file(pipeline, NULL, base, out);
+}
+
+kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir, const kiln_load_opts *base,
+                                    kiln_sd3_text **out) {
+    if (!path || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_text_open_file: path and out are required");
+    *out = NULL;
+    kp_source src;
+    kiln_status st = kp_source_init(path, tokenizers_dir, &src);
+    if (st) return st;
     kiln_sd3_text *t = kb_calloc(1, sizeof *t);
     if (!t) return KILN_ERR_NOMEM;
-    kiln_status st = KILN_OK;
     for (int i = 0; i < 3 && !st; i++) {
-        char *td = kb_path_join(pipeline, k_tok[i]), *ed = kb_path_join(pipeline, k_enc[i]);
-        if (!td || !ed) st = KILN_ERR_NOMEM;
-        else if (i == 2 && !kb_is_dir(ed)) { /* no T5: zeros in its place, as diffusers */
-        } else if (!kb_is_dir(td) || !kb_is_dir(ed)) {
-            st = kb_fail(KILN_ERR_MISSING, "%s: an SD3 pipeline needs %s/ and %s/%s", pipeline, k_tok[i], k_enc[i],
+        char *td = kp_aux_path(&src, k_tok[i]);
+        int has_enc = kp_has_component(&src, k_enc[i]);
+        if (src.aux && !td) st = KILN_ERR_NOMEM;
+        else if (i == 2 && !has_enc) { /* no T5: zeros in its place, as diffusers */
+        } else if (src.dir && (!td || !kb_is_dir(td) || !has_enc)) {
+            st = kb_fail(KILN_ERR_MISSING, "%s: an SD3 pipeline needs %s/ and %s/%s", path, k_tok[i], k_enc[i],
                          i == 2 ? " (or neither)" : "");
+        } else if (!has_enc) {
+            st = kb_fail(KILN_ERR_MISSING, "%s: an all-in-one SD3 file needs %s* (%s)", path,
+                         kp_component_prefix(k_enc[i]), k_enc[i]);
+        } else if (!td || !kb_is_dir(td)) {
+            st = kp_missing_tokenizer(&src, k_tok[i]);
         } else if (!(st = kiln_tokenizer_open(td, &t->tok[i]))) {
-            st = kp_open_component(ed, k_enc[i], base, &t->enc[i]);
+            st = kp_open_part(&src, k_enc[i], base, &t->enc[i]);
             if (st) st = kb_wrap(st, "%s", k_enc[i]);
         }
         free(td);
-        free(ed);
     }
     for (int i = 0; i < 2 && !st; i++)
         if (!has_output(t->enc[i], "hidden_states_penultimate") || !has_output(t->enc[i], "text_embeds"))
             st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/%s is a %s model without hidden_states_penultimate and text_embeds "
-                         "(SD3 needs CLIPTextModelWithProjection)", pipeline, k_enc[i], kiln_model_family(t->enc[i]));
+                         "(SD3 needs CLIPTextModelWithProjection)", path, k_enc[i], kiln_model_family(t->enc[i]));
     if (!st && t->enc[2] && !has_output(t->enc[2], "last_hidden_state"))
         st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/text_encoder_3 is a %s model without last_hidden_state (SD3 needs a T5 "
-                     "encoder)", pipeline, kiln_model_family(t->enc[2]));
-    if (!st && !t->enc[2]) t->joint = joint_dim(pipeline);
+                     "encoder)", path, kiln_model_family(t->enc[2]));
+    if (!st && !t->enc[2]) t->joint = joint_dim(&src);
     if (st) {
         kiln_sd3_text_free(t);
         return st;

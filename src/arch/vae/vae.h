@@ -50,6 +50,14 @@ char *vae_config_to_json(const vae_config *cfg);
  * family accepts and keeps, and does not read), quant_conv and
  * post_quant_conv as the config says, the decoder's. Caller frees *out. */
 kiln_status vae_weight_spec(const vae_config *cfg, ka_spec **out, size_t *n);
+/* The original LDM names (first_stage_model.*, a standalone LDM VAE file)
+ * as diffusers' (vae_names.c). */
+extern const kc_renamer vae_ldm_renamer;
+/* A config from the tensors' shapes (diffusers names): blocks, channels,
+ * layers, latent channels, quant convs, mid attention; norm_num_groups 32
+ * (or the largest power of two below that divides every block), SD3's
+ * scaling 1.5305 and shift 0.0609 when the latent has 16 channels. */
+kiln_status vae_config_infer(const kc_checkpoint *c, vae_config *cfg);
 /* The upsampling factor of the decoder: 2^(n_blocks - 1). */
 int64_t vae_scale(const vae_config *cfg);
 /* latent h, w and batch the decoder runs (messages name the dimension) */

@@ -22,6 +22,7 @@ static kiln_status parse(const char *json, void *cfg) { return vae_config_parse(
 static kiln_status validate(const void *cfg) { return vae_config_validate(cfg); }
 static char *to_json(const void *cfg) { return vae_config_to_json(cfg); }
 static kiln_status spec(const void *cfg, ka_spec **out, size_t *n) { return vae_weight_spec(cfg, out, n); }
+static kiln_status infer(const kc_checkpoint *c, void *cfg) { return vae_config_infer(c, cfg); }
 
 static void io_shapes(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]) {
     const vae_config *c = cfg;
@@ -79,7 +80,9 @@ const ka_arch ka_vae_decoder = {
     .config_parse = parse,
     .config_validate = validate,
     .config_to_json = to_json,
+    .config_infer = infer,
     .weight_spec = spec,
+    .renamer = &vae_ldm_renamer,
     .nsym = VAE_NSYM,
     .sym = {"batch", "h", "w"},
     .sym_doc = {"latents decoded at once", "latent height (the image's / 2^(blocks - 1))",

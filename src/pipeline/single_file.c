@@ -1,0 +1,231 @@
+/* single_file.c - an all-in-one SD3 / SD3.5 safetensors file (every
+ * component under its name prefix, as ComfyUI and A1111 load it) as the
+ * components of a pipeline (component.h): each component is the file's
+ * tensors under its prefix, as views into the one mapping (kc_open_part),
+ * renamed by its family's renamer, with its config from the tokenizers
+ * folder or inferred from the shapes, through the weight cache under its
+ * own component key. */
+#include "arch/arch.h"
+#include "base/base.h"
+#include "format/checkpoint.h"
+#include "model/model.h"
+#include "pipeline/component.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *component, *prefix, *family;
+} k_parts[] = {
+    {"transformer", "model.diffusion_model.", "sd3"},
+    {"text_encoder", "text_encoders.clip_l.transformer.", "clip"},
+    {"text_encoder_2", "text_encoders.clip_g.transformer.", "clip"},
+    {"text_encoder_3", "text_encoders.t5xxl.transformer.", "t5"},
+    {"vae", "first_stage_model.", "vae-decoder"},
+};
+#define N_PARTS (sizeof k_parts / sizeof k_parts[0])
+
+static int part_index(const char *component) {
+    for (size_t i = 0; component && i < N_PARTS; i++)
+        if (!strcmp(k_parts[i].component, component)) return (int)i;
+    return -1;
+}
+
+const char *kp_component_prefix(const char *component) {
+    int i = part_index(component);
+    return i < 0 ? NULL : k_parts[i].prefix;
+}
+
+/* which prefixes the file's names use: bit i for k_parts[i] */
+static unsigned prefixes_of(const st_set *set) {
+    unsigned bits = 0;
+    for (size_t t = 0, n = st_set_count(set); t < n; t++) {
+        const char *name = st_set_at(set, t)->name;
+        for (size_t i = 0; i < N_PARTS; i++)
+            if (!strncmp(name, k_parts[i].prefix, strlen(k_parts[i].prefix))) bits |= 1u << i;
+    }
+    return bits;
+}
+
+int kp_is_single_file(const char *path) {
+    if (!path || !kb_is_file(path)) return 0;
+    size_t l = strlen(path);
+    if (l < 12 || strcmp(path + l - 12, ".safetensors")) return 0;
+    st_set *set = NULL;
+    if (st_set_open(path, &set)) {
+        kb_clear_error();
+        return 0;
+    }
+    unsigned bits = prefixes_of(set);
+    st_set_close(set);
+    return (bits & 1u) && (bits & ~1u); /* the transformer and something else */
+}
+
+int kiln_is_single_file(const char *path) { return kp_is_single_file(path); }
+
+kiln_status kp_source_init(const char *path, const char *tokenizers_dir, kp_source *out) {
+    memset(out, 0, sizeof *out);
+    if (!path) return kb_fail(KILN_ERR_INVALID_ARG, "a pipeline folder or an all-in-one file is required");
+    if (kb_is_dir(path)) {
+        if (tokenizers_dir)
+            return kb_fail(KILN_ERR_INVALID_ARG, "--tokenizers %s is for an all-in-one single file; %s is a pipeline "
+                           "folder, which has its own tokenizer folders", tokenizers_dir, path);
+        out->dir = out->aux = path;
+        return KILN_OK;
+    }
+    if (!kb_is_file(path)) return kb_fail(KILN_ERR_IO, "%s: no such file or folder", path);
+    st_set *set = NULL;
+    kiln_status st = st_set_open(path, &set);
+    if (st) return kb_wrap(st, "%s is neither a pipeline folder nor a readable all-in-one safetensors file", path);
+    unsigned bits = prefixes_of(set);
+    st_set_close(set);
+    if (!(bits & 1u) || !(bits & ~1u)) {
+        char have[256] = "";
+        for (size_t i = 0; i < N_PARTS; i++)
+            if (bits >> i & 1u) snprintf(have + strlen(have), sizeof have - strlen(have), " %s*", k_parts[i].prefix);
+        return kb_fail(KILN_ERR_MISSING, "%s is not an all-in-one SD3 file: it needs the transformer "
+                       "(model.diffusion_model.*) and its text encoders and VAE (text_encoders.clip_l.*, "
+                       "text_encoders.clip_g.*, text_encoders.t5xxl.*, first_stage_model.*); it has%s", path,
+                       have[0] ? have : " none of them");
+    }
+    if (tokenizers_dir && !kb_is_dir(tokenizers_dir))
+        return kb_fail(KILN_ERR_IO, "--tokenizers %s is not a folder (it holds tokenizer/, tokenizer_2/, tokenizer_3/ "
+                       "as a diffusers pipeline folder does)", tokenizers_dir);
+    out->file = path;
+    out->aux = tokenizers_dir;
+    return KILN_OK;
+}
+
+int kp_has_component(const kp_source *s, const char *component) {
+    if (s->dir) {
+        char *d = kb_path_join(s->dir, component);
+        int yes = d && kb_is_dir(d);
+        free(d);
+        return yes;
+    }
+    int i = part_index(component);
+    if (i < 0) return 0;
+    st_set *set = NULL;
+    if (st_set_open(s->file, &set)) {
+        kb_clear_error();
+        return 0;
+    }
+    int yes = (prefixes_of(set) >> i) & 1u;
+    st_set_close(set);
+    return yes;
+}
+
+char *kp_aux_path(const kp_source *s, const char *rel) { return s->aux ? kb_path_join(s->aux, rel) : NULL; }
+
+kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer) {
+    if (s->dir) return kb_fail(KILN_ERR_MISSING, "%s: no %s/ folder", s->dir, tokenizer);
+    if (!s->aux)
+        return kb_fail(KILN_ERR_MISSING, "%s is an all-in-one file without tokenizers: pass --tokenizers DIR "
+                       "(kiln_pipeline_open_file's tokenizers_dir), a folder laid out as a diffusers pipeline with "
+                       "%s/ in it (tokenizer/, tokenizer_2/, tokenizer_3/, as in the model's diffusers repository)",
+                       s->file, tokenizer);
+    return kb_fail(KILN_ERR_MISSING, "--tokenizers %s has no %s/ folder (the tokenizer of %s); copy it from the "
+                   "model's diffusers repository", s->aux, tokenizer, s->file);
+}
+
+/* the config of a file's component as kp_part_config says, and (when it
+ * comes from aux) its path */
+static kiln_status part_config(const char *file, int i, const char *aux, char **json, char **path) {
+    *json = NULL;
+    if (path) *path = NULL;
+    const char *component = k_parts[i].component;
+    char *cp = aux ? kb_strfmt("%s/%s/config.json", aux, component) : NULL;
+    if (aux && !cp) return KILN_ERR_NOMEM;
+    if (cp && kb_is_file(cp)) {
+        kiln_status st = kb_read_file(cp, json, NULL);
+        if (!st && path) *path = cp;
+        else free(cp);
+        return st;
+    }
+    free(cp);
+    const ka_arch *a = ka_find(k_parts[i].family);
+    kc_checkpoint *c = NULL;
+    void *x = a ? kb_calloc(1, a->config_size) : NULL;
+    if (!x) return a ? KILN_ERR_NOMEM : kb_fail(KILN_ERR_UNSUPPORTED, "no %s family in this build", k_parts[i].family);
+    kiln_status st = kc_open_part(file, k_parts[i].prefix, NULL, NULL, ka_renamers(), &c);
+    if (!st) st = a->config_infer ? a->config_infer(c, x)
+                                  : kb_fail(KILN_ERR_UNSUPPORTED, "the %s family infers no config", a->name);
+    char *text = st ? NULL : a->config_to_json(x);
+    if (!st && !text) st = KILN_ERR_NOMEM;
+    /* CLIP-L and CLIP-G have one width each, told apart by their prefix here */
+    if (!st && !strcmp(a->name, "clip")) {
+        cJSON *j = cJSON_Parse(text);
+        cJSON_ReplaceItemInObjectCaseSensitive(j, "hidden_act",
+                                               cJSON_CreateString(i == 1 ? "quick_gelu" : "gelu"));
+        free(text);
+        text = j ? cJSON_Print(j) : NULL;
+        cJSON_Delete(j);
+        if (!text) st = KILN_ERR_NOMEM;
+    }
+    kc_close(c);
+    free(x);
+    if (st)
+        return kb_wrap(st, "%s: the config of %s (%s*) was inferred from its tensors and failed; put its config.json "
+                       "in the tokenizers folder as %s%s%s/config.json", file, component, k_parts[i].prefix,
+                       aux ? aux : "DIR", "/", component);
+    *json = text;
+    return KILN_OK;
+}
+
+kiln_status kp_part_config(const char *file, const char *component, const char *aux, char **json, int *inferred) {
+    int i = part_index(component);
+    if (i < 0) return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
+    char *path = NULL;
+    kiln_status st = part_config(file, i, aux, json, &path);
+    if (inferred) *inferred = !st && !path;
+    free(path);
+    return st;
+}
+
+/* no weight cache (base NULL): converted in memory, as kiln_model_open does */
+static kiln_status open_uncached(const char *file, int i, const char *json, const char *label, kiln_model **out) {
+    km_compute cp;
+    kc_checkpoint *c = NULL;
+    kiln_status st = km_compute_resolve(KILN_DTYPE_INVALID, 0, &cp);
+    if (!st) st = kc_open_part(file, k_parts[i].prefix, NULL, json, ka_renamers(), &c);
+    if (!st) st = km_from_checkpoint(c, label, cp, out);
+    kc_close(c);
+    return st;
+}
+
+kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_load_opts *base, kiln_model **out) {
+    *out = NULL;
+    if (s->dir) {
+        char *d = kb_path_join(s->dir, component);
+        if (!d) return KILN_ERR_NOMEM;
+        kiln_status st = kp_open_component(d, component, base, out);
+        free(d);
+        return st;
+    }
+    int i = part_index(component);
+    if (i < 0) return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
+    double t0 = kb_now();
+    char *json = NULL, *path = NULL;
+    kiln_status st = part_config(s->file, i, s->aux, &json, &path);
+    if (!st && base) {
+        kiln_load_opts o = *base;
+        o.source = s->file;
+        o.source_fn = NULL;
+        o.source_prefix = k_parts[i].prefix;
+        o.config_path = path;                        /* a config.json of the tokenizers folder ... */
+        o.source_config_text = path ? NULL : json;   /* ... or the inferred one */
+        o.component = component;
+        st = kiln_load_model(&o, out);
+    } else if (!st) {
+        st = open_uncached(s->file, i, json, path ? path : s->file, out);
+    }
+    free(json);
+    free(path);
+    if (st) return st;
+    char what[64];
+    snprintf(what, sizeof what, "load %s", component);
+    kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
+    return KILN_OK;
+}

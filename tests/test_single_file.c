@@ -1,0 +1,476 @@
+/* test_single_file.c - SD3 as ONE safetensors file (the all-in-one layout
+ * ComfyUI and A1111 load): sd3-pipeline-tiny's weights are written at test
+ * time under the original names (model.diffusion_model.* MMDiT names with
+ * fused qkv and swapped modulation halves, text_encoders.clip_l/clip_g/
+ * t5xxl.transformer.*, first_stage_model.* LDM names with 1x1 conv attention
+ * weights and reversed up blocks), then `kiln generate FILE --tokenizers DIR`
+ * reproduces the case's final latents and image (DIR holding the configs);
+ * with DIR holding only the tokenizers every config is inferred and checked
+ * field by field against the real one; a cache miss then a hit, a changed
+ * file a miss; info, encode and the bad inputs, each a clear error. */
+#include "base/base.h"
+#include "cli_util.h"
+#include "golden_util.h"
+#include "pipeline/component.h"
+#include "pipeline_util.h"
+
+#include <cjson/cJSON.h>
+#include <unistd.h>
+
+static char g_dir[128];
+
+/* ---- writing the all-in-one file ------------------------------------------------
+ * The inverse of what kiln reads: src/arch/sd3/sd3_names.c (MMDiT) and
+ * src/arch/vae/vae_names.c (LDM), written out here on their own so that a
+ * mistake in one is not repeated in the other. */
+
+typedef struct {
+    st_tensor *t;
+    size_t n, cap;
+} out_list;
+
+static void put(out_list *l, const char *name, const st_tensor *src, const void *data, size_t nbytes, int ndim,
+                const int64_t *shape) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->t = realloc(l->t, l->cap * sizeof *l->t);
+    }
+    st_tensor *t = &l->t[l->n++];
+    memset(t, 0, sizeof *t);
+    t->name = kb_strdup(name);
+    t->dtype = src->dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    void *copy = malloc(nbytes ? nbytes : 1);
+    memcpy(copy, data, nbytes);
+    t->data = copy;
+    t->nbytes = nbytes;
+}
+
+static void put_same(out_list *l, const char *name, const st_tensor *src) {
+    put(l, name, src, src->data, src->nbytes, src->ndim, src->shape);
+}
+
+/* (scale, shift) -> (shift, scale): the halves of dim 0 swapped back */
+static void put_swapped(out_list *l, const char *name, const st_tensor *src) {
+    size_t h = src->nbytes / 2;
+    uint8_t *b = malloc(src->nbytes);
+    memcpy(b, (const uint8_t *)src->data + h, h);
+    memcpy(b + h, src->data, h);
+    put(l, name, src, b, src->nbytes, src->ndim, src->shape);
+    free(b);
+}
+
+static const struct {
+    const char *orig, *diffusers;
+    int swap;
+} k_top[] = {
+    {"x_embedder.proj.weight", "pos_embed.proj.weight", 0},
+    {"x_embedder.proj.bias", "pos_embed.proj.bias", 0},
+    {"pos_embed", "pos_embed.pos_embed", 0},
+    {"t_embedder.mlp.0.weight", "time_text_embed.timestep_embedder.linear_1.weight", 0},
+    {"t_embedder.mlp.0.bias", "time_text_embed.timestep_embedder.linear_1.bias", 0},
+    {"t_embedder.mlp.2.weight", "time_text_embed.timestep_embedder.linear_2.weight", 0},
+    {"t_embedder.mlp.2.bias", "time_text_embed.timestep_embedder.linear_2.bias", 0},
+    {"y_embedder.mlp.0.weight", "time_text_embed.text_embedder.linear_1.weight", 0},
+    {"y_embedder.mlp.0.bias", "time_text_embed.text_embedder.linear_1.bias", 0},
+    {"y_embedder.mlp.2.weight", "time_text_embed.text_embedder.linear_2.weight", 0},
+    {"y_embedder.mlp.2.bias", "time_text_embed.text_embedder.linear_2.bias", 0},
+    {"context_embedder.weight", "context_embedder.weight", 0},
+    {"context_embedder.bias", "context_embedder.bias", 0},
+    {"final_layer.linear.weight", "proj_out.weight", 0},
+    {"final_layer.linear.bias", "proj_out.bias", 0},
+    {"final_layer.adaLN_modulation.1.weight", "norm_out.linear.weight", 1},
+    {"final_layer.adaLN_modulation.1.bias", "norm_out.linear.bias", 1},
+};
+
+static const struct {
+    const char *orig, *diffusers;
+} k_block[] = {
+    {"x_block.attn.proj", "attn.to_out.0"},       {"context_block.attn.proj", "attn.to_add_out"},
+    {"x_block.mlp.fc1", "ff.net.0.proj"},         {"x_block.mlp.fc2", "ff.net.2"},
+    {"context_block.mlp.fc1", "ff_context.net.0.proj"}, {"context_block.mlp.fc2", "ff_context.net.2"},
+    {"x_block.adaLN_modulation.1", "norm1.linear"}, {"context_block.adaLN_modulation.1", "norm1_context.linear"},
+};
+
+/* the transformer: MMDiT names, q k v fused, the modulations swapped back */
+static void write_transformer(out_list *l, const st_file *f, int layers) {
+    char name[256], a[160];
+    for (size_t k = 0; k < sizeof k_top / sizeof k_top[0]; k++) {
+        const st_tensor *t = st_find(f, k_top[k].diffusers);
+        if (!t) continue;
+        snprintf(name, sizeof name, "model.diffusion_model.%s", k_top[k].orig);
+        if (k_top[k].swap) put_swapped(l, name, t);
+        else put_same(l, name, t);
+    }
+    for (int b = 0; b < layers; b++) {
+        for (size_t k = 0; k < sizeof k_block / sizeof k_block[0]; k++)
+            for (int w = 0; w < 2; w++) {
+                snprintf(a, sizeof a, "transformer_blocks.%d.%s.%s", b, k_block[k].diffusers, w ? "bias" : "weight");
+                const st_tensor *t = st_find(f, a);
+                if (!t) continue;
+                snprintf(name, sizeof name, "model.diffusion_model.joint_blocks.%d.%s.%s", b, k_block[k].orig,
+                         w ? "bias" : "weight");
+                if (b == layers - 1 && !strcmp(k_block[k].diffusers, "norm1_context.linear")) put_swapped(l, name, t);
+                else put_same(l, name, t);
+            }
+        static const char *const qkv[2][4] = {{"x_block.attn.qkv", "to_q", "to_k", "to_v"},
+                                              {"context_block.attn.qkv", "add_q_proj", "add_k_proj", "add_v_proj"}};
+        for (int q = 0; q < 2; q++)
+            for (int w = 0; w < 2; w++) {
+                const st_tensor *p[3];
+                for (int i = 0; i < 3; i++) {
+                    snprintf(a, sizeof a, "transformer_blocks.%d.attn.%s.%s", b, qkv[q][i + 1], w ? "bias" : "weight");
+                    p[i] = st_find(f, a);
+                }
+                if (!p[0] || !p[1] || !p[2]) continue;
+                size_t nb = p[0]->nbytes;
+                uint8_t *cat = malloc(3 * nb);
+                for (int i = 0; i < 3; i++) memcpy(cat + (size_t)i * nb, p[i]->data, nb);
+                int64_t shape[2] = {3 * p[0]->shape[0], p[0]->ndim > 1 ? p[0]->shape[1] : 0};
+                snprintf(name, sizeof name, "model.diffusion_model.joint_blocks.%d.%s.%s", b, qkv[q][0],
+                         w ? "bias" : "weight");
+                put(l, name, p[0], cat, 3 * nb, p[0]->ndim, shape);
+                free(cat);
+            }
+    }
+}
+
+/* a diffusers VAE name as LDM's (n_up: the decoder's up blocks) */
+static void ldm_name(const char *d, int n_up, char *out, size_t cap, int *conv1x1) {
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s", d);
+    *conv1x1 = 0;
+    char part[16];
+    snprintf(part, sizeof part, "%.7s", buf); /* encoder / decoder */
+    const char *s = buf + 8;
+    int i, j;
+    char rest[80];
+    if (sscanf(s, "down_blocks.%d.resnets.%d.%79s", &i, &j, rest) == 3 ||
+        sscanf(s, "up_blocks.%d.resnets.%d.%79s", &i, &j, rest) == 3) {
+        int up = s[0] == 'u';
+        if (!strncmp(rest, "conv_shortcut", 13)) {
+            char t[80];
+            snprintf(t, sizeof t, "nin_shortcut%s", rest + 13);
+            snprintf(rest, sizeof rest, "%s", t);
+        }
+        snprintf(out, cap, "first_stage_model.%s.%s.%d.block.%d.%s", part, up ? "up" : "down", up ? n_up - 1 - i : i, j,
+                 rest);
+    } else if (sscanf(s, "down_blocks.%d.downsamplers.0.conv.%79s", &i, rest) == 2) {
+        snprintf(out, cap, "first_stage_model.%s.down.%d.downsample.conv.%s", part, i, rest);
+    } else if (sscanf(s, "up_blocks.%d.upsamplers.0.conv.%79s", &i, rest) == 2) {
+        snprintf(out, cap, "first_stage_model.%s.up.%d.upsample.conv.%s", part, n_up - 1 - i, rest);
+    } else if (sscanf(s, "mid_block.resnets.%d.%79s", &i, rest) == 2) {
+        snprintf(out, cap, "first_stage_model.%s.mid.block_%d.%s", part, i + 1, rest);
+    } else if (!strncmp(s, "mid_block.attentions.0.", 23)) {
+        const char *a = s + 23;
+        static const char *const m[][2] = {{"group_norm.", "norm."}, {"to_q.", "q."}, {"to_k.", "k."},
+                                           {"to_v.", "v."}, {"to_out.0.", "proj_out."}};
+        for (size_t k = 0; k < 5; k++)
+            if (!strncmp(a, m[k][0], strlen(m[k][0]))) {
+                snprintf(out, cap, "first_stage_model.%s.mid.attn_1.%s%s", part, m[k][1], a + strlen(m[k][0]));
+                *conv1x1 = k > 0 && strstr(a, "weight") != NULL;
+            }
+    } else if (!strncmp(s, "conv_norm_out.", 14)) {
+        snprintf(out, cap, "first_stage_model.%s.norm_out.%s", part, s + 14);
+    } else {
+        snprintf(out, cap, "first_stage_model.%s", d); /* conv_in, conv_out, quant convs */
+    }
+}
+
+enum { OMIT_NONE = 0, OMIT_CLIP_L = 1 };
+
+/* the case's five components in one file at path */
+static void write_all_in_one(const char *path, int omit) {
+    static const char *const comp[5][2] = {
+        {"text_encoder/model.safetensors", "text_encoders.clip_l.transformer."},
+        {"text_encoder_2/model.safetensors", "text_encoders.clip_g.transformer."},
+        {"text_encoder_3/model.safetensors", "text_encoders.t5xxl.transformer."},
+        {"transformer/diffusion_pytorch_model.safetensors", NULL},
+        {"vae/diffusion_pytorch_model.safetensors", NULL},
+    };
+    out_list l = {0};
+    for (int c = 0; c < 5; c++) {
+        if (c == 0 && omit == OMIT_CLIP_L) continue;
+        st_file *f = NULL;
+        CHECK_OK(st_open(golden_path(PIPELINE_CASE, comp[c][0]), &f));
+        if (!f) continue;
+        char name[256];
+        if (comp[c][1]) {
+            for (size_t i = 0; i < st_count(f); i++) {
+                snprintf(name, sizeof name, "%s%s", comp[c][1], st_at(f, i)->name);
+                put_same(&l, name, st_at(f, i));
+            }
+        } else if (c == 3) {
+            write_transformer(&l, f, 2);
+        } else {
+            int n_up = 0;
+            for (size_t i = 0; i < st_count(f); i++) {
+                int b;
+                if (sscanf(st_at(f, i)->name, "decoder.up_blocks.%d.", &b) == 1 && b + 1 > n_up) n_up = b + 1;
+            }
+            for (size_t i = 0; i < st_count(f); i++) {
+                const st_tensor *t = st_at(f, i);
+                int conv = 0;
+                ldm_name(t->name, n_up, name, sizeof name, &conv);
+                int64_t shape[4] = {t->shape[0], t->ndim > 1 ? t->shape[1] : 0, 1, 1};
+                if (conv) put(&l, name, t, t->data, t->nbytes, 4, shape); /* Linear [C, C] as a 1x1 conv */
+                else put_same(&l, name, t);
+            }
+        }
+        st_close(f);
+    }
+    CHECK_OK(st_write(path, l.t, l.n, NULL, 0));
+    for (size_t i = 0; i < l.n; i++) {
+        free((char *)l.t[i].name);
+        free((void *)l.t[i].data);
+    }
+    free(l.t);
+}
+
+/* ---- the tests --------------------------------------------------------------------- */
+
+static char g_file[256], g_full[256], g_tok[256];
+
+/* DIR with the tokenizers, the configs and the scheduler (as the diffusers repository) */
+static void make_dirs(void) {
+    snprintf(g_file, sizeof g_file, "%s/sd3_tiny_all_in_one.safetensors", g_dir);
+    snprintf(g_full, sizeof g_full, "%s/configs", g_dir);
+    snprintf(g_tok, sizeof g_tok, "%s/tokenizers", g_dir);
+    write_all_in_one(g_file, OMIT_NONE);
+    const char *c = golden_path(PIPELINE_CASE, NULL);
+    char *out = NULL;
+    int rc = kiln_sh(&out,
+                     "set -e; mkdir -p '%s' '%s'; cd '%s'; cp model_index.json '%s/'; cp -r scheduler tokenizer "
+                     "tokenizer_2 tokenizer_3 '%s/'; for d in text_encoder text_encoder_2 text_encoder_3 transformer vae; "
+                     "do mkdir -p '%s/'$d; cp $d/config.json '%s/'$d/; done; cp -r tokenizer tokenizer_2 tokenizer_3 '%s/'",
+                     g_full, g_tok, c, g_full, g_full, g_full, g_full, g_tok);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+}
+
+/* the components found, their names mapped as views: the layout each reads */
+TEST(file_is_all_in_one) {
+    CHECK(kiln_is_single_file(g_file));
+    CHECK(!kiln_is_single_file(golden_path(PIPELINE_CASE, "transformer/diffusion_pytorch_model.safetensors")));
+    static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
+    static const char *const layout[] = {"sd3-single-file", "diffusers", "diffusers", "diffusers", "ldm-vae"};
+    for (int k = 0; k < 5; k++) {
+        kc_checkpoint *c = NULL;
+        CHECK_OK(kc_open_part(g_file, kp_component_prefix(comps[k]), NULL, NULL, ka_renamers(), &c));
+        if (c) CHECK_MSG(!strcmp(c->layout, layout[k]), "%s: layout %s", comps[k], c->layout);
+        kc_close(c);
+    }
+}
+
+TEST(generate_matches_diffusers) {
+    char lat[256], png[256];
+    snprintf(lat, sizeof lat, "%s/latents.safetensors", g_dir);
+    snprintf(png, sizeof png, "%s/image.png", g_dir);
+    char *out = NULL;
+    int rc = run_kiln(&out, "generate '%s' --tokenizers '%s' " PIPELINE_ARGS " --noise '%s' --latents-output '%s' "
+                      "--output '%s'", g_file, g_full, golden_path(PIPELINE_CASE, "io.safetensors"), lat, png);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    CHECK(out && strstr(out, "1 image 48x32, 4 steps"));
+    free(out);
+    pipeline_check_case("kiln generate FILE --tokenizers DIR", lat, png);
+}
+
+/* a config through the family's parser and back: the one form to compare */
+static cJSON *canonical(const char *json) {
+    const ka_arch *a = NULL;
+    void *cfg = NULL;
+    if (km_config_parse(json, NULL, &a, &cfg)) return NULL;
+    char *s = a->config_to_json(cfg);
+    cJSON *j = cJSON_Parse(s);
+    free(s);
+    free(cfg);
+    return j;
+}
+
+/* inference from the shapes against the real configs, field by field: only
+ * what no shape holds may differ (listed in docs/cli.md) */
+TEST(inferred_configs) {
+    static const struct {
+        const char *component, *differ; /* the fields inference cannot know for this tiny case */
+    } k[] = {
+        {"text_encoder", "num_attention_heads"},    /* head width 8, inference assumes 64 */
+        {"text_encoder_2", "num_attention_heads"},
+        {"text_encoder_3", ""},                      /* every field from a shape */
+        {"vae", "norm_num_groups,sample_size"},      /* 8 groups (32 assumed, 16 the largest that fits) */
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        char *json = NULL, *real = NULL, path[512];
+        int inferred = 0;
+        CHECK_OK(kp_part_config(g_file, k[i].component, g_tok, &json, &inferred));
+        CHECK(inferred);
+        snprintf(path, sizeof path, "%s/config.json", golden_path(PIPELINE_CASE, k[i].component));
+        CHECK_OK(kb_read_file(path, &real, NULL));
+        cJSON *a = json ? canonical(json) : NULL, *b = real ? canonical(real) : NULL;
+        CHECK_MSG(a && b, "%s: %s", k[i].component, kiln_last_error());
+        char differ[256] = "";
+        const cJSON *e;
+        cJSON_ArrayForEach(e, b) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(a, e->string);
+            if (!v || !cJSON_Compare(v, e, 1))
+                snprintf(differ + strlen(differ), sizeof differ - strlen(differ), "%s%s", differ[0] ? "," : "", e->string);
+        }
+        printf("  %s inferred: differs from the real config in {%s}\n", k[i].component, differ);
+        CHECK_MSG(!strcmp(differ, k[i].differ), "%s: differs in {%s}, expected {%s}", k[i].component, differ,
+                  k[i].differ);
+        /* the same fields of the original checkpoint's conventions: CLIP-L quick_gelu, CLIP-G gelu */
+        if (a && i < 2) {
+            const cJSON *act = cJSON_GetObjectItemCaseSensitive(a, "hidden_act");
+            CHECK(cJSON_IsString(act) && !strcmp(act->valuestring, i == 0 ? "quick_gelu" : "gelu"));
+        }
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        free(json);
+        free(real);
+    }
+    /* the tiny transformer's width 32 is no multiple of SD3's head width 64 */
+    char *json = NULL;
+    CHECK_FAILS(kp_part_config(g_file, "transformer", g_tok, &json, NULL), KILN_ERR_CONFIG, "transformer/config.json");
+    free(json);
+}
+
+/* DIR with the tokenizers alone: inference for all but the transformer,
+ * whose heads it cannot know, so its config.json is added to DIR */
+TEST(generate_inferred) {
+    char *out = NULL, png[256], lat[256];
+    snprintf(png, sizeof png, "%s/inferred.png", g_dir);
+    snprintf(lat, sizeof lat, "%s/inferred.safetensors", g_dir);
+    CHECK_RUN_WITH(run_kiln, 1, "width 32 is not a multiple of 64",
+                   "generate '%s' --tokenizers '%s' --prompt x --steps 1 --output '%s'", g_file, g_tok, png);
+    int rc = kiln_sh(&out, "mkdir -p '%s/transformer' && cp '%s/config.json' '%s/transformer/'", g_tok,
+                     golden_path(PIPELINE_CASE, "transformer"), g_tok);
+    CHECK(rc == 0);
+    free(out);
+    rc = run_kiln(&out, "generate '%s' --tokenizers '%s' " PIPELINE_ARGS " --noise '%s' --latents-output '%s' "
+                  "--output '%s'", g_file, g_tok, golden_path(PIPELINE_CASE, "io.safetensors"), lat, png);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    free(out);
+    size_t n = 0;
+    float *x = pipeline_read_latents(lat, &n);
+    CHECK(x && n == 16 * 16 * 24);
+    int finite = 1;
+    for (size_t i = 0; x && i < n; i++) finite &= isfinite(x[i]) != 0;
+    CHECK(finite);
+    free(x);
+    rc = kiln_sh(&out, "rm -r '%s/transformer'", g_tok);
+    free(out);
+}
+
+/* every component under its own key: a miss, then a hit; a changed file a miss */
+TEST(cache_miss_then_hit) {
+    char *out = NULL;
+    int rc = run_kiln(&out, "cache build '%s' --tokenizers '%s' --cache-dir '%s/cache'", g_file, g_full, g_dir);
+    CHECK_MSG(rc == 0 && strstr(out, "transformer     miss") && strstr(out, "text_encoder_3  miss") &&
+              strstr(out, "vae             miss"), "%s", out);
+    free(out);
+    rc = run_kiln(&out, "cache build '%s' --tokenizers '%s' --cache-dir '%s/cache'", g_file, g_full, g_dir);
+    CHECK_MSG(rc == 0 && strstr(out, "transformer     hit") && strstr(out, "vae             hit") && !strstr(out, "miss"),
+              "%s", out);
+    free(out);
+    /* generate maps the same caches */
+    char lat[256], png[256];
+    snprintf(lat, sizeof lat, "%s/hit.safetensors", g_dir);
+    snprintf(png, sizeof png, "%s/hit.png", g_dir);
+    rc = run_kiln(&out, "generate '%s' --tokenizers '%s' " PIPELINE_ARGS " --noise '%s' --latents-output '%s' "
+                  "--output '%s' --cache-dir '%s/cache' --timings", g_file, g_full,
+                  golden_path(PIPELINE_CASE, "io.safetensors"), lat, png, g_dir);
+    CHECK_MSG(rc == 0 && !strstr(out, "miss"), "%s", out);
+    free(out);
+    pipeline_check_case("kiln generate FILE, cache hit", lat, png);
+    CHECK_RUN_WITH(run_kiln, 0, "cached", "info '%s' --cache-dir '%s/cache'", g_file, g_dir);
+    /* a changed file (another mtime) is another source: a miss */
+    rc = kiln_sh(&out, "touch -d '2001-01-01' '%s'", g_file);
+    free(out);
+    rc = run_kiln(&out, "cache build '%s' --tokenizers '%s' --cache-dir '%s/cache'", g_file, g_full, g_dir);
+    CHECK_MSG(rc == 0 && strstr(out, "transformer     miss"), "%s", out);
+    free(out);
+}
+
+TEST(info_lists_components) {
+    char *out = NULL;
+    int rc = run_kiln(&out, "info '%s'", g_file);
+    CHECK_MSG(rc == 0 && strstr(out, "all-in-one") && strstr(out, "text_encoders.t5xxl.transformer.*") &&
+              strstr(out, "F16 x 21") && strstr(out, "first_stage_model.*"), "%s", out);
+    free(out);
+}
+
+/* kiln encode FILE --tokenizers DIR: the case's conditioning */
+TEST(encode_matches) {
+    char emb[256];
+    snprintf(emb, sizeof emb, "%s/cond.safetensors", g_dir);
+    char *out = NULL;
+    int rc = run_kiln(&out, "encode '%s' --tokenizers '%s' --prompt '" PIPELINE_PROMPT "' --dtype f32 --output '%s'",
+                      g_file, g_full, emb);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    st_file *f = NULL, *io = NULL;
+    CHECK_OK(st_open(emb, &f));
+    CHECK_OK(st_open(golden_path(PIPELINE_CASE, "io.safetensors"), &io));
+    if (f && io) {
+        size_t n = 0, m = 0;
+        float *x = golden_tensor(f, "prompt_embeds", &n), *want = golden_tensor(io, "prompt_embeds", &m);
+        double e = n == m ? kb_rel_l2(x, want, n) : INFINITY;
+        printf("  kiln encode FILE: prompt_embeds %.3g relative L2\n", e);
+        CHECK(e < 1e-5);
+        free(x);
+        free(want);
+    }
+    st_close(f);
+    st_close(io);
+}
+
+TEST(bad_inputs) {
+    char png[256], bad[256];
+    snprintf(png, sizeof png, "%s/bad.png", g_dir);
+    /* no tokenizers: which folder, and how to pass it */
+    CHECK_RUN_WITH(run_kiln, 1, "pass --tokenizers DIR", "generate '%s' --prompt x --output '%s'", g_file, png);
+    CHECK_RUN_WITH(run_kiln, 1, "has no tokenizer_3/ folder", "generate '%s' --tokenizers '%s/scheduler' --prompt x "
+                   "--output '%s'", g_file, g_full, png);
+    kiln_pipeline *p = NULL;
+    CHECK_FAILS(kiln_pipeline_open_file(g_file, NULL, NULL, &p), KILN_ERR_MISSING, "--tokenizers DIR");
+    CHECK_FAILS(kiln_pipeline_open_file(golden_path(PIPELINE_CASE, NULL), g_tok, NULL, &p), KILN_ERR_INVALID_ARG,
+                "is for an all-in-one single file");
+    /* a file without CLIP-L */
+    snprintf(bad, sizeof bad, "%s/no_clip_l.safetensors", g_dir);
+    write_all_in_one(bad, OMIT_CLIP_L);
+    CHECK_RUN_WITH(run_kiln, 1, "needs text_encoders.clip_l.transformer.* (text_encoder)",
+                   "generate '%s' --tokenizers '%s' --prompt x --output '%s'", bad, g_full, png);
+    /* a plain transformer file is no pipeline */
+    CHECK_RUN_WITH(run_kiln, 1, "is not an all-in-one SD3 file",
+                   "generate '%s' --tokenizers '%s' --prompt x --output '%s'",
+                   golden_path(PIPELINE_CASE, "transformer/diffusion_pytorch_model.safetensors"), g_full, png);
+    /* a truncated file */
+    snprintf(bad, sizeof bad, "%s/truncated.safetensors", g_dir);
+    char *out = NULL;
+    int rc = kiln_sh(&out, "head -c 300000 '%s' > '%s'", g_file, bad);
+    CHECK(rc == 0);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 1, "truncated.safetensors", "generate '%s' --tokenizers '%s' --prompt x --output '%s'", bad,
+                   g_full, png);
+    CHECK_FAILS(kiln_pipeline_open_file(bad, g_full, NULL, &p), KILN_ERR_FORMAT, "neither a pipeline folder nor a readable");
+    CHECK(access(png, F_OK) != 0); /* no partial output */
+}
+
+int main(void) {
+    kiln_set_log_level(KILN_LOG_ERROR);
+    snprintf(g_dir, sizeof g_dir, "/tmp/kiln-single-XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    make_dirs();
+    RUN(file_is_all_in_one);
+    RUN(generate_matches_diffusers);
+    RUN(inferred_configs);
+    RUN(generate_inferred);
+    RUN(cache_miss_then_hit);
+    RUN(info_lists_components);
+    RUN(encode_matches);
+    RUN(bad_inputs);
+    char *out = NULL;
+    if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
+    free(out);
+    return TEST_SUMMARY();
+}
