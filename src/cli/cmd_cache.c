@@ -2,6 +2,7 @@
 #include "base/base.h"
 #include "cache/cache.h"
 #include "cli.h"
+#include "pipeline/component.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -16,7 +17,8 @@ static const char k_usage[] =
 static int help(void) {
     printf("usage: %s\n\n"
            "  build MODEL       convert MODEL into the cache under its key (a hit does nothing); a\n"
-           "                    pipeline folder: every component, each under its component key\n"
+           "                    pipeline folder or all-in-one file (--tokenizers DIR for its configs):\n"
+           "                    every component, each under its component key\n"
            "  ls                every cache under the root: size, last use, key, source\n"
            "  verify [KEY...]   check every tensor's xxh3 (default: all caches); exit 1 if any is corrupt\n"
            "  rm KEY... | --all remove caches (KEY as printed by ls, or a folder path)\n"
@@ -55,35 +57,32 @@ static int parse_size(const char *s, int64_t *out) {
     return 0;
 }
 
-/* every component of a pipeline folder, each under its own component key
- * of the pipeline's name (what kiln generate PIPELINE maps) */
+/* every component of a pipeline folder or an all-in-one file, each under
+ * its own component key of the pipeline's name (what kiln generate PIPELINE
+ * maps) */
 static int build_pipeline(const char *dir, cli_common *com) {
     static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
     char name[128];
     kiln_load_opts base = cli_load_opts(dir, com, name, sizeof name);
+    kp_source src;
+    kiln_status s = kp_source_init(dir, com->tokenizers, &src);
+    if (s) return cli_fail("cache build", s);
     int rc = 0;
     for (size_t k = 0; k < sizeof comps / sizeof comps[0] && !rc; k++) {
-        char *cd = kb_path_join(dir, comps[k]);
-        if (!cd) return cli_error("cache build", "out of memory");
-        if (kb_is_dir(cd)) {
-            double t0 = kb_now();
-            kiln_load_opts o = base;
-            o.source = cd;
-            o.component = comps[k];
-            kiln_model *m = NULL;
-            kiln_status s = kiln_load_model(&o, &m);
-            if (s) {
-                rc = cli_fail("cache build", kb_wrap(s, "%s", comps[k]));
-            } else {
-                char size[32];
-                kiln_model_info inf;
-                kiln_model_get_info(m, &inf);
-                printf("%-15s %s: %s (%s, %.1f ms)\n", comps[k], kiln_model_origin(m), kiln_model_cache_path(m),
-                       kb_human_bytes((double)inf.bytes_on_disk, size, sizeof size), (kb_now() - t0) * 1e3);
-            }
-            kiln_model_free(m);
+        if (!kp_has_component(&src, comps[k])) continue;
+        double t0 = kb_now();
+        kiln_model *m = NULL;
+        s = kp_open_part(&src, comps[k], &base, &m);
+        if (s) {
+            rc = cli_fail("cache build", kb_wrap(s, "%s", comps[k]));
+        } else {
+            char size[32];
+            kiln_model_info inf;
+            kiln_model_get_info(m, &inf);
+            printf("%-15s %s: %s (%s, %.1f ms)\n", comps[k], kiln_model_origin(m), kiln_model_cache_path(m),
+                   kb_human_bytes((double)inf.bytes_on_disk, size, sizeof size), (kb_now() - t0) * 1e3);
         }
-        free(cd);
+        kiln_model_free(m);
     }
     return rc;
 }
@@ -91,10 +90,7 @@ static int build_pipeline(const char *dir, cli_common *com) {
 static int do_build(const char *model, cli_common *com) {
     if (!root_of(com))
         return cli_error("cache build", "no cache root: pass --cache-dir DIR or set KILN_CACHE_DIR");
-    char *index = kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
-    int pipeline = index && kb_is_file(index);
-    free(index);
-    if (pipeline) return build_pipeline(model, com);
+    if (cli_is_pipeline(model, com)) return build_pipeline(model, com); /* a folder or an all-in-one file */
     double t0 = kb_now();
     kiln_model *m;
     kiln_status s = cli_load_model(model, com, &m);

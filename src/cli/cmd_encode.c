@@ -8,7 +8,7 @@
 #include <string.h>
 
 static const char k_usage[] =
-    "kiln encode PIPELINE (--prompt TEXT | --prompts-file FILE) [--negative-prompt TEXT] [--images-per-prompt N]\n"
+    "kiln encode PIPELINE|FILE [--tokenizers DIR] (--prompt TEXT | --prompts-file FILE) [--negative-prompt TEXT] [--images-per-prompt N]\n"
     "                     [--max-sequence-length N] --output FILE [options]";
 
 static int help(void) {
@@ -24,7 +24,9 @@ static int help(void) {
            "  negative_pooled_prompt_embeds\n"
            "with B = prompts x images per prompt; it feeds `kiln generate TRANSFORMER --cond FILE`.\n"
            "Each encoder goes through the weight cache (component text_encoder, text_encoder_2,\n"
-           "text_encoder_3 under --name) and compiled packages like any model.\n\n"
+           "text_encoder_3 under --name) and compiled packages like any model.\n"
+           "An all-in-one single file (text_encoders.clip_l/clip_g/t5xxl.* inside) takes --tokenizers DIR\n"
+           "(docs/cli.md).\n\n"
            "  --prompt TEXT              one prompt (UTF-8)\n"
            "  --prompts-file FILE        one prompt per line (a batch)\n"
            "  --negative-prompt TEXT     for classifier-free guidance (default \"\")\n"
@@ -79,7 +81,7 @@ int cmd_encode(int argc, char **argv) {
     char name[128];
     kiln_load_opts o = cli_load_opts(pipe, &com, name, sizeof name);
     kiln_sd3_text *t = NULL;
-    kiln_status s = kiln_sd3_text_open(pipe, &o, &t);
+    kiln_status s = kiln_sd3_text_open_file(pipe, com.tokenizers, &o, &t); /* a folder, or an all-in-one file */
     if (s) {
         rc = cli_fail("encode", s);
         goto done;

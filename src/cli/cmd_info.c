@@ -2,12 +2,16 @@
 #include "arch/arch.h"
 #include "base/base.h"
 #include "cli.h"
+#include "cache/cache.h"
 #include "format/checkpoint.h"
+#include "pipeline/component.h"
+
+#include <limits.h>
 
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_usage[] = "kiln info MODEL [--config FILE]";
+static const char k_usage[] = "kiln info MODEL|PIPELINE|FILE [--config FILE] [--tokenizers DIR] [--cache-dir DIR]";
 
 /* A pipeline folder: every component, from its config and file headers
  * alone (nothing converts: T5-XXL's 9.5 GB are only mapped). */
@@ -64,6 +68,83 @@ static int info_pipeline(const char *dir) {
     return 0;
 }
 
+/* the caches of a file's component under the root: key folders of
+ * <name>/<component>/ made from this file's prefix (their manifest's source) */
+static int cached(const kcache_item *items, size_t n, const char *name, const char *component, const char *source,
+                  const char **which) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/%s/", name, component);
+    int k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].complete && !strncmp(items[i].rel, rel, strlen(rel)) && !strcmp(items[i].source, source)) {
+            *which = items[i].rel;
+            k++;
+        }
+    return k;
+}
+
+/* An all-in-one file: every component under its prefix, from the header
+ * alone (nothing converts), its config's source and its cache state */
+static int info_single_file(const char *file, const cli_common *com) {
+    static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
+    kp_source src;
+    kiln_status s = kp_source_init(file, com->tokenizers, &src);
+    if (s) return cli_fail("info", s);
+    char name[128], real[PATH_MAX];
+    cli_model_name(file, name, sizeof name);
+    if (com->name) snprintf(name, sizeof name, "%s", com->name);
+    if (!realpath(file, real)) snprintf(real, sizeof real, "%s", file);
+    const char *root = kcache_root(com->cache_dir);
+    kcache_item *items = NULL;
+    size_t n_items = 0;
+    if (root && kcache_list(root, &items, &n_items)) n_items = 0;
+    printf("all-in-one:     %s\n", file);
+    printf("tokenizers:     %s\n", com->tokenizers ? com->tokenizers : "(none: kiln generate needs --tokenizers DIR)");
+    printf("cache name:     %s%s%s\n", name, root ? " under " : " (no cache root)", root ? root : "");
+    int64_t total = 0;
+    for (size_t k = 0; k < sizeof comps / sizeof comps[0]; k++) {
+        const char *prefix = kp_component_prefix(comps[k]);
+        kc_checkpoint *c = NULL;
+        if (!kp_has_component(&src, comps[k])) {
+            printf("%-16s %s* (none)\n", comps[k], prefix);
+            continue;
+        }
+        if ((s = kc_open_part(file, prefix, NULL, NULL, ka_renamers(), &c))) {
+            printf("%-16s %s* %s\n", comps[k], prefix, kiln_last_error());
+            continue;
+        }
+        int64_t params = 0, by[KILN_DTYPE_COUNT] = {0};
+        for (size_t i = 0; i < c->n; i++) {
+            params += kc_numel(&c->t[i]);
+            by[c->t[i].dtype]++;
+        }
+        char *json = NULL, size[32], source[PATH_MAX + 128];
+        int inferred = 0;
+        const ka_arch *a = NULL;
+        if (kp_part_config(file, comps[k], com->tokenizers, &json, &inferred)) json = NULL;
+        if (json) a = ka_for_config(json);
+        printf("%-16s %s* %s: %.2f M parameters in %zu tensors,", comps[k], prefix, a ? a->name : "(no config)",
+               (double)params / 1e6, c->n);
+        for (int t = 1; t < KILN_DTYPE_COUNT; t++)
+            if (by[t]) printf(" %s x %lld", kiln_dtype_name((kiln_dtype)t), (long long)by[t]);
+        printf(", %s, %s names", kb_human_bytes((double)c->bytes_on_disk, size, sizeof size), c->layout);
+        if (json) printf(", config %s", inferred ? "inferred from the shapes" : "from --tokenizers");
+        else printf(", no config (%s)", kiln_last_error());
+        snprintf(source, sizeof source, "%s#%s", real, prefix);
+        const char *which = NULL;
+        int nc = root ? cached(items, n_items, name, comps[k], source, &which) : 0;
+        if (nc) printf(", cached (%s%s)\n", which, nc > 1 ? " and others" : "");
+        else printf(", %s\n", root ? "not cached" : "no cache root");
+        total += c->bytes_on_disk;
+        free(json);
+        kc_close(c);
+    }
+    free(items);
+    char size[32];
+    printf("size on disk:   %s\n", kb_human_bytes((double)total, size, sizeof size));
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *model = NULL;
@@ -72,7 +153,10 @@ int cmd_info(int argc, char **argv) {
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) {
             printf("usage: %s\n\nPrints the architecture, parameter count, weight dtypes and size on "
                    "disk of MODEL\n(a diffusers folder or a single safetensors checkpoint).\n\n"
-                   "  --config FILE   config.json for a single-file checkpoint whose heads cannot be inferred\n",
+                   "  --config FILE   config.json for a single-file checkpoint whose heads cannot be inferred\n"
+                   "An all-in-one single file (SD3 with its text encoders and VAE) lists its components with\n"
+                   "sizes, dtypes, where their configs come from (--tokenizers DIR, else inferred) and their\n"
+                   "cache state under --cache-dir / KILN_CACHE_DIR.\n",
                    k_usage);
             return 0;
         }
@@ -85,6 +169,11 @@ int cmd_info(int argc, char **argv) {
         model = argv[i];
     }
     if (!model) return cli_usage_error("info", k_usage, "MODEL is required");
+    if (kb_is_file(model) && cli_is_pipeline(model, &com)) { /* an all-in-one file */
+        int rc = info_single_file(model, &com);
+        cli_common_finish(&com);
+        return rc;
+    }
     char *index = kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
     int pipeline = index && kb_is_file(index);
     free(index);

@@ -57,6 +57,9 @@ kiln_status kp_part_config(const char *file, const char *component, const char *
 /* A file of the source's aux folder (model_index.json, scheduler/...) as a
  * malloc'd path; NULL when there is no aux folder (or out of memory). */
 char *kp_aux_path(const kp_source *s, const char *rel);
+/* An all-in-one file's tokenizer folders are there (tokenizer_3 only when
+ * the file holds T5): checked before any component loads. KILN_OK for a folder. */
+kiln_status kp_check_tokenizers(const kp_source *s);
 /* The error for a tokenizer folder the source lacks: which one, and how to give it */
 kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer);
 

@@ -93,6 +93,7 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     *out = NULL;
     kp_source src;
     kiln_status st = kp_source_init(dir, tokenizers_dir, &src);
+    if (!st) st = kp_check_tokenizers(&src); /* before any component loads */
     if (st) return st;
     /* a folder must say its class; a file's tokenizers folder may */
     cJSON *index = read_json(&src, "model_index.json", src.dir != NULL, &st);

@@ -130,6 +130,19 @@ kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer) {
                    "model's diffusers repository", s->aux, tokenizer, s->file);
 }
 
+kiln_status kp_check_tokenizers(const kp_source *s) {
+    static const char *const tok[3] = {"tokenizer", "tokenizer_2", "tokenizer_3"};
+    if (s->dir) return KILN_OK;
+    for (int i = 0; i < 3; i++) {
+        if (i == 2 && !kp_has_component(s, "text_encoder_3")) continue;
+        char *td = kp_aux_path(s, tok[i]);
+        int ok = td && kb_is_dir(td);
+        free(td);
+        if (!ok) return kp_missing_tokenizer(s, tok[i]);
+    }
+    return KILN_OK;
+}
+
 /* the config of a file's component as kp_part_config says, and (when it
  * comes from aux) its path */
 static kiln_status part_config(const char *file, int i, const char *aux, char **json, char **path) {
