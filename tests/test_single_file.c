@@ -396,6 +396,7 @@ TEST(info_lists_components) {
     int rc = run_kiln(&out, "info '%s'", g_file);
     CHECK_MSG(rc == 0 && strstr(out, "all-in-one") && strstr(out, "text_encoders.t5xxl.transformer.*") &&
               strstr(out, "F16 x 21") && strstr(out, "first_stage_model.*"), "%s", out);
+    printf("%s", out);
     free(out);
 }
 
@@ -422,6 +423,18 @@ TEST(encode_matches) {
     }
     st_close(f);
     st_close(io);
+}
+
+/* kiln compile FILE: every component's packages for the request; the next generate starts from them */
+TEST(compile_file) {
+    char *out = NULL, png[256];
+    snprintf(png, sizeof png, "%s/cc.png", g_dir);
+    CHECK_RUN_WITH(run_kiln, 0, "every component's packages are published", "compile '%s' --tokenizers '%s' --cache-dir '%s/cc'",
+                   g_file, g_full, g_dir);
+    int rc = run_kiln(&out, "generate '%s' --tokenizers '%s' --prompt 'a cat' --steps 2 --cache-dir '%s/cc' --output '%s' "
+                      "--timings", g_file, g_full, g_dir, png);
+    CHECK_MSG(rc == 0 && strstr(out, "(backbone: fixed)") && !strstr(out, "compile "), "%s", out);
+    free(out);
 }
 
 TEST(bad_inputs) {
@@ -468,6 +481,7 @@ int main(void) {
     RUN(cache_miss_then_hit);
     RUN(info_lists_components);
     RUN(encode_matches);
+    RUN(compile_file);
     RUN(bad_inputs);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);

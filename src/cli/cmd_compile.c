@@ -19,10 +19,11 @@ static int help(void) {
            "KILN_CC (default cc) into a weightless package (shared object + manifest) and publish it\n"
            "under the package folder. Later `kiln forward` / `kiln generate` runs in any process use\n"
            "it when the request's shape is inside its ranges (see docs/package.md).\n"
-           "A pipeline folder (model_index.json) is compiled for a request: one sampler step of --batch\n"
-           "images (default 1) at --width x --height (default the pipeline's) with guidance --guidance\n"
-           "(default 7: CFG) runs with every component compiling a fixed-shape package for each shape it\n"
-           "sees, so `kiln generate PIPELINE` requests of that shape start from packages.\n\n"
+           "A pipeline folder (model_index.json), or an all-in-one file with --tokenizers DIR, is\n"
+           "compiled for a request: one sampler step of --batch images (default 1) at --width x\n"
+           "--height (default the pipeline's) with guidance --guidance (default 7: CFG) runs with every\n"
+           "component compiling a fixed-shape package for each shape it sees, so `kiln generate PIPELINE`\n"
+           "requests of that shape start from packages.\n\n"
            "dimensions (symbols), by model family:\n", k_usage);
     for (int f = 0; f < ka_count(); f++) {
         const ka_arch *a = ka_at(f);
@@ -115,10 +116,7 @@ int cmd_compile(int argc, char **argv) {
         model = argv[i];
     }
     if (!model) return cli_usage_error("compile", k_usage, "MODEL is required");
-    char *index = kb_is_dir(model) ? kb_path_join(model, "model_index.json") : NULL;
-    int pipeline = index && kb_is_file(index);
-    free(index);
-    if (pipeline) { /* every component, for the shapes of a request */
+    if (cli_is_pipeline(model, &com)) { /* a folder or an all-in-one file: every component, for the shapes of a request */
         if (*dims || o.height || o.context_len || com.quant)
             return cli_usage_error("compile", k_usage, "a pipeline is compiled for a request: --batch (images), --width, "
                                    "--height, --guidance; not --dim, --latent, --context-len or --quant");

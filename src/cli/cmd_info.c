@@ -127,7 +127,8 @@ static int info_single_file(const char *file, const cli_common *com) {
                (double)params / 1e6, c->n);
         for (int t = 1; t < KILN_DTYPE_COUNT; t++)
             if (by[t]) printf(" %s x %lld", kiln_dtype_name((kiln_dtype)t), (long long)by[t]);
-        printf(", %s, %s names", kb_human_bytes((double)c->bytes_on_disk, size, sizeof size), c->layout);
+        printf(", %s, %s names", kb_human_bytes((double)c->bytes_on_disk, size, sizeof size),
+               strcmp(c->layout, "diffusers") ? c->layout : "stored"); /* renamed by a family's renamer, or as stored */
         if (json) printf(", config %s", inferred ? "inferred from the shapes" : "from --tokenizers");
         else printf(", no config (%s)", kiln_last_error());
         snprintf(source, sizeof source, "%s#%s", real, prefix);

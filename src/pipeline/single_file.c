@@ -180,9 +180,9 @@ static kiln_status part_config(const char *file, int i, const char *aux, char **
     kc_close(c);
     free(x);
     if (st)
-        return kb_wrap(st, "%s: the config of %s (%s*) was inferred from its tensors and failed; put its config.json "
-                       "in the tokenizers folder as %s%s%s/config.json", file, component, k_parts[i].prefix,
-                       aux ? aux : "DIR", "/", component);
+        return kb_wrap(st, "%s (%s*) has no config.json in %s and inferring one from its tensors failed (put its "
+                       "config.json at %s/%s/config.json)", component, k_parts[i].prefix,
+                       aux ? aux : "--tokenizers DIR", aux ? aux : "DIR", component);
     *json = text;
     return KILN_OK;
 }
