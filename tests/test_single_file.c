@@ -201,6 +201,19 @@ static void write_all_in_one(const char *path, int omit) {
                 snprintf(name, sizeof name, "%s%s", comp[c][1], st_at(f, i)->name);
                 put_same(&l, name, st_at(f, i));
             }
+            /* what real files carry beside: T5's tied embedding copy, CLIP's position_ids buffer */
+            const st_tensor *shared = st_find(f, "shared.weight");
+            if (shared) {
+                snprintf(name, sizeof name, "%sencoder.embed_tokens.weight", comp[c][1]);
+                put_same(&l, name, shared);
+            }
+            if (c == 0) {
+                int64_t ids[77], shape[2] = {1, 77};
+                for (int i = 0; i < 77; i++) ids[i] = i;
+                st_tensor pos = {.dtype = KILN_I64};
+                snprintf(name, sizeof name, "%stext_model.embeddings.position_ids", comp[c][1]);
+                put(&l, name, &pos, ids, sizeof ids, 2, shape);
+            }
         } else if (c == 3) {
             write_transformer(&l, f, 2);
         } else {
@@ -249,18 +262,64 @@ static void make_dirs(void) {
     free(out);
 }
 
-/* the components found, their names mapped as views: the layout each reads */
+/* the components found, their names mapped as views: the layout each reads
+ * (T5's: its tied encoder.embed_tokens copy left out) */
 TEST(file_is_all_in_one) {
     CHECK(kiln_is_single_file(g_file));
     CHECK(!kiln_is_single_file(golden_path(PIPELINE_CASE, "transformer/diffusion_pytorch_model.safetensors")));
     static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
-    static const char *const layout[] = {"sd3-single-file", "diffusers", "diffusers", "diffusers", "ldm-vae"};
+    static const char *const layout[] = {"sd3-single-file", "diffusers", "diffusers", "t5-embed-tokens", "ldm-vae"};
     for (int k = 0; k < 5; k++) {
         kc_checkpoint *c = NULL;
         CHECK_OK(kc_open_part(g_file, kp_component_prefix(comps[k]), NULL, NULL, ka_renamers(), &c));
         if (c) CHECK_MSG(!strcmp(c->layout, layout[k]), "%s: layout %s", comps[k], c->layout);
         kc_close(c);
     }
+}
+
+/* the VAE alone in LDM names (a standalone LDM VAE file, first_stage_model.*)
+ * opens as the vae-decoder family and decodes vae-sd3-tiny's latent as the
+ * diffusers folder does */
+TEST(ldm_vae_file) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/ldm_vae.safetensors", g_dir);
+    st_file *all = NULL;
+    CHECK_OK(st_open(g_file, &all));
+    out_list l = {0};
+    for (size_t i = 0; all && i < st_count(all); i++)
+        if (!strncmp(st_at(all, i)->name, "first_stage_model.", 18)) put_same(&l, st_at(all, i)->name, st_at(all, i));
+    CHECK_OK(st_write(path, l.t, l.n, NULL, 0));
+    for (size_t i = 0; i < l.n; i++) {
+        free((char *)l.t[i].name);
+        free((void *)l.t[i].data);
+    }
+    free(l.t);
+    st_close(all);
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/config.json", golden_path("vae-sd3-tiny", NULL));
+    kiln_open_opts o = {.config_path = cfg, .dtype = KILN_F32};
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_open(path, &o, &m));
+    st_file *io = NULL;
+    CHECK_OK(st_open(golden_path("vae-sd3-tiny", "io.safetensors"), &io));
+    if (m && io) {
+        CHECK(!strcmp(kiln_model_family(m), "vae-decoder"));
+        size_t n = 0, k = 0;
+        float *lat = golden_tensor(io, "decode_input", NULL), *want = golden_tensor(io, "decode_sample", &n);
+        float *got = calloc(n, sizeof(float));
+        kiln_tensor in = {"latent", KILN_F32, 4, {1, 16, 8, 12}, lat};
+        kiln_output out = {"sample", got, n, 0, {0}};
+        CHECK_OK(kiln_run(m, &in, 1, &out, 1));
+        k = (size_t)out.shape[0] * out.shape[1] * out.shape[2] * out.shape[3];
+        double e = k == n ? kb_rel_l2(got, want, n) : INFINITY;
+        printf("  a standalone LDM VAE file: decode %.3g relative L2\n", e);
+        CHECK(e < 1e-5);
+        free(lat);
+        free(want);
+        free(got);
+    }
+    kiln_model_free(m);
+    st_close(io);
 }
 
 TEST(generate_matches_diffusers) {
@@ -475,6 +534,7 @@ int main(void) {
     if (!mkdtemp(g_dir)) return 1;
     make_dirs();
     RUN(file_is_all_in_one);
+    RUN(ldm_vae_file);
     RUN(generate_matches_diffusers);
     RUN(inferred_configs);
     RUN(generate_inferred);
