@@ -68,8 +68,9 @@ static int has_output(const kiln_model *m, const char *name) {
 kiln_status kiln_sd3_text_open(const char *pipeline, const kiln_load_opts *base, kiln_sd3_text **out) {
     if (!pipeline || !out) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_text_open: pipeline folder and out are required");
     *out = NULL;
-    if (!kb_is_dir(pipeline) && kp_is_single_file(pipeline)) return kiln_sd3_text_open_file(pipeline, NULL, base, out);
-    if (!kb_is_dir(pipeline)) return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", pipeline);
+    /* an all-in-one file goes on, to say that it needs its tokenizers */
+    if (!kb_is_dir(pipeline) && !kp_is_single_file(pipeline))
+        return kb_fail(KILN_ERR_IO, "%s is not a pipeline folder", pipeline);
     return kiln_sd3_text_open_file(pipeline, NULL, base, out);
 }
 
