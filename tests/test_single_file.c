@@ -323,16 +323,18 @@ TEST(ldm_vae_file) {
 }
 
 TEST(generate_matches_diffusers) {
-    char lat[256], png[256];
+    char lat[256], png[256], tens[256];
     snprintf(lat, sizeof lat, "%s/latents.safetensors", g_dir);
     snprintf(png, sizeof png, "%s/image.png", g_dir);
+    snprintf(tens, sizeof tens, "%s/tensors.safetensors", g_dir);
     char *out = NULL;
     int rc = run_kiln(&out, "generate '%s' --tokenizers '%s' " PIPELINE_ARGS " --noise '%s' --latents-output '%s' "
-                      "--output '%s'", g_file, g_full, golden_path(PIPELINE_CASE, "io.safetensors"), lat, png);
+                      "--tensor-output '%s' --output '%s'", g_file, g_full, golden_path(PIPELINE_CASE, "io.safetensors"),
+                      lat, tens, png);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
     CHECK(out && strstr(out, "1 image 48x32, 4 steps"));
     free(out);
-    pipeline_check_case("kiln generate FILE --tokenizers DIR", lat, png);
+    pipeline_check_case("kiln generate FILE --tokenizers DIR", lat, tens, png);
 }
 
 /* a config through the family's parser and back: the one form to compare */
@@ -440,7 +442,7 @@ TEST(cache_miss_then_hit) {
                   golden_path(PIPELINE_CASE, "io.safetensors"), lat, png, g_dir);
     CHECK_MSG(rc == 0 && strstr(out, "hit") && !strstr(out, "miss:"), "%s", out); /* the ledger: every load a hit */
     free(out);
-    pipeline_check_case("kiln generate FILE, cache hit", lat, png);
+    pipeline_check_case("kiln generate FILE, cache hit", lat, NULL, png);
     CHECK_RUN_WITH(run_kiln, 0, "cached", "info '%s' --cache-dir '%s/cache'", g_file, g_dir);
     /* a changed file (another mtime) is another source: a miss */
     rc = kiln_sh(&out, "touch -d '2001-01-01' '%s'", g_file);
@@ -482,6 +484,20 @@ TEST(encode_matches) {
     }
     st_close(f);
     st_close(io);
+}
+
+/* --low-memory releases the encoders after a batch; the next batch (other
+ * settings) maps them again from the file, with its tokenizers */
+TEST(low_memory_batches) {
+    char pf[256], png[256];
+    snprintf(pf, sizeof pf, "%s/prompts.jsonl", g_dir);
+    snprintf(png, sizeof png, "%s/lm.png", g_dir);
+    FILE *f = fopen(pf, "w");
+    if (!f) return;
+    fputs("a red fox\n{\"prompt\": \"a lighthouse\", \"steps\": 2, \"guidance\": 1}\n", f);
+    fclose(f);
+    CHECK_RUN_WITH(run_kiln, 0, "load text encoders", "generate '%s' --tokenizers '%s' --prompts-file '%s' --steps 1 "
+                   "--low-memory --timings --output '%s'", g_file, g_full, pf, png);
 }
 
 /* kiln compile FILE: every component's packages for the request; the next generate starts from them */
@@ -542,6 +558,7 @@ int main(void) {
     RUN(info_lists_components);
     RUN(encode_matches);
     RUN(compile_file);
+    RUN(low_memory_batches);
     RUN(bad_inputs);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);

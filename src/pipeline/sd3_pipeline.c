@@ -247,7 +247,7 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     if (o->max_batch < 0) return kb_fail(KILN_ERR_INVALID_ARG, "max_batch %d: images per backbone call, 1 or more", o->max_batch);
     if (!p->text) { /* released by low_memory after the last request: mapped again (cache hits) */
         double t1 = kb_now();
-        if ((st = kiln_sd3_text_open(p->dir, p->has_base ? &p->base : NULL, &p->text))) return kb_wrap(st, "%s: text encoders", p->dir);
+        if ((st = kiln_sd3_text_open_file(p->dir, p->tokenizers, p->has_base ? &p->base : NULL, &p->text))) return kb_wrap(st, "%s: text encoders", p->dir);
         kb_ledger_add("load text encoders", kb_now() - t1, "again, after low_memory released them");
     }
     kiln_model *comps[5] = {p->transformer, p->vae, kiln_sd3_text_model(p->text, 0), kiln_sd3_text_model(p->text, 1),
