@@ -169,9 +169,12 @@ static kiln_status part_config(const char *file, int i, const char *aux, char **
     if (!st && !text) st = KILN_ERR_NOMEM;
     /* CLIP-L and CLIP-G have one width each, told apart by their prefix here */
     if (!st && !strcmp(a->name, "clip")) {
-        cJSON *j = cJSON_Parse(text);
-        cJSON_ReplaceItemInObjectCaseSensitive(j, "hidden_act",
-                                               cJSON_CreateString(i == 1 ? "quick_gelu" : "gelu"));
+        cJSON *j = cJSON_Parse(text), *act = cJSON_CreateString(i == 1 ? "quick_gelu" : "gelu");
+        if (!j || !act || !cJSON_ReplaceItemInObjectCaseSensitive(j, "hidden_act", act)) { /* act not attached */
+            cJSON_Delete(act);
+            cJSON_Delete(j);
+            j = NULL;
+        }
         free(text);
         text = j ? cJSON_Print(j) : NULL;
         cJSON_Delete(j);
