@@ -13,8 +13,9 @@
 #include <unistd.h>
 
 static const char k_usage[] =
-    "kiln generate PIPELINE (--prompt TEXT | --prompts-file FILE) --output out.png [--negative-prompt TEXT]\n"
-    "                     [--width W --height H] [--images-per-prompt N] [--max-sequence-length N]\n"
+    "kiln generate PIPELINE|FILE (--prompt TEXT | --prompts-file FILE) --output out.png [--tokenizers DIR]\n"
+    "                     [--negative-prompt TEXT] [--width W --height H] [--images-per-prompt N]\n"
+    "                     [--max-sequence-length N]\n"
     "                     [--latents-output FILE] [--tensor-output FILE] [--low-memory] [--micro-batch N]\n"
     "                     [--memory BYTES] [--steps N] [--shift S] [--guidance G]\n"
     "                     [--seed N | --noise FILE] [--quiet] [options]\n"
@@ -27,7 +28,10 @@ static int help(void) {
            "From a diffusers StableDiffusion3Pipeline folder (model_index.json, scheduler/,\n"
            "text_encoder*/, tokenizer*/, transformer/, vae/), as its __call__: each component loads\n"
            "through the weight cache under its own key; the prompt is encoded (kiln encode), sampled\n"
-           "with the scheduler config's shift, and decoded by the VAE.\n"
+           "with the scheduler config's shift, and decoded by the VAE. Or from an all-in-one SD3 /\n"
+           "SD3.5 safetensors file (model.diffusion_model.*, text_encoders.clip_l.* / clip_g.* /\n"
+           "t5xxl.*, first_stage_model.*) with --tokenizers DIR, a folder with its tokenizer*/ (and\n"
+           "optionally the components' config.json; else inferred from the shapes: docs/cli.md).\n"
            "  --prompt TEXT           the prompt  --negative-prompt TEXT (default \"\", as diffusers)\n"
            "  --prompts-file FILE     one prompt per line, or per line a JSON object with that prompt's\n"
            "                          own settings: {\"prompt\": \"...\", \"negative_prompt\": \"...\", \"seed\": 7,\n"
