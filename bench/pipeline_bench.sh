@@ -91,6 +91,7 @@ PY
 
 kiln_warm() {
   warm_files $C
+  rm -f $L/kiln-warm-ledger-$1.txt  # bench_pipeline appends
   $BENCH --pipeline $P "${KEY[@]}" "${ARGS[@]}" --size $SIZE --runs $CALLS --output $D/kiln-warm.png \
     --ledger $L/kiln-warm-ledger-$1.txt > $L/kiln-warm-$1.json 2> $L/kiln-warm-$1.err \
     || { cat $L/kiln-warm-$1.err >&2; exit 1; }
