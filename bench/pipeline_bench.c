@@ -94,6 +94,7 @@ int main(int argc, char **argv) {
     int size = 512, nsteps = 8, runs = 3;
     double guidance = 7.0;
     unsigned long long seed = 0;
+    if (argc % 2 == 0) return usage(); /* every option takes a value */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--pipeline")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--cache-dir")) cache = argv[i + 1];
