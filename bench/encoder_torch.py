@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from bench_util import rel_l2, setup_env, setup_torch, timed_calls
+
 
 def configs(family, layers):
     if family == "t5":  # T5-XXL v1.1's width (SD3's text_encoder_3), fewer layers
@@ -61,10 +63,9 @@ def write(a):
 
 
 def time_it(a):
-    os.environ["OMP_NUM_THREADS"] = str(a.threads)
-    import torch
+    setup_env(a.threads)
+    torch = setup_torch(a.threads)
     from safetensors.torch import load_file
-    torch.set_num_threads(a.threads)
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     if "T5EncoderModel" in cfg.get("architectures", []):
         from transformers import T5EncoderModel as M
@@ -79,22 +80,13 @@ def time_it(a):
             import torch._inductor.config as ic
             ic.freezing = True
         fwd = torch.compile(model)
-    t0 = time.perf_counter()
     with torch.inference_mode():
-        for _ in range(1 if a.mode == "eager" else 2):
-            fwd(input_ids=ids)
-        first = (time.perf_counter() - t0) * 1e3
-        ms = []
-        for _ in range(a.runs):
-            t1 = time.perf_counter()
-            out = fwd(input_ids=ids)
-            ms.append((time.perf_counter() - t1) * 1e3)
+        warm, _ = timed_calls(lambda: fwd(input_ids=ids), 1 if a.mode == "eager" else 2)
+        ms, out = timed_calls(lambda: fwd(input_ids=ids), a.runs)
     h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    res = {"median_ms": statistics.median(ms), "warmup_ms": first, "runs": a.runs, "torch": torch.__version__}
+    res = {"median_ms": statistics.median(ms), "warmup_ms": sum(warm), "runs": a.runs, "torch": torch.__version__}
     if a.compare:
-        k = load_file(a.compare)["last_hidden_state"].double()
-        t = h.double()
-        res["kiln_rel_l2"] = float((k - t).norm() / t.norm())
+        res["kiln_rel_l2"] = rel_l2(load_file(a.compare)["last_hidden_state"], h)
     print(json.dumps(res))
 
 

@@ -16,13 +16,14 @@ See bench/README.md. Needs torch, diffusers, safetensors, numpy
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+
+from bench_util import peak_rss_mb, peak_rss_mb_own, rel_l2, setup_torch, timed_calls
 
 INPUT_KEYS = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
 DEFAULT_WARMUP = {"eager": 1, "compile": 2, "aoti": 1}
@@ -93,37 +94,6 @@ def setup_env(args):
     return tmp
 
 
-def setup_torch(threads):
-    import logging
-    import torch
-    # "No CUDA runtime is found, using CUDA_HOME=..." when inductor builds C++ on a
-    # machine without a GPU: harmless noise for a CPU benchmark.
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass  # already set (can only be set once per process)
-    return torch
-
-
-def peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
-def peak_rss_mb_own():
-    """Peak RSS of this process image only. Linux carries ru_maxrss across fork+exec (the
-    parent's high-water mark at fork), so the aoti child reads VmHWM instead."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return peak_rss_mb()
-
-
 def load_inputs(path, dtype):
     import torch
     from safetensors.torch import load_file
@@ -155,15 +125,6 @@ def load_inputs(path, dtype):
     return inputs, ref
 
 
-def rel_l2(out, ref):
-    import torch
-    o = out.detach().to(torch.float64)
-    r = ref.to(torch.float64)
-    if o.shape != r.shape:
-        return None
-    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))
-
-
 def _round(x):
     if isinstance(x, float):
         return float(f"{x:.4g}") if abs(x) < 1e-3 else round(x, 3)
@@ -172,16 +133,6 @@ def _round(x):
     if isinstance(x, list):
         return [_round(v) for v in x]
     return x
-
-
-def timed_calls(fn, n):
-    import torch
-    times, out = [], None
-    for _ in range(n):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times, out
 
 
 def save_output(path, out):
