@@ -408,6 +408,15 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
         po.guidance = guidance;
         po.compile = 1;
         s = kiln_pipeline_generate(p, &po, &lat, sh);
+        kiln_model *vae = s ? NULL : kiln_pipeline_vae(p);
+        if (vae) { /* and the decode of its latents (tiled as the request would be), compile still on */
+            int f = kiln_pipeline_vae_scale(p);
+            uint8_t *rgb = malloc((size_t)sh[0] * (size_t)(sh[2] * f) * (size_t)(sh[3] * f) * 3);
+            kiln_vae_opts vo = kiln_vae_defaults();
+            kiln_vae_plan plan;
+            s = rgb ? kiln_vae_decode_rgb(vae, lat, sh, &vo, rgb, NULL, &plan) : KILN_ERR_NOMEM;
+            free(rgb);
+        }
     }
     free(lat);
     kiln_pipeline_free(p);
