@@ -256,17 +256,27 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
     int cfg = o->guidance > 1.0;
     float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
-    int64_t es[3], ps[2], nes[3], nps[2];
+    int64_t es[3], ps[2];
     double t0 = kb_now();
-    st = kiln_sd3_encode(p->text, o->prompts, n, ipp, o->max_sequence_length, &pe, es, &pp, ps);
-    const char **negs = cfg && !st ? malloc(sizeof(char *) * (size_t)n) : NULL;
-    if (cfg && !st && !negs) st = KILN_ERR_NOMEM;
-    for (int k = 0; negs && k < n; k++)
-        negs[k] = o->negative_prompts && o->negative_prompts[k] ? o->negative_prompts[k]
-                  : o->negative_prompt                          ? o->negative_prompt
-                                                                : "";
-    if (cfg && !st) st = kiln_sd3_encode(p->text, negs, n, ipp, o->max_sequence_length, &ne, nes, &np, nps);
-    free(negs);
+    /* the prompts and (CFG) their negative prompts in one encoder batch, so
+     * each encoder's weights are read once: rows [prompts x ipp | negatives x ipp] */
+    int ne_prompts = cfg ? 2 * n : n;
+    const char **all = malloc(sizeof(char *) * (size_t)ne_prompts);
+    if (!all) st = KILN_ERR_NOMEM;
+    for (int k = 0; all && k < n; k++) {
+        all[k] = o->prompts[k];
+        if (cfg)
+            all[n + k] = o->negative_prompts && o->negative_prompts[k] ? o->negative_prompts[k]
+                         : o->negative_prompt                          ? o->negative_prompt
+                                                                       : "";
+    }
+    if (!st) st = kiln_sd3_encode(p->text, all, ne_prompts, ipp, o->max_sequence_length, &pe, es, &pp, ps);
+    free(all);
+    if (!st && cfg) { /* views of the second half */
+        es[0] = ps[0] = (int64_t)n * ipp;
+        ne = pe + (size_t)(es[0] * es[1] * es[2]);
+        np = pp + (size_t)(ps[0] * ps[1]);
+    }
     if (!st) kb_ledger_add("encode_prompt", kb_now() - t0, "CLIP-L, CLIP-G, T5");
     if (!st && o->on_cond) o->on_cond(o->user, pe, es, pp, ps, ne, np);
     if (!st && release_text(p, o->low_memory)) { /* the encoders' mappings go before the backbone runs */
@@ -298,10 +308,8 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         g.memory_budget = o->memory_budget ? o->memory_budget : kb_default_budget();
         st = kiln_generate(p->transformer, &g, lat);
     }
-    free(pe);
+    free(pe); /* ne and np point into pe and pp */
     free(pp);
-    free(ne);
-    free(np);
     if (st) {
         free(lat);
         return st;
