@@ -126,6 +126,7 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
             return p->prim;
         }
     }
+    double t0 = kb_now();
     dnnl_primitive_t prim = NULL;
     dnnl_memory_desc_t a, b, c, bias, col, row;
     dnnl_data_type_t ydt = key->ydt ? (dnnl_data_type_t)key->ydt : dnnl_f32;
@@ -196,6 +197,7 @@ static dnnl_primitive_t get_prim(const prim_entry *key) {
         prim = NULL;
     }
     pthread_mutex_unlock(&g_lock);
+    kb_ledger_add("onednn_create", kb_now() - t0, "matmul");
     return prim;
 }
 
@@ -1146,6 +1148,7 @@ static const reorder_entry *get_reorder(int64_t k, int64_t n, kiln_dtype dt, dnn
             return r;
         }
     }
+    double t0 = kb_now();
     reorder_entry e = {.k = k, .n = n, .dt = (int)dt, .tag = (int)tag};
     dnnl_dims_t d = {k, n};
     dnnl_primitive_desc_t pd = NULL;
@@ -1161,6 +1164,7 @@ static const reorder_entry *get_reorder(int64_t k, int64_t n, kiln_dtype dt, dnn
         g_reorders[g_nreorders++] = out;
     }
     pthread_mutex_unlock(&g_lock);
+    kb_ledger_add("onednn_create", kb_now() - t0, "reorder");
     return out;
 }
 
