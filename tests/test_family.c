@@ -397,6 +397,36 @@ done:
     kiln_model_free(q);
 }
 
+/* kiln_run keeps the buffers of outputs a call does not ask for from call
+ * to call (run.c): growing them for a larger batch, then a smaller one,
+ * every asked output stays what a call asking for all of them gives */
+TEST(unasked_outputs_kept) {
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_open(g_model, NULL, &m));
+    if (!m) return;
+    CHECK_OK(kiln_model_set_exec(m, "planned"));
+    enum { W = 8, BIG = 4 * T * W };
+    static float x[BIG], all[4][BIG], one[BIG];
+    kiln_noise(5, x, BIG);
+    const char *names[4] = {"y", "y_norm", "h_1", "h_2"};
+    int64_t batches[] = {1, 4, 2, 1, 4};
+    for (int r = 0; r < 5; r++) {
+        int64_t b = batches[r];
+        size_t n = (size_t)(b * T * W);
+        kiln_tensor in = {"x", KILN_F32, 3, {b, T, W}, x};
+        kiln_output every[4];
+        for (int k = 0; k < 4; k++) every[k] = (kiln_output){names[k], all[k], BIG, 0, {0}};
+        CHECK_OK(kiln_run(m, &in, 1, every, 4));
+        for (int k = 0; k < 4; k++) { /* each alone: the other three go to kept buffers */
+            memset(one, 0, sizeof one);
+            kiln_output o = {names[k], one, BIG, 0, {0}};
+            CHECK_OK(kiln_run(m, &in, 1, &o, 1));
+            CHECK(!memcmp(one, all[k], sizeof(float) * n));
+        }
+    }
+    kiln_model_free(m);
+}
+
 TEST(named_tensor_errors) {
     kiln_model *m = NULL;
     CHECK_OK(kiln_model_open(g_model, NULL, &m));
@@ -454,6 +484,7 @@ int main(void) {
     RUN(every_path_equal);
     RUN(quality_gate);
     RUN(named_tensor_errors);
+    RUN(unasked_outputs_kept);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -51,6 +51,7 @@ void km_exec_free(kiln_model *m) {
     free(x->pkgs);
     kk_buf_free(m->backend, x->arena);
     kb_free_aligned(x->pos);
+    for (int k = 0; k < KA_MAX_OUT; k++) kb_free_aligned(x->spare[k]);
     free(x->package_dir);
     free(x->cache_root);
     pthread_mutex_destroy(&x->lock);

@@ -80,6 +80,13 @@ typedef struct km_exec {
     int compile;               /* compile a fixed-shape package for a shape none covers (kiln_model_set_compile) */
     kg_dist dist;              /* on a mesh: what the collectives of every executor use */
     char family[256];          /* the package family folder (exec.c), made on first use */
+    /* kiln_run's buffers for the outputs a call does not ask for (every
+     * executor writes all of them), kept from call to call: fresh ones
+     * each call were ~3,000 page faults a CLIP-G encode (35 unasked hidden
+     * states of [1,77,1280]). spare_n: floats each holds. Taken out under
+     * lock for one call, so concurrent calls never share them. */
+    float *spare[KA_MAX_OUT];
+    size_t spare_n[KA_MAX_OUT];
     pthread_mutex_t lock;
 } km_exec;
 

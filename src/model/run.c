@@ -132,14 +132,45 @@ kiln_status kiln_run(kiln_model *m, const kiln_tensor *in, size_t n_in, kiln_out
                            o->capacity);
     }
     if (query) return KILN_OK; /* a data pointer left NULL: the shapes only */
-    /* outputs not asked for still get a buffer: every executor writes all */
+    /* outputs not asked for still get a buffer: every executor writes all.
+     * The model's spare buffers from the call before are taken for this
+     * call (grown where too small) and given back after it */
     float *op[KA_MAX_OUT] = {0}, *own[KA_MAX_OUT] = {0};
+    size_t own_n[KA_MAX_OUT] = {0};
+    km_exec *x = &m->exec;
+    pthread_mutex_lock(&x->lock);
+    for (int k = 0; k < m->n_out; k++) {
+        own[k] = x->spare[k];
+        own_n[k] = x->spare_n[k];
+        x->spare[k] = NULL;
+        x->spare_n[k] = 0;
+    }
+    pthread_mutex_unlock(&x->lock);
     for (int k = 0; k < m->n_out && !st; k++) {
-        if (out_of[k] >= 0) op[k] = out[out_of[k]].data;
-        else if (!(op[k] = own[k] = kb_alloc_aligned(sizeof(float) * ka_numel(m->out[k].ndim, osh[k]))))
-            st = kb_fail(KILN_ERR_NOMEM, "kiln_run: out of memory for output %s", m->out[k].name);
+        size_t need = ka_numel(m->out[k].ndim, osh[k]);
+        if (out_of[k] >= 0) {
+            op[k] = out[out_of[k]].data;
+            continue;
+        }
+        if (own_n[k] < need) {
+            kb_free_aligned(own[k]);
+            own_n[k] = 0;
+            if (!(own[k] = kb_alloc_aligned(sizeof(float) * need)))
+                st = kb_fail(KILN_ERR_NOMEM, "kiln_run: out of memory for output %s", m->out[k].name);
+            else own_n[k] = need;
+        }
+        op[k] = own[k];
     }
     if (!st) st = km_run(m, (const int64_t(*)[4])ish, ip, op, "kiln_run");
-    for (int k = 0; k < m->n_out; k++) kb_free_aligned(own[k]);
+    pthread_mutex_lock(&x->lock);
+    for (int k = 0; k < m->n_out; k++) {
+        if (!x->spare[k]) { /* another call may have given its own back meanwhile: keep one */
+            x->spare[k] = own[k];
+            x->spare_n[k] = own_n[k];
+        } else {
+            kb_free_aligned(own[k]);
+        }
+    }
+    pthread_mutex_unlock(&x->lock);
     return st;
 }
