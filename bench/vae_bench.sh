@@ -44,6 +44,7 @@ DIR=build/bench-vae M=build/bench-vae/model
 mkdir -p $DIR
 export OMP_NUM_THREADS=$THREADS KILN_THREADS=$THREADS KILN_LOG=error HF_HUB_OFFLINE=1
 RES=$DIR/results.txt; : > $RES
+rm -f $DIR/kiln-*.safetensors $DIR/torch-*.safetensors  # a sample of an earlier run is no reference
 json() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(" ".join(str(d[k]) for k in sys.argv[1:]))' "$@"; }
 for s in 16 $SIZE $RSS_SIZE; do
   [ -f $M/latents-$s.safetensors ] || { $PY bench/vae_torch.py write --out $M --sizes 16,$SIZE,$RSS_SIZE >/dev/null 2>&1; break; }
