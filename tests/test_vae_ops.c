@@ -36,6 +36,16 @@ static size_t numel(int k, int64_t h) {
  * package takes at most 4 inputs; g_in points at this size's data */
 static const char *k_names[N_IN] = {"x", "gw", "gb", "w3", "b3", "w1", "b1", "ws"};
 static float *g_in[N_IN];
+/* the conv weights' kernel views (f32 row-major, M = Cout, K = Cin kh kw): what
+ * conv2d reads, as a model's unpacked weight */
+static kk_weight g_kw[N_IN];
+
+static const kk_weight *view_of(int k) {
+    if (k_nd[k] != 4) return NULL;
+    g_kw[k] = (kk_weight){.M = k_shapes[k][0], .K = k_shapes[k][1] * k_shapes[k][2] * k_shapes[k][3], .f32 = g_in[k],
+                          .packed_dtype = KILN_F32};
+    return &g_kw[k];
+}
 
 static int find(const char *name) {
     for (int k = 1; k < N_IN; k++)
@@ -50,7 +60,7 @@ static int resolve(void *user, const char *name, int *ndim, int64_t shape[4], co
     *ndim = k_nd[k];
     memcpy(shape, k_shapes[k], sizeof k_shapes[k]);
     *data = g_in[k];
-    *kw = NULL;
+    *kw = view_of(k);
     return 1;
 }
 
@@ -62,7 +72,9 @@ static int bind(void *user, const char *name, kx_bound *b) {
     b->ndim = k_nd[k];
     memcpy(b->shape, k_shapes[k], sizeof b->shape);
     b->data = g_in[k];
+    b->kw = view_of(k);
     b->dtype = KILN_F32;
+    b->layout = "rowmajor";
     return 1;
 }
 
@@ -248,23 +260,54 @@ TEST(fast_conv_matches_reference) {
         kiln_noise(100 + i, x, nx);
         kiln_noise(200 + i, w, nw);
         kiln_noise(300 + i, b, (size_t)p.Cout);
-        kk_reference()->conv2d(x, w, geo[i].bias ? b : NULL, y0, &p);
+        kk_weight wv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .f32 = w, .packed_dtype = KILN_F32};
+        kk_reference()->conv2d(x, &wv, geo[i].bias ? b : NULL, y0, &p);
         unsigned long mark = kb_deferred_mark();
-        fast->conv2d(x, w, geo[i].bias ? b : NULL, y1, &p);
-        fast->conv2d(x, w, geo[i].bias ? b : NULL, y2, &p); /* the kept primitive, again */
+        fast->conv2d(x, &wv, geo[i].bias ? b : NULL, y1, &p);
+        fast->conv2d(x, &wv, geo[i].bias ? b : NULL, y2, &p); /* the kept primitive, again */
         CHECK_OK(kb_deferred_since(mark));
+        CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: a second call differs", i);
+        /* the weight packed as at conversion: the same sums, bit for bit */
+        char layout[40];
+        size_t pbytes;
+        CHECK_OK(kk_fast_conv_layout(p.Cout, p.Cin, p.kh, p.kw, KILN_F32, layout, &pbytes));
+        CHECK(!strncmp(layout, "conv-", 5));
+        void *packed = kb_alloc_aligned(pbytes);
+        CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_F32, packed));
+        kk_weight pv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = packed, .packed_dtype = KILN_F32};
+        fast->conv2d(x, &pv, geo[i].bias ? b : NULL, y2, &p);
+        CHECK_OK(kb_deferred_since(mark));
+        CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed f32 weight's result differs", i);
+        kb_free_aligned(packed);
         double e = rel_l2(y1, y0, ny);
         fprintf(stderr, "  conv [%lld,%lld,%lld,%lld] * %lldx%lld stride %lld pad %lld/%lld -> %lldx%lld: fast vs reference %.3g\n",
                 (long long)p.B, (long long)p.Cin, (long long)p.H, (long long)p.W, (long long)p.kh, (long long)p.kw,
                 (long long)p.stride, (long long)p.pad_lo, (long long)p.pad_hi, (long long)p.Ho, (long long)p.Wo, e);
         CHECK_MSG(e < 1e-5, "geometry %zu: fast conv error %.3g", i, e);
-        CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: a second call differs", i);
         const kk_backend *f16 = kk_fast(KILN_BF16); /* bf16 inputs and weights, f32 sums: within bf16 rounding */
         if (f16) {
-            f16->conv2d(x, w, geo[i].bias ? b : NULL, y1, &p);
+            f16->conv2d(x, &wv, geo[i].bias ? b : NULL, y1, &p);
             double e16 = rel_l2(y1, y0, ny);
             fprintf(stderr, "    bf16: %.3g\n", e16);
             CHECK_MSG(e16 < 1e-2 && e16 > 0, "geometry %zu: bf16 conv error %.3g", i, e16);
+            /* packed bf16 (a bf16 model's cache) gives the per-call rounding's bits; a
+             * packed f32 weight in the bf16 backend (keep_f32) runs in f32 */
+            CHECK_OK(kk_fast_conv_layout(p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, layout, &pbytes));
+            packed = kb_alloc_aligned(pbytes);
+            CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, packed));
+            pv = (kk_weight){.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = packed, .packed_dtype = KILN_BF16};
+            f16->conv2d(x, &pv, geo[i].bias ? b : NULL, y2, &p);
+            CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed bf16 weight's result differs", i);
+            kb_free_aligned(packed);
+            CHECK_OK(kk_fast_conv_layout(p.Cout, p.Cin, p.kh, p.kw, KILN_F32, layout, &pbytes));
+            packed = kb_alloc_aligned(pbytes);
+            CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_F32, packed));
+            pv = (kk_weight){.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = packed, .packed_dtype = KILN_F32};
+            f16->conv2d(x, &pv, geo[i].bias ? b : NULL, y2, &p);
+            CHECK_MSG(rel_l2(y2, y0, ny) < 1e-5, "geometry %zu: a kept-f32 weight in the bf16 backend: %.3g", i,
+                      rel_l2(y2, y0, ny));
+            kb_free_aligned(packed);
+            CHECK_OK(kb_deferred_since(mark));
         }
         free(x), free(w), free(b), free(y0), free(y1), free(y2);
     }
@@ -292,6 +335,11 @@ TEST(vae_ops_refuse_bad_shapes) {
     x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
     w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
     CHECK(kg_conv2d(&g, x, w, -1, 0, 1, 1) < 0 && strstr(kiln_last_error(), "stride 0 must be positive"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL); /* shapes right, but the weight is an input: no kernel view to read */
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
+    w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1) < 0 && strstr(kiln_last_error(), "has no kernel view"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 4, (int64_t[]){1, 12, 5, 5});

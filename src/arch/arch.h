@@ -38,6 +38,8 @@ typedef struct ka_spec {
     int block;  /* FSDP: the block it belongs to, gathered before the block runs; -1: none */
     int keep_f32; /* a linear whose GEMM stays f32 in a bf16 model: bf16 rounding of it would go,
                    * unscaled, into a softmax's exponent (T5's q and k) */
+    int conv;     /* the W [Cout,Cin,kh,kw] of a 2-D convolution: packed at conversion in the fast
+                   * convolution's layout (kk_fast_conv_layout), in the compute dtype (f32 with keep_f32) */
 } ka_spec;
 
 /* One rank's part of a parallel run: the builder places the collectives. */

@@ -773,6 +773,10 @@ kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, 
                     pad_lo, pad_hi, ws);
     if (b >= 0 && (node(g, b)->ndim != 1 || node(g, b)->shape[0] != Wn->shape[0]))
         return fail(g, KILN_ERR_SHAPE, "conv2d %s: the bias must be [%lld]", name, (long long)Wn->shape[0]);
+    /* the kernels read the weight through its GEMM view (f32 or packed at conversion) */
+    if (!Wn->kw || Wn->kw->M != Wn->shape[0] || Wn->kw->K != Wn->shape[1] * Wn->shape[2] * Wn->shape[3])
+        return fail(g, KILN_ERR_SHAPE, "conv2d %s: the weight %s has no kernel view (a model weight [Cout, Cin, kh, kw] is needed)",
+                    name, ws);
     int64_t shape[4] = {X->shape[0], Wn->shape[0], (Hp - Wn->shape[2]) / stride + 1, (Wp - Wn->shape[3]) / stride + 1};
     kg_id id = push(g, KG_CONV2D, 4, shape, x, w, b);
     if (id >= 0) {

@@ -216,7 +216,7 @@ static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
     kk_conv p = {c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
                  c->ip[0], c->ip[1], c->ip[2]};
     const kk_backend *be = x->be->conv2d ? x->be : kk_reference();
-    be->conv2d(F(0), F(1), F(2), Y, &p);
+    be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), Y, &p); /* the weight: its GEMM view (ops.def) */
 }
 
 /* x [B,C,...]: every dim after the channels is one position axis */

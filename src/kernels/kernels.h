@@ -172,9 +172,11 @@ typedef struct kk_backend {
     kiln_status (*pack)(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
 
     /* ---- the VAE's convolutions. y [B,Cout,Ho,Wo] = conv(x [B,Cin,H,W], w)
-     * + b [Cout] (b may be NULL), geometry p; w f32 [Cout,Cin,kh,kw]
-     * row-major. Optional: NULL runs the reference's. */
-    void (*conv2d)(const float *x, const float *w, const float *b, float *y, const kk_conv *p);
+     * + b [Cout] (b may be NULL), geometry p; w [Cout,Cin,kh,kw] as M = Cout,
+     * K = Cin*kh*kw: f32 row-major, or packed (packed_dtype F32 or BF16) in
+     * kk_fast_conv_layout's layout at conversion (the fast backends read
+     * either; the reference needs f32). Optional: NULL runs the reference's. */
+    void (*conv2d)(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p);
     /* Optional (NULL: kk_group_norm, the double-precision form): the group
      * norm of x [B,C,S] over G groups, * w + b, SiLU when silu, as
      * kk_group_norm computes it */
@@ -283,6 +285,16 @@ int kk_cpu_has(const char *feature);
 /* Pack W [M,K] (f32 row-major) into out (kk_fast_layout's bytes); for I8
  * and F8_E4M3 quantize it first (per output channel, src/tensor/quant.h). */
 kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
+/* The layout the fast convolution wants for a conv weight [Cout,Cin,kh,kw]
+ * in dt (F32 or BF16) on this machine: the weights oneDNN's convolution
+ * primitive picks, named "conv-<hex>" (the oneDNN layout's hash), and its
+ * size in bytes; and the packing of w (f32 row-major) into it. A
+ * convolution whose primitive wants another layout (another geometry)
+ * reorders the packed weight per call. */
+kiln_status kk_fast_conv_layout(int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, kiln_dtype dt, char layout[40],
+                                size_t *bytes);
+kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, kiln_dtype dt,
+                              void *out);
 /* The scales of a quantized packed blob of `bytes` bytes (NULL otherwise). */
 const float *kk_fast_scales(const void *packed, size_t bytes, int64_t M, kiln_dtype dt);
 /* W [M,K] f32 row-major back from a packed weight (dequantized: q * scale):

@@ -28,8 +28,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define LAYOUT_VERSION 3 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts;
-                          * 3: linears a family keeps f32 in bf16 models, T5's q and k) */
+#define LAYOUT_VERSION 4 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts;
+                          * 3: linears a family keeps f32 in bf16 models, T5's q and k; 4: convolution
+                          * weights packed for the fast convolution, ka_spec.conv) */
 
 /* ---- loaded models: the documented process-wide registry ----------------------- */
 

@@ -85,6 +85,26 @@ static kiln_status pack_one(km_weight *w, kiln_dtype dt) {
     return KILN_OK;
 }
 
+/* Replace a convolution weight's f32 data [Cout,Cin,kh,kw] by the fast
+ * convolution's packed layout in dt. */
+static kiln_status pack_conv(km_weight *w, kiln_dtype dt) {
+    size_t bytes;
+    kiln_status st = kk_fast_conv_layout(w->shape[0], w->shape[1], w->shape[2], w->shape[3], dt, w->layout, &bytes);
+    if (st) return st;
+    void *p = kb_alloc_aligned(bytes);
+    if (!p) return KILN_ERR_NOMEM;
+    if ((st = kk_fast_conv_pack(w->data, w->shape[0], w->shape[1], w->shape[2], w->shape[3], dt, p))) {
+        kb_free_aligned(p);
+        return st;
+    }
+    kb_free_aligned(w->data);
+    w->data = NULL;
+    w->packed = p;
+    w->packed_bytes = bytes;
+    w->packed_dtype = dt;
+    return KILN_OK;
+}
+
 /* Append "name, name, ..." (at most 12, then a count) to a message buffer. */
 static void list_names(char *buf, size_t cap, const char *const *names, size_t n) {
     size_t len = strlen(buf);
@@ -170,6 +190,7 @@ kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km
     if (n_params) *n_params += n;
     if (!st && cp->tp > 1 && s->split != KA_SPLIT_NONE) st = km_shard_weight(w, s->split, cp->tp, cp->tp_index, n_params);
     if (!st && s->linear && !cp->reference) st = pack_one(w, km_spec_dtype(cp, s));
+    if (!st && s->conv && s->ndim == 4 && !cp->reference) st = pack_conv(w, s->keep_f32 ? KILN_F32 : cp->dtype);
     set_view(w, w->packed ? w->packed_dtype : KILN_F32);
     return st;
 }
@@ -360,17 +381,21 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         st = kb_fail(KILN_ERR_CORRUPT, "cache %s holds %zu tensors, its config needs %zu", e->path, e->n, ns);
     if (!st && !(m->w = kb_calloc(ns, sizeof *m->w))) st = KILN_ERR_NOMEM;
     /* the cache stores the spec's tensors in spec order: linear weights packed
-     * for the fast GEMM (or f32 row-major for the reference), the rest f32 */
+     * for the fast GEMM and convolution weights for the fast convolution (or
+     * f32 row-major for the reference), the rest f32 */
     for (size_t i = 0; !st && i < ns; i++) {
         const kcache_tensor *t = &e->t[i];
-        int packed = spec[i].linear && !cp.reference;
+        int conv = spec[i].conv && spec[i].ndim == 4 && !cp.reference, packed = (spec[i].linear && !cp.reference) || conv;
         char want_layout[40] = "rowmajor";
         size_t want_bytes = 0;
         int64_t numel = 1;
         for (int d = 0; d < spec[i].ndim; d++) numel *= spec[i].shape[d];
-        kiln_dtype want_dt = packed ? km_spec_dtype(&cp, &spec[i]) : KILN_F32;
-        if (packed && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], want_dt, want_layout,
-                                           &want_bytes)))
+        kiln_dtype want_dt = conv ? (spec[i].keep_f32 ? KILN_F32 : cp.dtype) : packed ? km_spec_dtype(&cp, &spec[i]) : KILN_F32;
+        if (conv && (st = kk_fast_conv_layout(spec[i].shape[0], spec[i].shape[1], spec[i].shape[2], spec[i].shape[3],
+                                              want_dt, want_layout, &want_bytes)))
+            break;
+        if (packed && !conv && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], want_dt, want_layout,
+                                                    &want_bytes)))
             break;
         if (cp.fsdp > 1 && spec[i].block >= 0) { /* FSDP: a byte range (shard.c) */
             if ((st = km_fsdp_map(&m->w[m->nw], &spec[i], e, i, cp))) break;

@@ -215,10 +215,12 @@ static void add(spec_list *l, int linear, int ndim, const int64_t *shape, const 
     else e->linear = linear;
 }
 
-/* Conv2d(cin, cout, k): weight [cout, cin, k, k] (f32 row-major, what the
- * conv kernels read; not packed), bias [cout] */
+/* Conv2d(cin, cout, k): weight [cout, cin, k, k], packed at conversion in
+ * the fast convolution's layout (ka_spec.conv; f32 row-major for the
+ * reference), bias [cout] */
 static void conv(spec_list *l, const char *base, int64_t cin, int64_t cout, int64_t k) {
     add(l, 0, 4, (int64_t[]){cout, cin, k, k}, "%s.weight", base);
+    if (!l->st) l->s[l->n - 1].conv = 1;
     add(l, 0, 1, (int64_t[]){cout}, "%s.bias", base);
 }
 

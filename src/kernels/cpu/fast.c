@@ -14,8 +14,10 @@
 #include "kernels/cpu/attn_ex.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attn_f16.h"
+#include "kernels/cpu/conv.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_f16.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "tensor/quant.h"
@@ -494,48 +496,7 @@ static void *scratch_must(int slot, size_t bytes) {
 
 /* ---- vectorizable helpers, compiled per CPU (ifunc dispatch) ------------------ */
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define KK_CLONES __attribute__((target_clones("arch=sapphirerapids", "avx512f", "avx2", "default")))
-#else
-#define KK_CLONES
-#endif
-
-static inline float bits_f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint32_t f_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* e^x for x <= 0-ish softmax arguments: Cody-Waite reduction and a degree-6
- * polynomial (Cephes' expf), branch-free so loops vectorize; ~1 ulp. */
-static inline float exp_f(float x) {
-    x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * bits_f((uint32_t)((int32_t)n + 127) << 23);
-}
-
-/* round to nearest even; NaN stays NaN (quiet) - branch-free kt_f32_to_bf16 */
-static inline uint16_t bf16_of(float f) {
-    uint32_t u = f_bits(f);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
-}
+/* KK_CLONES, exp_f, bf16_of: kernels/cpu/vec.h (shared with conv.c) */
 
 KK_CLONES static void to_bf16_scaled(const float *x, uint16_t *y, int64_t n, float scale) {
 #pragma omp simd
@@ -1354,217 +1315,18 @@ static void fast_attention_ex(const float *q, const float *k, const float *v, co
         kk_attention_general(q, k, v, bias, bs, o, B, Nq, Nk, H, Dh, scale, causal);
 }
 
-/* ---- convolutions (the VAE) ------------------------------------------------------- */
-
-/* oneDNN's convolution on x and y as they are (nchw f32) with the weights in
- * the primitive's own layout: a reorder from [Cout,Cin,kh,kw] row-major
- * into this thread's scratch each call (the VAE's weights are small next to
- * its activations; packing them once at conversion needs a model-layer
- * hook). One primitive per geometry and dtype, kept. In bf16 (the bf16
- * backend) x is rounded to bf16 first (nearest even), the weights by the
- * reorder; sums in f32, y f32. */
-typedef struct {
-    kk_conv p;
-    int bf16;
-    dnnl_primitive_t prim, wreorder; /* wreorder NULL: the plain weights are the primitive's */
-    dnnl_memory_desc_t src, wplain, wei, bias, dst, sp;
-} conv_entry;
-
-static conv_entry **g_convs; /* entries never move once made */
-static size_t g_nconvs;
-
-static const conv_entry *get_conv(const kk_conv *p, int bf16) {
-    pthread_mutex_lock(&g_lock);
-    for (size_t i = 0; i < g_nconvs; i++)
-        if (!memcmp(&g_convs[i]->p, p, sizeof *p) && g_convs[i]->bf16 == bf16) {
-            pthread_mutex_unlock(&g_lock);
-            return g_convs[i];
-        }
-    conv_entry e;
-    memset(&e, 0, sizeof e);
-    e.p = *p;
-    e.bf16 = bf16;
-    dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f32;
-    dnnl_dims_t ds = {p->B, p->Cin, p->H, p->W}, dw = {p->Cout, p->Cin, p->kh, p->kw}, db = {p->Cout},
-                dd = {p->B, p->Cout, p->Ho, p->Wo}, st = {p->stride, p->stride}, pl = {p->pad_lo, p->pad_lo};
-    /* oneDNN's right padding is what makes its output size ours: the last
-     * window may leave some of pad_hi unread, as PyTorch's does */
-    dnnl_dims_t pr = {(p->Ho - 1) * p->stride + p->kh - p->H - p->pad_lo, (p->Wo - 1) * p->stride + p->kw - p->W - p->pad_lo};
-    dnnl_memory_desc_t wany;
-    dnnl_convolution_desc_t cd;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_primitive_desc_t pd = NULL, rpd = NULL;
-    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.src, 4, ds, dt, dnnl_nchw) &&
-             !dnnl_memory_desc_init_by_tag(&e.wplain, 4, dw, dnnl_f32, dnnl_oihw) &&
-             !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
-             !dnnl_memory_desc_init_by_tag(&e.bias, 1, db, dnnl_f32, dnnl_a) &&
-             !dnnl_memory_desc_init_by_tag(&e.dst, 4, dd, dnnl_f32, dnnl_nchw) &&
-             !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &e.src, &wany,
-                                                 &e.bias, &e.dst, st, pl, pr) &&
-             !dnnl_primitive_attr_create(&attr) &&
-             !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) &&
-             !dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL);
-    if (ok) {
-        e.wei = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-        e.sp = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-        const char *impl = "";
-        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        kb_log(KILN_LOG_DEBUG, "conv2d %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s", bf16 ? "bf16" : "f32", (long long)p->B,
-               (long long)p->Cin, (long long)p->H, (long long)p->W, (long long)p->Cout, (long long)p->Cin,
-               (long long)p->kh, (long long)p->kw, (long long)p->stride, impl);
-        ok = !dnnl_primitive_create(&e.prim, pd);
-    }
-    if (ok && !dnnl_memory_desc_equal(&e.wei, &e.wplain))
-        ok = !dnnl_reorder_primitive_desc_create(&rpd, &e.wplain, g_eng, &e.wei, g_eng, NULL) &&
-             !dnnl_primitive_create(&e.wreorder, rpd);
-    if (rpd) dnnl_primitive_desc_destroy(rpd);
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    if (attr) dnnl_primitive_attr_destroy(attr);
-    conv_entry **nc = ok ? realloc(g_convs, (g_nconvs + 1) * sizeof *nc) : NULL;
-    conv_entry *out = nc ? malloc(sizeof *out) : NULL;
-    if (nc) g_convs = nc;
-    if (out) {
-        *out = e;
-        g_convs[g_nconvs++] = out;
-    } else {
-        if (e.prim) dnnl_primitive_destroy(e.prim);
-        if (e.wreorder) dnnl_primitive_destroy(e.wreorder);
-    }
-    pthread_mutex_unlock(&g_lock);
-    return out;
-}
-
-static int conv_run(const conv_entry *e, const float *x, const float *w, const float *b, float *y) {
-    const void *src = x;
-    if (e->bf16) { /* x in bf16 rows, this thread's scratch */
-        int64_t n = e->p.B * e->p.Cin * e->p.H * e->p.W;
-        uint16_t *xb = scratch_must(20, sizeof(uint16_t) * (size_t)n);
-        if (!xb) return 0;
-        to_bf16_par(x, xb, n);
-        src = xb;
-    }
-    size_t wbytes = e->wreorder ? dnnl_memory_desc_get_size(&e->wei) : 0, spbytes = dnnl_memory_desc_get_size(&e->sp);
-    void *wbuf = wbytes ? scratch_must(17, wbytes) : (void *)w, *sp = spbytes ? scratch_must(18, spbytes) : NULL;
-    dnnl_stream_t strm = stream();
-    if (!wbuf || (spbytes && !sp) || !strm) return 0;
-    if (e->wreorder) {
-        dnnl_memory_t mf, mt;
-        if (dnnl_memory_create(&mf, &e->wplain, g_eng, (void *)w)) return 0;
-        dnnl_memory_create(&mt, &e->wei, g_eng, wbuf);
-        dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
-        int ok = !dnnl_primitive_execute(e->wreorder, strm, 2, ra) && !dnnl_stream_wait(strm);
-        dnnl_memory_destroy(mf);
-        dnnl_memory_destroy(mt);
-        if (!ok) return 0;
-    }
-    /* no bias given: zeros (the primitive was made with one) */
-    const float *bias = b;
-    if (!bias) {
-        float *z = scratch_must(19, sizeof(float) * (size_t)e->p.Cout);
-        if (!z) return 0;
-        memset(z, 0, sizeof(float) * (size_t)e->p.Cout);
-        bias = z;
-    }
-    dnnl_memory_t m[5] = {NULL};
-    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_BIAS, NULL},
-                               {DNNL_ARG_DST, NULL}, {DNNL_ARG_SCRATCHPAD, NULL}};
-    const dnnl_memory_desc_t *md[5] = {&e->src, &e->wei, &e->bias, &e->dst, &e->sp};
-    void *data[5] = {(void *)src, wbuf, (void *)bias, y, sp};
-    int n = spbytes ? 5 : 4, ok = 1;
-    for (int i = 0; i < n && ok; i++) {
-        ok = !dnnl_memory_create(&m[i], md[i], g_eng, data[i]);
-        args[i].memory = m[i];
-    }
-    if (ok) ok = !dnnl_primitive_execute(e->prim, strm, n, args) && !dnnl_stream_wait(strm);
-    for (int i = 0; i < 5; i++)
-        if (m[i]) dnnl_memory_destroy(m[i]);
-    return ok;
-}
-
-/* in bf16 where oneDNN has the primitive, else in f32; the reference's
- * loops where it has neither */
-static void fast_conv(int bf16, const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
-    const conv_entry *e = engine() ? get_conv(p, bf16) : NULL;
-    if (!e && bf16) {
-        kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
-        e = get_conv(p, 0);
-    }
-    if (e && conv_run(e, x, w, b, y)) return;
-    kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN declined, the reference kernel runs");
-    kk_reference()->conv2d(x, w, b, y, p);
-}
-
-static void conv2d_f32(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
-    fast_conv(0, x, w, b, y, p);
-}
-static void conv2d_bf16(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
-    fast_conv(1, x, w, b, y, p);
-}
-
-/* Group norm: each group's mean and variance summed in double over eight
- * partial sums a pass (a fixed order, so the loop vectorizes without
- * reassociation), then (x - mean) * (w / sqrt(var + eps)) + b and SiLU in
- * f32 through exp_f. */
-KK_CLONES static void gn_moments(const float *x, int64_t n, double *mean, double *var) {
-    double s[8] = {0}, t = 0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += x[i + k];
-    for (int k = 0; k < 8; k++) t += s[k];
-    for (; i < n; i++) t += x[i];
-    double m = t / (double)(n ? n : 1);
-    for (int k = 0; k < 8; k++) s[k] = 0;
-    t = 0;
-    for (i = 0; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += (x[i + k] - m) * (x[i + k] - m);
-    for (int k = 0; k < 8; k++) t += s[k];
-    for (; i < n; i++) t += (x[i] - m) * (x[i] - m);
-    *mean = m;
-    *var = t / (double)(n ? n : 1);
-}
-
-KK_CLONES static void gn_apply(const float *x, float *y, int64_t n, float mean, float a, float c, int silu) {
-    if (silu)
-        for (int64_t i = 0; i < n; i++) {
-            float v = (x[i] - mean) * a + c;
-            y[i] = v / (1.0f + exp_f(-v));
-        }
-    else
-        for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * a + c;
-}
-
-static void fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                            int64_t G, float eps, int silu) {
-    int64_t cg = C / G, n = cg * S;
-    double *stat = malloc(sizeof(double) * 2 * (size_t)(B * G) + 1);
-    if (!stat) {
-        kb_defer_failure(KILN_ERR_NOMEM, "group_norm: out of memory");
-        return;
-    }
-#pragma omp parallel for schedule(dynamic, 1) if (B * C * S > (1 << 16))
-    for (int64_t bg = 0; bg < B * G; bg++) gn_moments(x + bg * n, n, &stat[2 * bg], &stat[2 * bg + 1]);
-#pragma omp parallel for schedule(static) if (B * C * S > (1 << 16))
-    for (int64_t bc = 0; bc < B * C; bc++) {
-        int64_t ch = bc % C, bg = bc / C * G + ch / cg;
-        double inv = 1.0 / sqrt(stat[2 * bg + 1] + (double)eps);
-        gn_apply(x + bc * S, y + bc * S, S, (float)stat[2 * bg], (float)(inv * (w ? w[ch] : 1.0)), b ? b[ch] : 0.0f,
-                 silu);
-    }
-    free(stat);
-}
-
 #define FAST_COMMON                                                                         \
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
     .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
-    .group_norm = fast_group_norm, .attention_ex = fast_attention_ex, .unary = fast_unary
+    .group_norm = kk_fast_group_norm, .attention_ex = fast_attention_ex, .unary = fast_unary
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
-                                      .conv2d = conv2d_f32,
+                                      .conv2d = kk_fast_conv2d_f32,
                                       .attention_joint = attention_joint_f32,
                                       .linear_gate_add = linear_gate_add_f32, FAST_COMMON};
 static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf16, .attention = attention_bf16,
-                                       .conv2d = conv2d_bf16,
+                                       .conv2d = kk_fast_conv2d_bf16,
                                        .attention_joint = attention_joint_bf16,
                                        .attention_joint_bf16 = attention_joint_bf16_in,
                                        .linear_gate_add = linear_gate_add_bf16,

@@ -159,7 +159,12 @@ static void ref_attention_joint(const float *qa, const float *ka, const float *v
 
 /* y [B,Cout,Ho,Wo]: each output a double sum over Cin x kh x kw, positions
  * outside x (the padding) skipped */
-static void ref_conv2d(const float *x, const float *w, const float *b, float *y, const kk_conv *p) {
+static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, float *y, const kk_conv *p) {
+    const float *w = wt->f32;
+    if (!w) { /* a packed weight: the fast backend's (conv.c unpacks for its own fallback) */
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: the reference kernel needs f32 weights, not a packed layout");
+        return;
+    }
     const int64_t Cin = p->Cin, H = p->H, W = p->W, kh = p->kh, kw = p->kw, Ho = p->Ho, Wo = p->Wo;
 #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t n = 0; n < p->B; n++)

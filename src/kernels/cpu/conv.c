@@ -1,0 +1,392 @@
+/* conv.c - the fast CPU backend's VAE kernels: 2-D convolutions on oneDNN's
+ * convolution primitives and the group norm (+ SiLU). Kept apart from
+ * fast.c's GEMMs and attentions; this file has its own oneDNN engine,
+ * streams, primitive table and scratch. */
+#include "base/base.h"
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* ---- oneDNN engine, per-thread streams and scratch ------------------------------ */
+
+static dnnl_engine_t g_eng;
+static _Thread_local dnnl_stream_t t_stream;
+static int g_ok;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void init_engine(void) { g_ok = dnnl_engine_create(&g_eng, dnnl_cpu, 0) == dnnl_success; }
+
+static int engine(void) {
+    pthread_once(&g_once, init_engine);
+    return g_ok;
+}
+
+static dnnl_stream_t stream(void) {
+    if (!t_stream && dnnl_stream_create(&t_stream, g_eng, dnnl_stream_default_flags) != dnnl_success) t_stream = NULL;
+    return t_stream;
+}
+
+/* A per-thread buffer per slot that only grows; NULL defers an
+ * out-of-memory failure to the forward (kb_defer_failure); slots as
+ * conv_run uses them. */
+static void *scratch_must(int slot, size_t bytes) {
+    static _Thread_local void *buf[5];
+    static _Thread_local size_t cap[5];
+    if (cap[slot] < bytes) {
+        kb_free_aligned(buf[slot]);
+        buf[slot] = kb_alloc_aligned(bytes);
+        cap[slot] = buf[slot] ? bytes : 0;
+    }
+    if (!buf[slot]) kb_defer_failure(KILN_ERR_NOMEM, "out of memory for a %zu-byte convolution work buffer", bytes);
+    return buf[slot];
+}
+
+/* ---- convolutions ------------------------------------------------------------------ */
+
+/* oneDNN's convolution with x, w and y in the layouts its fastest
+ * implementation picks (format "any": channels innermost, brgconv's nhwc on
+ * AVX-512, where the plain nchw layout gives im2col + GEMM, "gemm:jit", at
+ * ~95% of a decode): x [B,Cin,H,W] f32 is reordered (and in bf16 rounded,
+ * nearest even) into this thread's scratch, the sums are f32 and y comes
+ * back from the primitive's f32 layout to nchw. The weights come packed at
+ * conversion (kk_fast_conv_pack: the layout the primitive of a canonical
+ * geometry picks, which is every stride-1 geometry's on the CPUs measured)
+ * and are read in place, else reordered per call (from f32 [Cout,Cin,kh,kw]
+ * row-major, or from a packed layout another geometry wants). One primitive
+ * per geometry and dtype, kept, with its reorders. */
+typedef struct {
+    kk_conv p;
+    int bf16;
+    /* a reorder is NULL where the two layouts are the same */
+    dnnl_primitive_t prim, xreorder, yreorder;
+    dnnl_primitive_t wreorder[3]; /* into wei from: f32 row-major, packed f32, packed bf16 */
+    int has_packed[2];            /* wpacked[i] is known (packed f32, packed bf16) */
+    dnnl_memory_desc_t src, xplain, wei, wfrom[3], bias, dst, yplain, sp;
+} conv_entry;
+
+static conv_entry **g_convs; /* entries never move once made */
+static size_t g_nconvs;
+
+/* The packed layout of a conv weight [Cout,Cin,kh,kw] in dt: the weights
+ * md oneDNN's convolution picks for x [1,Cin,64,64] at stride 1 with the
+ * padding that keeps the size (kh / 2), x and y in format "any". */
+static int pack_md(int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, dnnl_data_type_t dt, dnnl_memory_desc_t *out) {
+    const int64_t S = 64;
+    dnnl_dims_t ds = {1, Cin, S, S}, dw = {Cout, Cin, kh, kw}, db = {Cout}, st = {1, 1}, pl = {kh / 2, kw / 2},
+                pr = {kh - 1 - kh / 2, kw - 1 - kw / 2}, dd = {1, Cout, S, S};
+    dnnl_memory_desc_t sany, wany, dany, bmd;
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd = NULL;
+    int ok = Cout > 0 && Cin > 0 && kh > 0 && kw > 0 && kh <= S && kw <= S &&
+             !dnnl_memory_desc_init_by_tag(&sany, 4, ds, dt, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&bmd, 1, db, dnnl_f32, dnnl_a) &&
+             !dnnl_memory_desc_init_by_tag(&dany, 4, dd, dnnl_f32, dnnl_format_tag_any) &&
+             !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &sany, &wany,
+                                                 &bmd, &dany, st, pl, pr) &&
+             !dnnl_primitive_desc_create(&pd, &cd, NULL, g_eng, NULL);
+    if (ok) *out = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return ok;
+}
+
+static int make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to, dnnl_primitive_t *out) {
+    dnnl_primitive_desc_t rpd = NULL;
+    *out = NULL;
+    if (dnnl_memory_desc_equal(from, to)) return 1;
+    int ok = !dnnl_reorder_primitive_desc_create(&rpd, from, g_eng, to, g_eng, NULL) && !dnnl_primitive_create(out, rpd);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    return ok;
+}
+
+static void destroy_entry(conv_entry *e) {
+    dnnl_primitive_t ps[6] = {e->prim, e->xreorder, e->yreorder, e->wreorder[0], e->wreorder[1], e->wreorder[2]};
+    for (int i = 0; i < 6; i++)
+        if (ps[i]) dnnl_primitive_destroy(ps[i]);
+}
+
+static const conv_entry *get_conv(const kk_conv *p, int bf16) {
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_nconvs; i++)
+        if (!memcmp(&g_convs[i]->p, p, sizeof *p) && g_convs[i]->bf16 == bf16) {
+            pthread_mutex_unlock(&g_lock);
+            return g_convs[i];
+        }
+    conv_entry e;
+    memset(&e, 0, sizeof e);
+    e.p = *p;
+    e.bf16 = bf16;
+    dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_dims_t ds = {p->B, p->Cin, p->H, p->W}, dw = {p->Cout, p->Cin, p->kh, p->kw}, db = {p->Cout},
+                dd = {p->B, p->Cout, p->Ho, p->Wo}, st = {p->stride, p->stride}, pl = {p->pad_lo, p->pad_lo};
+    /* oneDNN's right padding is what makes its output size ours: the last
+     * window may leave some of pad_hi unread, as PyTorch's does */
+    dnnl_dims_t pr = {(p->Ho - 1) * p->stride + p->kh - p->H - p->pad_lo, (p->Wo - 1) * p->stride + p->kw - p->W - p->pad_lo};
+    dnnl_memory_desc_t sany, wany, dany;
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.xplain, 4, ds, dnnl_f32, dnnl_nchw) &&
+             !dnnl_memory_desc_init_by_tag(&sany, 4, ds, dt, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&e.wfrom[0], 4, dw, dnnl_f32, dnnl_oihw) &&
+             !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&e.bias, 1, db, dnnl_f32, dnnl_a) &&
+             !dnnl_memory_desc_init_by_tag(&e.yplain, 4, dd, dnnl_f32, dnnl_nchw) &&
+             !dnnl_memory_desc_init_by_tag(&dany, 4, dd, dnnl_f32, dnnl_format_tag_any) &&
+             !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &sany, &wany,
+                                                 &e.bias, &dany, st, pl, pr) &&
+             !dnnl_primitive_attr_create(&attr) &&
+             !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) &&
+             !dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL);
+    if (ok) {
+        e.src = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+        e.wei = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        e.dst = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+        e.sp = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        const char *impl = "";
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        kb_log(KILN_LOG_DEBUG, "conv2d %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s", bf16 ? "bf16" : "f32", (long long)p->B,
+               (long long)p->Cin, (long long)p->H, (long long)p->W, (long long)p->Cout, (long long)p->Cin,
+               (long long)p->kh, (long long)p->kw, (long long)p->stride, impl);
+        ok = !dnnl_primitive_create(&e.prim, pd);
+    }
+    ok = ok && make_reorder(&e.wfrom[0], &e.wei, &e.wreorder[0]) && make_reorder(&e.xplain, &e.src, &e.xreorder) &&
+         make_reorder(&e.dst, &e.yplain, &e.yreorder);
+    /* from either packed layout (a bf16 model's weights in an f32 fallback too) */
+    for (int k = 0; ok && k < 2; k++)
+        e.has_packed[k] = pack_md(p->Cout, p->Cin, p->kh, p->kw, k ? dnnl_bf16 : dnnl_f32, &e.wfrom[1 + k]) &&
+                          make_reorder(&e.wfrom[1 + k], &e.wei, &e.wreorder[1 + k]);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    conv_entry **nc = ok ? realloc(g_convs, (g_nconvs + 1) * sizeof *nc) : NULL;
+    conv_entry *out = nc ? malloc(sizeof *out) : NULL;
+    if (nc) g_convs = nc;
+    if (out) {
+        *out = e;
+        g_convs[g_nconvs++] = out;
+    } else
+        destroy_entry(&e);
+    pthread_mutex_unlock(&g_lock);
+    return out;
+}
+
+/* run reorder r: from (md f, data a) to (md t, data b) */
+static int run_reorder(dnnl_primitive_t r, dnnl_stream_t strm, const dnnl_memory_desc_t *f, const void *a,
+                       const dnnl_memory_desc_t *t, void *b) {
+    dnnl_memory_t mf = NULL, mt = NULL;
+    int ok = !dnnl_memory_create(&mf, f, g_eng, (void *)a) && !dnnl_memory_create(&mt, t, g_eng, b);
+    dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
+    ok = ok && !dnnl_primitive_execute(r, strm, 2, ra) && !dnnl_stream_wait(strm);
+    if (mf) dnnl_memory_destroy(mf);
+    if (mt) dnnl_memory_destroy(mt);
+    return ok;
+}
+
+/* which of the entry's weight sources w is (0 f32 row-major, 1 packed f32, 2 packed bf16); -1 none */
+static int weight_from(const conv_entry *e, const kk_weight *w) {
+    if (!w->packed) return w->f32 ? 0 : -1;
+    int k = w->packed_dtype == KILN_BF16 ? 1 : w->packed_dtype == KILN_F32 ? 0 : -1;
+    return k >= 0 && e->has_packed[k] ? 1 + k : -1;
+}
+
+static int conv_run(const conv_entry *e, const float *x, const kk_weight *w, const float *b, float *y) {
+    dnnl_stream_t strm = stream();
+    int from = weight_from(e, w);
+    if (!strm || from < 0) return 0;
+    const void *wsrc = from ? w->packed : (const void *)w->f32;
+    /* scratch: 0 weights, 1 the primitive's scratchpad, 2 a zero bias, 3 x, 4 y */
+    size_t spbytes = dnnl_memory_desc_get_size(&e->sp);
+    dnnl_primitive_t wr = e->wreorder[from];
+    void *wbuf = wr ? scratch_must(0, dnnl_memory_desc_get_size(&e->wei)) : (void *)wsrc;
+    void *sp = spbytes ? scratch_must(1, spbytes) : NULL;
+    void *src = e->xreorder ? scratch_must(3, dnnl_memory_desc_get_size(&e->src)) : (void *)x;
+    void *dst = e->yreorder ? scratch_must(4, dnnl_memory_desc_get_size(&e->dst)) : (void *)y;
+    if (!wbuf || (spbytes && !sp) || !src || !dst) return 0;
+    if (wr && !run_reorder(wr, strm, &e->wfrom[from], wsrc, &e->wei, wbuf)) return 0;
+    if (e->xreorder && !run_reorder(e->xreorder, strm, &e->xplain, x, &e->src, src)) return 0;
+    /* no bias given: zeros (the primitive was made with one) */
+    const float *bias = b;
+    if (!bias) {
+        float *z = scratch_must(2, sizeof(float) * (size_t)e->p.Cout);
+        if (!z) return 0;
+        memset(z, 0, sizeof(float) * (size_t)e->p.Cout);
+        bias = z;
+    }
+    dnnl_memory_t m[5] = {NULL};
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_BIAS, NULL},
+                               {DNNL_ARG_DST, NULL}, {DNNL_ARG_SCRATCHPAD, NULL}};
+    const dnnl_memory_desc_t *md[5] = {&e->src, &e->wei, &e->bias, &e->dst, &e->sp};
+    void *data[5] = {src, wbuf, (void *)bias, dst, sp};
+    int n = spbytes ? 5 : 4, ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = !dnnl_memory_create(&m[i], md[i], g_eng, data[i]);
+        args[i].memory = m[i];
+    }
+    if (ok) ok = !dnnl_primitive_execute(e->prim, strm, n, args) && !dnnl_stream_wait(strm);
+    for (int i = 0; i < 5; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    if (ok && e->yreorder) ok = run_reorder(e->yreorder, strm, &e->dst, dst, &e->yplain, y);
+    return ok;
+}
+
+/* A packed weight back to f32 [Cout,Cin,kh,kw] row-major (the reference
+ * kernel's fallback), into out */
+static int unpack_conv(const kk_weight *w, const kk_conv *p, float *out) {
+    dnnl_memory_desc_t from, to;
+    dnnl_dims_t dw = {p->Cout, p->Cin, p->kh, p->kw};
+    dnnl_primitive_t r = NULL;
+    dnnl_stream_t strm = stream();
+    int ok = strm && (w->packed_dtype == KILN_F32 || w->packed_dtype == KILN_BF16) &&
+             pack_md(p->Cout, p->Cin, p->kh, p->kw, w->packed_dtype == KILN_BF16 ? dnnl_bf16 : dnnl_f32, &from) &&
+             !dnnl_memory_desc_init_by_tag(&to, 4, dw, dnnl_f32, dnnl_oihw) && make_reorder(&from, &to, &r);
+    if (ok) ok = r ? run_reorder(r, strm, &from, w->packed, &to, out)
+                   : (memcpy(out, w->packed, sizeof(float) * (size_t)(w->M * w->K)), 1);
+    if (r) dnnl_primitive_destroy(r);
+    return ok;
+}
+
+/* In bf16 where the backend is bf16 and the weight is not one the model
+ * keeps f32 (packed f32 in a bf16 model: ka_spec.keep_f32), and oneDNN has
+ * the primitive; else in f32; the reference's loops where it has neither. */
+static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
+    if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
+    const conv_entry *e = engine() ? get_conv(p, bf16) : NULL;
+    if (!e && bf16) {
+        kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
+        e = get_conv(p, 0);
+    }
+    if (e && conv_run(e, x, w, b, y)) return;
+    kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN declined, the reference kernel runs");
+    if (!w->packed) {
+        kk_reference()->conv2d(x, w, b, y, p);
+        return;
+    }
+    float *wf = engine() ? kb_alloc_aligned(sizeof(float) * (size_t)(w->M * w->K)) : NULL;
+    if (!wf || !unpack_conv(w, p, wf)) {
+        kb_free_aligned(wf);
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: oneDNN ran neither this convolution nor its weight's unpacking");
+        return;
+    }
+    kk_weight f = {.M = w->M, .K = w->K, .f32 = wf, .packed_dtype = KILN_F32};
+    kk_reference()->conv2d(x, &f, b, y, p);
+    kb_free_aligned(wf);
+}
+
+void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
+    fast_conv(0, x, w, b, y, p);
+}
+void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
+    fast_conv(1, x, w, b, y, p);
+}
+
+/* ---- packing at conversion ------------------------------------------------------ */
+
+static int conv_dt(kiln_dtype dt, dnnl_data_type_t *out) {
+    *out = dt == KILN_BF16 ? dnnl_bf16 : dnnl_f32;
+    return dt == KILN_F32 || dt == KILN_BF16;
+}
+
+/* the layout's identity: its blocking (dims, padding, strides, inner blocks) */
+static uint64_t layout_id(const dnnl_memory_desc_t *md) {
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    int64_t v[4 * DNNL_MAX_NDIMS + 4] = {0};
+    int n = 0;
+    v[n++] = md->ndims;
+    v[n++] = md->data_type;
+    v[n++] = bd->inner_nblks;
+    for (int i = 0; i < md->ndims; i++) v[n++] = md->padded_dims[i], v[n++] = bd->strides[i];
+    for (int i = 0; i < bd->inner_nblks; i++) v[n++] = bd->inner_blks[i], v[n++] = bd->inner_idxs[i];
+    return XXH3_64bits(v, sizeof(int64_t) * (size_t)n);
+}
+
+kiln_status kk_fast_conv_layout(int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, kiln_dtype dt, char layout[40],
+                                size_t *bytes) {
+    dnnl_data_type_t t;
+    dnnl_memory_desc_t md;
+    if (!conv_dt(dt, &t) || !engine() || !pack_md(Cout, Cin, kh, kw, t, &md))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no %s convolution for a weight [%lld, %lld, %lld, %lld] on this machine",
+                       kiln_dtype_name(dt), (long long)Cout, (long long)Cin, (long long)kh, (long long)kw);
+    snprintf(layout, 40, "conv-%016llx", (unsigned long long)layout_id(&md));
+    *bytes = dnnl_memory_desc_get_size(&md);
+    return KILN_OK;
+}
+
+kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, kiln_dtype dt,
+                              void *out) {
+    dnnl_data_type_t t;
+    dnnl_memory_desc_t from, to;
+    dnnl_dims_t dw = {Cout, Cin, kh, kw};
+    dnnl_primitive_t r = NULL;
+    dnnl_stream_t strm = engine() ? stream() : NULL;
+    int ok = conv_dt(dt, &t) && strm && pack_md(Cout, Cin, kh, kw, t, &to) &&
+             !dnnl_memory_desc_init_by_tag(&from, 4, dw, dnnl_f32, dnnl_oihw) && make_reorder(&from, &to, &r);
+    /* the padded part of a blocked layout (channels up to the block) must be zeros */
+    if (ok) memset(out, 0, dnnl_memory_desc_get_size(&to));
+    if (ok) ok = r ? run_reorder(r, strm, &from, w, &to, out) : (memcpy(out, w, sizeof(float) * (size_t)(Cout * Cin * kh * kw)), 1);
+    if (r) dnnl_primitive_destroy(r);
+    if (!ok)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN could not pack a %s convolution weight [%lld, %lld, %lld, %lld]",
+                       kiln_dtype_name(dt), (long long)Cout, (long long)Cin, (long long)kh, (long long)kw);
+    return KILN_OK;
+}
+
+/* Group norm: each group's mean and variance summed in double over eight
+ * partial sums a pass (a fixed order, so the loop vectorizes without
+ * reassociation), then (x - mean) * (w / sqrt(var + eps)) + b and SiLU in
+ * f32 through exp_f. */
+KK_CLONES static void gn_moments(const float *x, int64_t n, double *mean, double *var) {
+    double s[8] = {0}, t = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += x[i + k];
+    for (int k = 0; k < 8; k++) t += s[k];
+    for (; i < n; i++) t += x[i];
+    double m = t / (double)(n ? n : 1);
+    for (int k = 0; k < 8; k++) s[k] = 0;
+    t = 0;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += (x[i + k] - m) * (x[i + k] - m);
+    for (int k = 0; k < 8; k++) t += s[k];
+    for (; i < n; i++) t += (x[i] - m) * (x[i] - m);
+    *mean = m;
+    *var = t / (double)(n ? n : 1);
+}
+
+KK_CLONES static void gn_apply(const float *x, float *y, int64_t n, float mean, float a, float c, int silu) {
+    if (silu)
+        for (int64_t i = 0; i < n; i++) {
+            float v = (x[i] - mean) * a + c;
+            y[i] = v / (1.0f + exp_f(-v));
+        }
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * a + c;
+}
+
+void kk_fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
+                        int64_t G, float eps, int silu) {
+    int64_t cg = C / G, n = cg * S;
+    double *stat = malloc(sizeof(double) * 2 * (size_t)(B * G) + 1);
+    if (!stat) {
+        kb_defer_failure(KILN_ERR_NOMEM, "group_norm: out of memory");
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (B * C * S > (1 << 16))
+    for (int64_t bg = 0; bg < B * G; bg++) gn_moments(x + bg * n, n, &stat[2 * bg], &stat[2 * bg + 1]);
+#pragma omp parallel for schedule(static) if (B * C * S > (1 << 16))
+    for (int64_t bc = 0; bc < B * C; bc++) {
+        int64_t ch = bc % C, bg = bc / C * G + ch / cg;
+        double inv = 1.0 / sqrt(stat[2 * bg + 1] + (double)eps);
+        gn_apply(x + bc * S, y + bc * S, S, (float)stat[2 * bg], (float)(inv * (w ? w[ch] : 1.0)), b ? b[ch] : 0.0f,
+                 silu);
+    }
+    free(stat);
+}
