@@ -275,6 +275,13 @@ TEST(prompts_file_edges) {
     CHECK_OK(st_open(tens, &tf));
     CHECK(tf && st_find(tf, "latents_step64") && st_find(tf, "latents_step65") && st_find(tf, "latents"));
     st_close(tf);
+    /* a run that fails before writing its --tensor-output leaves the file of an earlier run alone (it was removed) */
+    char png2[256];
+    snprintf(png2, sizeof png2, "%s/edge2.png", g_dir);
+    CHECK_RUN_WITH(run_kiln, 1, "non-finite", "generate '%s' --prompt x --steps 2 --guidance 1e38 --quiet --tensor-output "
+                   "'%s' --output '%s'", pipe, tens, png2);
+    CHECK_MSG(access(tens, F_OK) == 0, "a failed run removed %s, which it never wrote", tens);
+    CHECK(access(png2, F_OK) != 0);
 }
 
 TEST(pipeline_errors) {
