@@ -287,6 +287,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         rc = cli_error(cmd, "out of memory for the latents");
         goto done;
     }
+    int tensors_written = 0;
     const char *model = strrchr(dir, '/') && strrchr(dir, '/')[1] ? strrchr(dir, '/') + 1 : dir;
     /* one batch per set of settings, in the order the prompts come */
     for (int r0 = 0; r0 < n && !s; r0++) {
@@ -363,6 +364,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         if ((s = write_images(p, pa, jobs, B, total, noise_file != NULL, lat, sh, output, model, written, img, quiet)))
             break;
         if (pa->tensor_out && (s = write_tensors(pa->tensor_out, &rs, q0->guidance > 1, lat, sh, img, ish))) break;
+        tensors_written = pa->tensor_out != NULL;
     }
     free(done_req);
     free(first);
@@ -373,7 +375,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     if (s) {
         for (int k = 0; k < total; k++) /* nothing half-done: every image of the run or none */
             if (written[k]) unlink(written[k]);
-        if (pa->tensor_out) unlink(pa->tensor_out);
+        if (tensors_written) unlink(pa->tensor_out); /* ours only: a file of an earlier run stays */
         rc = cli_fail(cmd, s);
         goto done;
     }
