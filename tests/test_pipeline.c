@@ -221,6 +221,69 @@ TEST(pipeline_compile_command) {
                    golden_path(CASE, NULL));
 }
 
+/* a prompts file at its edges (review, issue 28): a UTF-8 BOM, text after
+ * the object, a key twice, blank lines, a NUL byte, more images than a run
+ * takes; each an error naming the line before any work, and --tensor-output
+ * keeps every step past 64 */
+static void write_file(const char *path, const char *text, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(text, 1, len, f);
+    fclose(f);
+}
+#define WRITE_LIT(path, lit) write_file(path, lit, sizeof lit - 1)
+
+TEST(prompts_file_edges) {
+    const char *pipe = golden_path(CASE, NULL);
+    char pf[256], png[256];
+    snprintf(pf, sizeof pf, "%s/edges.jsonl", g_dir);
+    snprintf(png, sizeof png, "%s/edge.png", g_dir);
+    /* a BOM before the first line's { (Windows editors): still a JSON line */
+    WRITE_LIT(pf, "\xEF\xBB\xBF{\"prompt\": \"a\", \"sed\": 1}\n");
+    CHECK_RUN_WITH(run_kiln, 1, "line 1: unknown key \"sed\"", "generate '%s' --prompts-file '%s' --output '%s'", pipe, pf, png);
+    /* a second object on the line was ignored */
+    WRITE_LIT(pf, "{\"prompt\": \"a\"} {\"prompt\": \"b\"}\n");
+    CHECK_RUN_WITH(run_kiln, 1, "line 1: a line starting with { must be one JSON object", "generate '%s' --prompts-file '%s' "
+                   "--output '%s'", pipe, pf, png);
+    /* a key twice: cJSON keeps both, the first one won silently */
+    WRITE_LIT(pf, "{\"prompt\": \"a\", \"seed\": 1, \"seed\": 2}\n");
+    CHECK_RUN_WITH(run_kiln, 1, "line 1: key \"seed\" appears twice", "generate '%s' --prompts-file '%s' --output '%s'", pipe,
+                   pf, png);
+    /* blank lines are no prompts (they made images of ""); the lines keep their numbers */
+    WRITE_LIT(pf, "\n  \r\n\t\n");
+    CHECK_RUN_WITH(run_kiln, 1, "holds no prompt", "generate '%s' --prompts-file '%s' --output '%s'", pipe, pf, png);
+    WRITE_LIT(pf, "a\r\n\r\n{\"prompt\": \"b\", \"sed\": 1}\r\n");
+    CHECK_RUN_WITH(run_kiln, 1, "line 3: unknown key \"sed\"", "generate '%s' --prompts-file '%s' --output '%s'", pipe, pf, png);
+    /* a NUL byte ended the file silently */
+    WRITE_LIT(pf, "a\0\n{\"prompt\": \"b\", \"sed\": 1}\n");
+    CHECK_RUN_WITH(run_kiln, 1, "a NUL byte at offset 1", "generate '%s' --prompts-file '%s' --output '%s'", pipe, pf, png);
+    /* 130 x 512 images: past the run's limit, named before any work */
+    FILE *f = fopen(pf, "w");
+    for (int i = 0; f && i < 130; i++) fputs("{\"prompt\": \"\", \"images_per_prompt\": 512}\n", f);
+    if (f) fclose(f);
+    CHECK_RUN_WITH(run_kiln, 1, "at most 65536", "generate '%s' --prompts-file '%s' --output '%s'", pipe, pf, png);
+    CHECK(access(png, F_OK) != 0);
+    /* --tensor-output with 65 steps: latents_step65 too (64 were kept, silently) */
+    char tens[256];
+    snprintf(tens, sizeof tens, "%s/steps.safetensors", g_dir);
+    char *out = NULL;
+    int rc = run_kiln(&out, "generate '%s' --prompt x --steps 65 --guidance 1 --reference --quiet --tensor-output '%s' "
+                      "--output '%s'", pipe, tens, png);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    free(out);
+    st_file *tf = NULL;
+    CHECK_OK(st_open(tens, &tf));
+    CHECK(tf && st_find(tf, "latents_step64") && st_find(tf, "latents_step65") && st_find(tf, "latents"));
+    st_close(tf);
+    /* a run that fails before writing its --tensor-output leaves the file of an earlier run alone (it was removed) */
+    char png2[256];
+    snprintf(png2, sizeof png2, "%s/edge2.png", g_dir);
+    CHECK_RUN_WITH(run_kiln, 1, "non-finite", "generate '%s' --prompt x --steps 2 --guidance 1e38 --quiet --tensor-output "
+                   "'%s' --output '%s'", pipe, tens, png2);
+    CHECK_MSG(access(tens, F_OK) == 0, "a failed run removed %s, which it never wrote", tens);
+    CHECK(access(png2, F_OK) != 0);
+}
+
 TEST(pipeline_errors) {
     const char *pipe = golden_path(CASE, NULL);
     char png[256];
@@ -267,6 +330,7 @@ int main(void) {
     RUN(batch_reference_bitwise);
     RUN(batch_fast);
     RUN(prompts_json_lines);
+    RUN(prompts_file_edges);
     RUN(pipeline_info);
     RUN(pipeline_cache_build);
     RUN(pipeline_compile);

@@ -512,6 +512,94 @@ TEST(compile_file) {
     free(out);
 }
 
+/* ---- a first_stage_model.* file whose shapes or names lie (review, issue 28) ----
+ * Each a copy of the case's LDM VAE with one change; opening it (the case's
+ * config, or the config inferred from the shapes) is an error naming the
+ * tensor, never a crash or a model. */
+enum { LIE_Q_WIDTH, LIE_Q_3X3, LIE_ZERO, LIE_UP_MISSING, LIE_UP_EXTRA, LIE_COLLIDE, LIE_EMPTY_CONV_IN, LIE_N };
+
+static void write_lying_vae(const char *path, int lie) {
+    st_file *all = NULL;
+    CHECK_OK(st_open(g_file, &all));
+    out_list l = {0};
+    static float zeros[4096];
+    for (size_t i = 0; all && i < st_count(all); i++) {
+        const st_tensor *t = st_at(all, i);
+        const char *n = t->name;
+        if (strncmp(n, "first_stage_model.", 18)) continue;
+        if (lie == LIE_UP_MISSING && strstr(n, "decoder.up.1.")) continue; /* a middle up block gone */
+        if (!strcmp(n, "first_stage_model.decoder.mid.attn_1.q.weight") && (lie == LIE_Q_WIDTH || lie == LIE_Q_3X3)) {
+            /* [C, C, 1, 1] as [C, C/2, 1, 1] (half the bytes), or as [C/9 x 9 ...]: a 3x3 conv of the same bytes */
+            int64_t c = t->shape[0];
+            int64_t sh_w[4] = {c, c / 2, 1, 1}, sh_3[4] = {c, c / 9 ? c / 9 : 1, 3, 3};
+            const int64_t *sh = lie == LIE_Q_WIDTH ? sh_w : sh_3;
+            size_t bytes = (size_t)(sh[0] * sh[1] * sh[2] * sh[3]) * 4;
+            put(&l, n, t, t->data, bytes <= t->nbytes ? bytes : t->nbytes, 4, sh);
+            continue;
+        }
+        if (lie == LIE_ZERO && !strcmp(n, "first_stage_model.decoder.mid.attn_1.k.bias")) {
+            int64_t sh[1] = {0};
+            put(&l, n, t, zeros, 0, 1, sh);
+            continue;
+        }
+        if (lie == LIE_EMPTY_CONV_IN && !strcmp(n, "first_stage_model.encoder.conv_in.weight")) {
+            int64_t sh[4] = {t->shape[0], 0, 3, 3};
+            put(&l, n, t, zeros, 0, 4, sh);
+            continue;
+        }
+        put_same(&l, n, t);
+        if (lie == LIE_COLLIDE && !strcmp(n, "first_stage_model.decoder.norm_out.weight"))
+            put_same(&l, "first_stage_model.decoder.conv_norm_out.weight", t); /* both names of one tensor */
+        if (lie == LIE_UP_EXTRA && !strcmp(n, "first_stage_model.decoder.up.0.block.0.norm1.weight"))
+            put_same(&l, "first_stage_model.decoder.up.7.block.0.norm1.weight", t); /* an up block past the others */
+    }
+    CHECK_OK(st_write(path, l.t, l.n, NULL, 0));
+    for (size_t i = 0; i < l.n; i++) {
+        free((char *)l.t[i].name);
+        free((void *)l.t[i].data);
+    }
+    free(l.t);
+    st_close(all);
+}
+
+TEST(lying_vae_files) {
+    static const char *const what[LIE_N] = {"q as [C, C/2, 1, 1]", "q as a 3x3 conv", "k.bias of 0 elements",
+                                            "up.1 missing", "an up.7 past the others", "norm_out under both names",
+                                            "conv_in of 0 elements"};
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/config.json", golden_path("vae-sd3-tiny", NULL));
+    for (int lie = 0; lie < LIE_N; lie++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/lie%d.safetensors", g_dir, lie);
+        write_lying_vae(path, lie);
+        kiln_open_opts o = {.config_path = cfg, .dtype = KILN_F32};
+        kiln_model *m = NULL;
+        kiln_status st = kiln_model_open(path, &o, &m);
+        printf("  %-28s %s\n", what[lie], st ? kiln_last_error() : "opened");
+        CHECK_MSG(st != KILN_OK && m == NULL, "%s: a model", what[lie]);
+        CHECK_MSG(st == KILN_OK || strstr(kiln_last_error(), "lie") != NULL, "%s: the error names no file: %s", what[lie],
+                  kiln_last_error());
+        kiln_model_free(m);
+        /* the config inferred from these shapes, then the model from it */
+        char *json = NULL;
+        int inferred = 0;
+        st = kp_part_config(path, "vae", NULL, &json, &inferred);
+        char ip[300];
+        snprintf(ip, sizeof ip, "%s.json", path);
+        FILE *f = !st ? fopen(ip, "w") : NULL;
+        if (f) {
+            fputs(json, f);
+            fclose(f);
+            kiln_open_opts oi = {.config_path = ip, .dtype = KILN_F32};
+            st = kiln_model_open(path, &oi, &m);
+            CHECK_MSG(st != KILN_OK && m == NULL, "%s (inferred config): a model", what[lie]);
+            kiln_model_free(m);
+        }
+        printf("  %-28s (inferred) %s\n", what[lie], st ? kiln_last_error() : "opened");
+        free(json);
+    }
+}
+
 TEST(bad_inputs) {
     char png[256], bad[256];
     snprintf(png, sizeof png, "%s/bad.png", g_dir);
@@ -559,6 +647,7 @@ int main(void) {
     RUN(encode_matches);
     RUN(compile_file);
     RUN(low_memory_batches);
+    RUN(lying_vae_files);
     RUN(bad_inputs);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -66,24 +66,40 @@ static void run_state_free(run_state *r) {
  * pipeline (and of the reference cases) */
 static kiln_status write_tensors(const char *path, const run_state *r, int cfg, const float *lat, const int64_t sh[4],
                                  const float *img, const int64_t ish[4]) {
-    int n = 0;
-    kiln_tensor t[8 + 64];
-    char names[64][32];
+    /* every step's latents (--steps goes to 10000), so the lists are sized from it */
+    size_t n = 0, cap = (size_t)r->n_steps + 6;
+    kiln_tensor *t = calloc(cap, sizeof *t);
+    char (*names)[32] = calloc((size_t)r->n_steps + 1, sizeof *names);
+    kiln_status st = KILN_OK;
+    if (!t || !names) {
+        st = kb_fail(KILN_ERR_NOMEM, "out of memory listing %d steps' latents", r->n_steps);
+        goto out;
+    }
     const char *cn[4] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds", "negative_pooled_prompt_embeds"};
     for (int k = 0; k < 4; k++) {
         if (k >= 2 && !cfg) break;
-        if (!r->cond[k]) return kb_fail(KILN_ERR_NOMEM, "out of memory keeping the conditioning");
+        if (!r->cond[k]) {
+            st = kb_fail(KILN_ERR_NOMEM, "out of memory keeping the conditioning");
+            goto out;
+        }
         const int64_t *s = k % 2 ? r->ps : r->es;
         t[n++] = (kiln_tensor){cn[k], KILN_F32, k % 2 ? 2 : 3, {s[0], s[1], k % 2 ? 0 : s[2]}, r->cond[k]};
     }
-    for (int k = 0; k < r->n_steps && k < 64; k++) {
-        if (!r->steps[k]) return kb_fail(KILN_ERR_NOMEM, "out of memory keeping the step latents");
+    for (int k = 0; k < r->n_steps; k++) {
+        if (!r->steps[k]) {
+            st = kb_fail(KILN_ERR_NOMEM, "out of memory keeping the step latents");
+            goto out;
+        }
         snprintf(names[k], sizeof names[k], "latents_step%d", k + 1);
         t[n++] = (kiln_tensor){names[k], KILN_F32, 4, {sh[0], sh[1], sh[2], sh[3]}, r->steps[k]};
     }
     t[n++] = (kiln_tensor){"latents", KILN_F32, 4, {sh[0], sh[1], sh[2], sh[3]}, lat};
     if (img) t[n++] = (kiln_tensor){"image_decoded", KILN_F32, 4, {ish[0], ish[1], ish[2], ish[3]}, img};
-    return kiln_tensors_write(path, (size_t)n, t);
+    st = kiln_tensors_write(path, n, t);
+out:
+    free(t);
+    free(names);
+    return st;
 }
 
 /* A batch's images decoded (tiled when memory is short) and written one PNG
@@ -174,11 +190,11 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         if (!q->width) q->width = (int)pa->width;
         if (!q->height) q->height = (int)pa->height;
         if (!q->images) q->images = (int)pa->ipp;
-        total += q->images;
-    }
-    if (total > 65536) {
-        rc = cli_error(cmd, "%d images in one run: at most 65536", total);
-        goto out0;
+        if ((total += q->images) > 65536) { /* checked as it grows: 10^7 lines x 512 images would pass INT_MAX */
+            rc = cli_error(cmd, "%d images in one run (prompts x images per prompt) by prompt %d of %d: at most 65536",
+                           total, r + 1, n);
+            goto out0;
+        }
     }
     if ((pa->latents_out && cli_check_output(cmd, pa->latents_out)) || (pa->tensor_out && cli_check_output(cmd, pa->tensor_out)))
         goto out0;
@@ -271,6 +287,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         rc = cli_error(cmd, "out of memory for the latents");
         goto done;
     }
+    int tensors_written = 0;
     const char *model = strrchr(dir, '/') && strrchr(dir, '/')[1] ? strrchr(dir, '/') + 1 : dir;
     /* one batch per set of settings, in the order the prompts come */
     for (int r0 = 0; r0 < n && !s; r0++) {
@@ -347,6 +364,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         if ((s = write_images(p, pa, jobs, B, total, noise_file != NULL, lat, sh, output, model, written, img, quiet)))
             break;
         if (pa->tensor_out && (s = write_tensors(pa->tensor_out, &rs, q0->guidance > 1, lat, sh, img, ish))) break;
+        tensors_written = pa->tensor_out != NULL;
     }
     free(done_req);
     free(first);
@@ -357,7 +375,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     if (s) {
         for (int k = 0; k < total; k++) /* nothing half-done: every image of the run or none */
             if (written[k]) unlink(written[k]);
-        if (pa->tensor_out) unlink(pa->tensor_out);
+        if (tensors_written) unlink(pa->tensor_out); /* ours only: a file of an earlier run stays */
         rc = cli_fail(cmd, s);
         goto done;
     }

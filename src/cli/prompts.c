@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +24,16 @@ static int json_int(const char *cmd, const char *path, int line, const cJSON *o,
 }
 
 static int parse_object(const char *cmd, const char *path, int line, const char *text, cli_prompt *p) {
-    cJSON *o = cJSON_Parse(text);
+    /* the whole line one object: text after it (a second object) is an
+     * error, not ignored */
+    cJSON *o = cJSON_ParseWithOpts(text, NULL, 1);
     int rc = 0;
     if (!cJSON_IsObject(o)) {
-        rc = cli_error(cmd, "%s line %d: a line starting with { must be a JSON object (%s)", path, line,
-                       "{\"prompt\": \"...\", \"seed\": 1, ...}");
+        rc = cli_error(cmd, "%s line %d: a line starting with { must be one JSON object and nothing after it (%s)", path,
+                       line, "{\"prompt\": \"...\", \"seed\": 1, ...}");
         goto out;
     }
+    unsigned seen = 0; /* bit i: k_keys[i] came already (a second one would be silently ignored) */
     for (const cJSON *k = o->child; k; k = k->next) {
         size_t i = 0;
         while (i < sizeof k_keys / sizeof *k_keys && strcmp(k->string, k_keys[i])) i++;
@@ -38,6 +42,11 @@ static int parse_object(const char *cmd, const char *path, int line, const char 
                            "width, height, images_per_prompt)", path, line, k->string);
             goto out;
         }
+        if (seen >> i & 1u) {
+            rc = cli_error(cmd, "%s line %d: key \"%s\" appears twice (each key once a line)", path, line, k->string);
+            goto out;
+        }
+        seen |= 1u << i;
     }
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt"), *ng = cJSON_GetObjectItemCaseSensitive(o, "negative_prompt"),
                 *g = cJSON_GetObjectItemCaseSensitive(o, "guidance");
@@ -78,12 +87,31 @@ int cli_prompts_read(const char *cmd, const char *path, cli_prompt **out, int *n
     *out = NULL;
     *n = 0;
     if (kb_read_file(path, &text, &len)) return cli_fail(cmd, KILN_ERR_IO);
+    if (strlen(text) != len) { /* the lines after a NUL byte would be dropped silently */
+        int rc = cli_error(cmd, "%s: a NUL byte at offset %zu: a prompts file is text (UTF-8, one prompt per line)", path,
+                           strlen(text));
+        free(text);
+        return rc;
+    }
     int cap = 0, rc = 0, line = 0;
     cli_prompt *v = NULL;
-    for (char *p = text; p && *p && !rc; line++) {
+    char *start = text;
+    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) start += 3; /* a UTF-8 byte order mark (Windows editors) */
+    for (char *p = start; p && *p && !rc; line++) {
         char *e = strchr(p, '\n');
         if (e) *e = 0;
-        if (e && e > p && e[-1] == '\r') e[-1] = 0;
+        char *end = e ? e : p + strlen(p);
+        if (end > p && end[-1] == '\r') end[-1] = 0; /* CRLF, the last line's too */
+        if (line >= INT_MAX / 2) { /* the line numbers and the prompts' count are ints */
+            rc = cli_error(cmd, "%s: more than %d lines", path, INT_MAX / 2);
+            break;
+        }
+        const char *s = p;
+        while (*s == ' ' || *s == '\t') s++;
+        if (!*s) { /* a blank line separates, it is no prompt ({"prompt": ""} is the empty one) */
+            p = e ? e + 1 : NULL;
+            continue;
+        }
         if (*n == cap) {
             cli_prompt *g = realloc(v, sizeof *v * (size_t)(cap = cap ? 2 * cap : 16));
             if (!g) {
@@ -96,8 +124,6 @@ int cli_prompts_read(const char *cmd, const char *path, cli_prompt **out, int *n
         memset(q, 0, sizeof *q);
         q->seed = -1;
         q->line = line + 1;
-        const char *s = p;
-        while (*s == ' ' || *s == '\t') s++;
         if (*s == '{') rc = parse_object(cmd, path, line + 1, s, q);
         else if (!(q->prompt = kb_strdup(p))) rc = cli_error(cmd, "out of memory");
         (*n)++;
