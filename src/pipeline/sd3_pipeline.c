@@ -7,6 +7,7 @@
  * component loads through the weight cache under its own component key. */
 #include "base/base.h"
 #include "kiln.h"
+#include "model/model.h"
 #include "pipeline/component.h"
 
 #include <cjson/cJSON.h>
@@ -237,6 +238,9 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     const kiln_config *c = kiln_model_config(p->transformer);
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1;
     if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
+    if (ipp < 1 || n > KM_MAX_BATCH / 2 || ipp > KM_MAX_BATCH / 2 || n * ipp > KM_MAX_BATCH / 2) /* before any encoding */
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: %d prompts x %d images: at most %d images a call",
+                       n, ipp, KM_MAX_BATCH / 2);
     if (o->steps < 1 || o->steps > 100000)
         return kb_fail(KILN_ERR_INVALID_ARG, "steps %d: must be between 1 and 100000", o->steps);
     if (!isfinite(o->guidance)) return kb_fail(KILN_ERR_INVALID_ARG, "guidance must be a finite number");

@@ -66,7 +66,7 @@ kiln_status kiln_generate_micro_batch(kiln_model *m, const kiln_generate_opts *o
     kiln_status st = km_forward_bytes(m, r, o->latent_h, o->latent_w, o->context_len, &a1);
     if (!st) st = km_forward_bytes(m, 2 * r, o->latent_h, o->latent_w, o->context_len, &a2);
     if (st) return kb_wrap(st, "sizing the micro-batches");
-    uint64_t per = a2 > a1 ? a2 - a1 : a1, fixed = a1 > per ? a1 - per : 0;
+    uint64_t per = a2 > a1 ? a2 - a1 : a1 ? a1 : 1, fixed = a1 > per ? a1 - per : 0; /* per > 0 */
     if (row_bytes) *row_bytes = per;
     uint64_t fit = o->memory_budget > fixed ? (o->memory_budget - fixed) / per : 0;
     if (fit < 1) {
