@@ -1,9 +1,10 @@
 /* conv.c - the fast CPU backend's VAE kernels: 2-D convolutions on oneDNN's
  * convolution primitives and the group norm (+ SiLU). Kept apart from
- * fast.c's GEMMs and attentions; this file has its own oneDNN engine,
- * streams, primitive table and scratch. */
+ * fast.c's GEMMs and attentions, with a primitive table of its own; the
+ * oneDNN engine, streams and work buffers are fast.c's (onednn.h). */
 #include "base/base.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/kernels.h"
 
@@ -15,40 +16,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-/* ---- oneDNN engine, per-thread streams and scratch ------------------------------ */
-
-static dnnl_engine_t g_eng;
-static _Thread_local dnnl_stream_t t_stream;
-static int g_ok;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+/* the primitive table's lock (entries never move once made) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void init_engine(void) { g_ok = dnnl_engine_create(&g_eng, dnnl_cpu, 0) == dnnl_success; }
-
-static int engine(void) {
-    pthread_once(&g_once, init_engine);
-    return g_ok;
-}
-
-static dnnl_stream_t stream(void) {
-    if (!t_stream && dnnl_stream_create(&t_stream, g_eng, dnnl_stream_default_flags) != dnnl_success) t_stream = NULL;
-    return t_stream;
-}
-
-/* A per-thread buffer per slot that only grows; NULL defers an
- * out-of-memory failure to the forward (kb_defer_failure); slots as
- * conv_run uses them. */
-static void *scratch_must(int slot, size_t bytes) {
-    static _Thread_local void *buf[5];
-    static _Thread_local size_t cap[5];
-    if (cap[slot] < bytes) {
-        kb_free_aligned(buf[slot]);
-        buf[slot] = kb_alloc_aligned(bytes);
-        cap[slot] = buf[slot] ? bytes : 0;
-    }
-    if (!buf[slot]) kb_defer_failure(KILN_ERR_NOMEM, "out of memory for a %zu-byte convolution work buffer", bytes);
-    return buf[slot];
-}
 
 /* ---- convolutions ------------------------------------------------------------------ */
 
@@ -93,7 +62,7 @@ static int pack_md(int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, dnnl_data_
              !dnnl_memory_desc_init_by_tag(&dany, 4, dd, dnnl_f32, dnnl_format_tag_any) &&
              !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &sany, &wany,
                                                  &bmd, &dany, st, pl, pr) &&
-             !dnnl_primitive_desc_create(&pd, &cd, NULL, g_eng, NULL);
+             !dnnl_primitive_desc_create(&pd, &cd, NULL, kk_dnnl_engine(), NULL);
     if (ok) *out = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     if (pd) dnnl_primitive_desc_destroy(pd);
     return ok;
@@ -103,7 +72,7 @@ static int make_reorder(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t
     dnnl_primitive_desc_t rpd = NULL;
     *out = NULL;
     if (dnnl_memory_desc_equal(from, to)) return 1;
-    int ok = !dnnl_reorder_primitive_desc_create(&rpd, from, g_eng, to, g_eng, NULL) && !dnnl_primitive_create(out, rpd);
+    int ok = !dnnl_reorder_primitive_desc_create(&rpd, from, kk_dnnl_engine(), to, kk_dnnl_engine(), NULL) && !dnnl_primitive_create(out, rpd);
     if (rpd) dnnl_primitive_desc_destroy(rpd);
     return ok;
 }
@@ -146,7 +115,7 @@ static const conv_entry *get_conv(const kk_conv *p, int bf16) {
                                                  &e.bias, &dany, st, pl, pr) &&
              !dnnl_primitive_attr_create(&attr) &&
              !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) &&
-             !dnnl_primitive_desc_create(&pd, &cd, attr, g_eng, NULL);
+             !dnnl_primitive_desc_create(&pd, &cd, attr, kk_dnnl_engine(), NULL);
     if (ok) {
         e.src = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
         e.wei = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
@@ -183,7 +152,7 @@ static const conv_entry *get_conv(const kk_conv *p, int bf16) {
 static int run_reorder(dnnl_primitive_t r, dnnl_stream_t strm, const dnnl_memory_desc_t *f, const void *a,
                        const dnnl_memory_desc_t *t, void *b) {
     dnnl_memory_t mf = NULL, mt = NULL;
-    int ok = !dnnl_memory_create(&mf, f, g_eng, (void *)a) && !dnnl_memory_create(&mt, t, g_eng, b);
+    int ok = !dnnl_memory_create(&mf, f, kk_dnnl_engine(), (void *)a) && !dnnl_memory_create(&mt, t, kk_dnnl_engine(), b);
     dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
     ok = ok && !dnnl_primitive_execute(r, strm, 2, ra) && !dnnl_stream_wait(strm);
     if (mf) dnnl_memory_destroy(mf);
@@ -199,24 +168,24 @@ static int weight_from(const conv_entry *e, const kk_weight *w) {
 }
 
 static int conv_run(const conv_entry *e, const float *x, const kk_weight *w, const float *b, float *y) {
-    dnnl_stream_t strm = stream();
+    dnnl_stream_t strm = kk_dnnl_stream();
     int from = weight_from(e, w);
     if (!strm || from < 0) return 0;
     const void *wsrc = from ? w->packed : (const void *)w->f32;
     /* scratch: 0 weights, 1 the primitive's scratchpad, 2 a zero bias, 3 x, 4 y */
     size_t spbytes = dnnl_memory_desc_get_size(&e->sp);
     dnnl_primitive_t wr = e->wreorder[from];
-    void *wbuf = wr ? scratch_must(0, dnnl_memory_desc_get_size(&e->wei)) : (void *)wsrc;
-    void *sp = spbytes ? scratch_must(1, spbytes) : NULL;
-    void *src = e->xreorder ? scratch_must(3, dnnl_memory_desc_get_size(&e->src)) : (void *)x;
-    void *dst = e->yreorder ? scratch_must(4, dnnl_memory_desc_get_size(&e->dst)) : (void *)y;
+    void *wbuf = wr ? kk_scratch_must(KK_SCRATCH_CONV + 0, dnnl_memory_desc_get_size(&e->wei)) : (void *)wsrc;
+    void *sp = spbytes ? kk_scratch_must(KK_SCRATCH_CONV + 1, spbytes) : NULL;
+    void *src = e->xreorder ? kk_scratch_must(KK_SCRATCH_CONV + 3, dnnl_memory_desc_get_size(&e->src)) : (void *)x;
+    void *dst = e->yreorder ? kk_scratch_must(KK_SCRATCH_CONV + 4, dnnl_memory_desc_get_size(&e->dst)) : (void *)y;
     if (!wbuf || (spbytes && !sp) || !src || !dst) return 0;
     if (wr && !run_reorder(wr, strm, &e->wfrom[from], wsrc, &e->wei, wbuf)) return 0;
     if (e->xreorder && !run_reorder(e->xreorder, strm, &e->xplain, x, &e->src, src)) return 0;
     /* no bias given: zeros (the primitive was made with one) */
     const float *bias = b;
     if (!bias) {
-        float *z = scratch_must(2, sizeof(float) * (size_t)e->p.Cout);
+        float *z = kk_scratch_must(KK_SCRATCH_CONV + 2, sizeof(float) * (size_t)e->p.Cout);
         if (!z) return 0;
         memset(z, 0, sizeof(float) * (size_t)e->p.Cout);
         bias = z;
@@ -228,7 +197,7 @@ static int conv_run(const conv_entry *e, const float *x, const kk_weight *w, con
     void *data[5] = {src, wbuf, (void *)bias, dst, sp};
     int n = spbytes ? 5 : 4, ok = 1;
     for (int i = 0; i < n && ok; i++) {
-        ok = !dnnl_memory_create(&m[i], md[i], g_eng, data[i]);
+        ok = !dnnl_memory_create(&m[i], md[i], kk_dnnl_engine(), data[i]);
         args[i].memory = m[i];
     }
     if (ok) ok = !dnnl_primitive_execute(e->prim, strm, n, args) && !dnnl_stream_wait(strm);
@@ -244,7 +213,7 @@ static int unpack_conv(const kk_weight *w, const kk_conv *p, float *out) {
     dnnl_memory_desc_t from, to;
     dnnl_dims_t dw = {p->Cout, p->Cin, p->kh, p->kw};
     dnnl_primitive_t r = NULL;
-    dnnl_stream_t strm = stream();
+    dnnl_stream_t strm = kk_dnnl_stream();
     int ok = strm && (w->packed_dtype == KILN_F32 || w->packed_dtype == KILN_BF16) &&
              pack_md(p->Cout, p->Cin, p->kh, p->kw, w->packed_dtype == KILN_BF16 ? dnnl_bf16 : dnnl_f32, &from) &&
              !dnnl_memory_desc_init_by_tag(&to, 4, dw, dnnl_f32, dnnl_oihw) && make_reorder(&from, &to, &r);
@@ -259,7 +228,7 @@ static int unpack_conv(const kk_weight *w, const kk_conv *p, float *out) {
  * the primitive; else in f32; the reference's loops where it has neither. */
 static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
     if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
-    const conv_entry *e = engine() ? get_conv(p, bf16) : NULL;
+    const conv_entry *e = kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
     if (!e && bf16) {
         kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
         e = get_conv(p, 0);
@@ -270,7 +239,7 @@ static void fast_conv(int bf16, const float *x, const kk_weight *w, const float 
         kk_reference()->conv2d(x, w, b, y, p);
         return;
     }
-    float *wf = engine() ? kb_alloc_aligned(sizeof(float) * (size_t)(w->M * w->K)) : NULL;
+    float *wf = kk_dnnl_engine() ? kb_alloc_aligned(sizeof(float) * (size_t)(w->M * w->K)) : NULL;
     if (!wf || !unpack_conv(w, p, wf)) {
         kb_free_aligned(wf);
         kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: oneDNN ran neither this convolution nor its weight's unpacking");
@@ -312,7 +281,7 @@ kiln_status kk_fast_conv_layout(int64_t Cout, int64_t Cin, int64_t kh, int64_t k
                                 size_t *bytes) {
     dnnl_data_type_t t;
     dnnl_memory_desc_t md;
-    if (!conv_dt(dt, &t) || !engine() || !pack_md(Cout, Cin, kh, kw, t, &md))
+    if (!conv_dt(dt, &t) || !kk_dnnl_engine() || !pack_md(Cout, Cin, kh, kw, t, &md))
         return kb_fail(KILN_ERR_UNSUPPORTED, "oneDNN has no %s convolution for a weight [%lld, %lld, %lld, %lld] on this machine",
                        kiln_dtype_name(dt), (long long)Cout, (long long)Cin, (long long)kh, (long long)kw);
     snprintf(layout, 40, "conv-%016llx", (unsigned long long)layout_id(&md));
@@ -326,7 +295,7 @@ kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t
     dnnl_memory_desc_t from, to;
     dnnl_dims_t dw = {Cout, Cin, kh, kw};
     dnnl_primitive_t r = NULL;
-    dnnl_stream_t strm = engine() ? stream() : NULL;
+    dnnl_stream_t strm = kk_dnnl_engine() ? kk_dnnl_stream() : NULL;
     int ok = conv_dt(dt, &t) && strm && pack_md(Cout, Cin, kh, kw, t, &to) &&
              !dnnl_memory_desc_init_by_tag(&from, 4, dw, dnnl_f32, dnnl_oihw) && make_reorder(&from, &to, &r);
     /* the padded part of a blocked layout (channels up to the block) must be zeros */

@@ -17,6 +17,7 @@
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_f16.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
@@ -53,6 +54,9 @@ static dnnl_stream_t stream(void) {
     if (!t_stream && dnnl_stream_create(&t_stream, g_eng, dnnl_stream_default_flags) != dnnl_success) t_stream = NULL;
     return t_stream;
 }
+
+dnnl_engine_t kk_dnnl_engine(void) { return engine() ? g_eng : NULL; }
+dnnl_stream_t kk_dnnl_stream(void) { return engine() ? stream() : NULL; }
 
 static dnnl_data_type_t dnnl_dt(kiln_dtype t) { return t == KILN_BF16 ? dnnl_bf16 : t == KILN_I8 ? dnnl_s8 : dnnl_f32; }
 
@@ -474,8 +478,8 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* A per-thread buffer that only grows. */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[21];
-    static _Thread_local size_t cap[21];
+    static _Thread_local void *buf[KK_SCRATCH_SLOTS];
+    static _Thread_local size_t cap[KK_SCRATCH_SLOTS];
     if (cap[slot] < bytes) {
         kb_free_aligned(buf[slot]);
         buf[slot] = kb_alloc_aligned(bytes);
@@ -492,6 +496,8 @@ static void *scratch_must(int slot, size_t bytes) {
     if (!p) kb_defer_failure(KILN_ERR_NOMEM, "out of memory for a %zu-byte kernel work buffer", bytes);
     return p;
 }
+
+void *kk_scratch_must(int slot, size_t bytes) { return scratch_must(slot, bytes); }
 
 
 /* ---- vectorizable helpers, compiled per CPU (ifunc dispatch) ------------------ */

@@ -1,0 +1,23 @@
+/* onednn.h - what the fast CPU backend's files (fast.c, conv.c) share: one
+ * oneDNN CPU engine, each thread's stream, and each thread's work buffers
+ * (all defined in fast.c). */
+#ifndef KILN_ONEDNN_H
+#define KILN_ONEDNN_H
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stddef.h>
+
+/* The engine, made once; NULL when oneDNN could not make a CPU engine. */
+dnnl_engine_t kk_dnnl_engine(void);
+/* This thread's stream on it (threads run primitives at once); NULL on failure. */
+dnnl_stream_t kk_dnnl_stream(void);
+
+/* Work buffer slots: fast.c's GEMMs and attentions use 0..KK_SCRATCH_CONV-1,
+ * conv.c the KK_SCRATCH_CONV_N slots from KK_SCRATCH_CONV. */
+enum { KK_SCRATCH_CONV = 21, KK_SCRATCH_CONV_N = 5, KK_SCRATCH_SLOTS = KK_SCRATCH_CONV + KK_SCRATCH_CONV_N };
+/* This thread's buffer of at least bytes in slot (it only grows); NULL
+ * defers an out-of-memory failure to the forward (kb_defer_failure), which
+ * then fails instead of returning an output the kernel did not write. */
+void *kk_scratch_must(int slot, size_t bytes);
+
+#endif
