@@ -63,37 +63,21 @@ const char *km_compute_layout(km_compute cp) { return cp.reference ? "" : kk_fas
 
 static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_reference() : kk_fast(cp.dtype); }
 
-/* Replace a linear weight's f32 data by the fast GEMM's packed layout
- * (quantized where the compute choice's scheme selects the layer). */
-static kiln_status pack_one(km_weight *w, kiln_dtype dt) {
-    int64_t M = w->ndim ? w->shape[0] : 1, K = 1;
-    for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
+/* Replace a weight's f32 data by the fast backend's packed layout in dt: a
+ * linear's [M, K...] for the GEMM (quantized where the compute choice's
+ * scheme selects the layer), or with conv a convolution's [Cout,Cin,kh,kw]
+ * for the convolution. */
+static kiln_status pack_one(km_weight *w, kiln_dtype dt, int conv) {
+    const int64_t *sh = w->shape;
+    int64_t M = w->ndim ? sh[0] : 1, K = 1;
+    for (int d = 1; d < w->ndim; d++) K *= sh[d];
     size_t bytes;
-    kiln_status st = kk_fast_layout(M, K, dt, w->layout, &bytes);
+    kiln_status st = conv ? kk_fast_conv_layout(sh[0], sh[1], sh[2], sh[3], dt, w->layout, &bytes)
+                          : kk_fast_layout(M, K, dt, w->layout, &bytes);
     if (st) return st;
     void *p = kb_alloc_aligned(bytes);
     if (!p) return KILN_ERR_NOMEM;
-    if ((st = kk_fast_pack(w->data, M, K, dt, p))) {
-        kb_free_aligned(p);
-        return st;
-    }
-    kb_free_aligned(w->data);
-    w->data = NULL;
-    w->packed = p;
-    w->packed_bytes = bytes;
-    w->packed_dtype = dt;
-    return KILN_OK;
-}
-
-/* Replace a convolution weight's f32 data [Cout,Cin,kh,kw] by the fast
- * convolution's packed layout in dt. */
-static kiln_status pack_conv(km_weight *w, kiln_dtype dt) {
-    size_t bytes;
-    kiln_status st = kk_fast_conv_layout(w->shape[0], w->shape[1], w->shape[2], w->shape[3], dt, w->layout, &bytes);
-    if (st) return st;
-    void *p = kb_alloc_aligned(bytes);
-    if (!p) return KILN_ERR_NOMEM;
-    if ((st = kk_fast_conv_pack(w->data, w->shape[0], w->shape[1], w->shape[2], w->shape[3], dt, p))) {
+    if ((st = conv ? kk_fast_conv_pack(w->data, sh[0], sh[1], sh[2], sh[3], dt, p) : kk_fast_pack(w->data, M, K, dt, p))) {
         kb_free_aligned(p);
         return st;
     }
@@ -189,8 +173,8 @@ kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km
     snprintf(w->layout, sizeof w->layout, "rowmajor");
     if (n_params) *n_params += n;
     if (!st && cp->tp > 1 && s->split != KA_SPLIT_NONE) st = km_shard_weight(w, s->split, cp->tp, cp->tp_index, n_params);
-    if (!st && s->linear && !cp->reference) st = pack_one(w, km_spec_dtype(cp, s));
-    if (!st && s->conv && s->ndim == 4 && !cp->reference) st = pack_conv(w, s->keep_f32 ? KILN_F32 : cp->dtype);
+    if (!st && s->linear && !cp->reference) st = pack_one(w, km_spec_dtype(cp, s), 0);
+    if (!st && s->conv && s->ndim == 4 && !cp->reference) st = pack_one(w, s->keep_f32 ? KILN_F32 : cp->dtype, 1);
     set_view(w, w->packed ? w->packed_dtype : KILN_F32);
     return st;
 }
