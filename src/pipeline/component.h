@@ -12,6 +12,13 @@
  * (base NULL); its load time goes into the ledger as "load COMPONENT". */
 kiln_status kp_open_component(const char *dir, const char *component, const kiln_load_opts *base, kiln_model **out);
 
+/* Loading progress of one component: kp_component_start before it loads
+ * (base's on_component with seconds < 0; returns the start time) and
+ * kp_component_done after it loaded (the ledger's "load COMPONENT", then
+ * on_component with its origin and seconds). base may be NULL. */
+double kp_component_start(const kiln_load_opts *base, const char *component);
+void kp_component_done(const kiln_load_opts *base, const char *component, double t0, const kiln_model *m);
+
 /* ---- where a pipeline's parts are --------------------------------------------
  * A diffusers pipeline folder (dir: every component a sub-folder, aux ==
  * dir), or an all-in-one single file (file) as ComfyUI and A1111 load SD3 /

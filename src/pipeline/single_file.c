@@ -222,8 +222,7 @@ kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_l
     }
     int i = part_index(component);
     if (i < 0) return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
-    double t0 = kb_now();
-    if (base && base->on_component) base->on_component(base->component_user, component, NULL, -1);
+    double t0 = kp_component_start(base, component);
     char *json = NULL, *path = NULL;
     kiln_status st = part_config(s->file, i, s->aux, &json, &path);
     if (!st && base) {
@@ -241,9 +240,6 @@ kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_l
     free(json);
     free(path);
     if (st) return st;
-    char what[64];
-    snprintf(what, sizeof what, "load %s", component);
-    kb_ledger_add(what, kb_now() - t0, kiln_model_origin(*out));
-    if (base && base->on_component) base->on_component(base->component_user, component, kiln_model_origin(*out), kb_now() - t0);
+    kp_component_done(base, component, t0, *out);
     return KILN_OK;
 }

@@ -59,7 +59,8 @@ kiln_status kiln_generate_micro_batch(kiln_model *m, const kiln_generate_opts *o
         if (o->max_batch < N) *images = o->max_batch;
         return KILN_OK;
     }
-    if (!o->memory_budget || m->mesh) return KILN_OK; /* a mesh splits the batch its own way */
+    /* nothing to split (one image), no budget, or a mesh (it splits the batch its own way): no planning */
+    if (N == 1 || !o->memory_budget || m->mesh) return KILN_OK;
     /* the planned arena of one image's rows and of two: what an image adds,
      * and what every call holds whatever its batch */
     size_t a1 = 0, a2 = 0;
