@@ -284,6 +284,27 @@ TEST(prompts_file_edges) {
     CHECK(access(png2, F_OK) != 0);
 }
 
+/* the API's batch limits, refused before any encoding */
+TEST(pipeline_api_limits) {
+    kiln_pipeline *p = NULL;
+    CHECK_OK(kiln_pipeline_open(golden_path(CASE, NULL), NULL, &p));
+    if (!p) return;
+    static const char *prompts[513];
+    for (int k = 0; k < 513; k++) prompts[k] = "";
+    kiln_pipeline_opts o = kiln_pipeline_defaults();
+    o.prompts = prompts;
+    o.n_prompts = 513;
+    o.steps = 1;
+    float *lat = NULL;
+    int64_t sh[4];
+    CHECK_FAILS(kiln_pipeline_generate(p, &o, &lat, sh), KILN_ERR_INVALID_ARG, "513 prompts x 1 images: at most 512 images a call");
+    o.n_prompts = 1;
+    o.max_batch = -1;
+    CHECK_FAILS(kiln_pipeline_generate(p, &o, &lat, sh), KILN_ERR_INVALID_ARG, "max_batch -1");
+    CHECK(lat == NULL);
+    kiln_pipeline_free(p);
+}
+
 TEST(pipeline_errors) {
     const char *pipe = golden_path(CASE, NULL);
     char png[256];
@@ -335,6 +356,7 @@ int main(void) {
     RUN(pipeline_cache_build);
     RUN(pipeline_compile);
     RUN(pipeline_compile_command);
+    RUN(pipeline_api_limits);
     RUN(pipeline_errors);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
