@@ -78,18 +78,29 @@ static int bind(void *user, const char *name, kx_bound *b) {
     return 1;
 }
 
+/* the layout the graph's ops run in (KG_NCHW, KG_NHWC: x and the output
+ * stay [B,C,H,W], turned channels last and back with patchify, reshape and
+ * unpatchify as the VAE does) */
+static int g_layout;
+
 static kiln_status build(void *user, const int64_t *s, kg_graph *g) {
     (void)user;
-    int64_t h = s[0];
+    int64_t h = s[0], L = g_layout;
     kg_init(g, resolve, NULL);
     kg_id in[N_IN];
     in[IN_X] = kg_input(g, "x", 4, (int64_t[]){B, C, h, W});
     for (int k = 1; k < N_IN; k++) in[k] = kg_weight(g, k_names[k]);
-    kg_id a = kg_group_norm(g, in[IN_X], in[IN_GW], in[IN_GB], 4, 1e-6f, 1);
-    kg_id c1 = kg_conv2d(g, a, in[IN_W3], in[IN_B3], 1, 1, 1);
-    kg_id c2 = kg_conv2d(g, kg_upsample_nearest(g, c1, 2), in[IN_W1], in[IN_B1], 1, 0, 0);
-    kg_id c3 = kg_conv2d(g, c2, in[IN_WS], -1, 2, 0, 1);
-    kg_mark_output(g, kg_group_norm(g, c3, -1, -1, 2, 1e-5f, 0));
+    kg_id x = L == KG_NHWC ? kg_reshape(g, kg_patchify(g, in[IN_X], 1), 4, (int64_t[]){B, h, W, C}) : in[IN_X];
+    kg_id a = kg_group_norm(g, x, in[IN_GW], in[IN_GB], 4, 1e-6f, 1, L);
+    kg_id c1 = kg_conv2d(g, a, in[IN_W3], in[IN_B3], 1, 1, 1, L);
+    kg_id c2 = kg_conv2d(g, kg_upsample_nearest(g, c1, 2, L), in[IN_W1], in[IN_B1], 1, 0, 0, L);
+    kg_id c3 = kg_conv2d(g, c2, in[IN_WS], -1, 2, 0, 1, L);
+    kg_id y = kg_group_norm(g, c3, -1, -1, 2, 1e-5f, 0, L);
+    if (L == KG_NHWC && !g->status) {
+        const int64_t *ys = g->nodes[y].shape; /* [B, Ho, Wo, C3] */
+        y = kg_unpatchify(g, kg_reshape(g, y, 3, (int64_t[]){B, ys[1] * ys[2], C3}), 1, ys[1], ys[2], C3);
+    }
+    kg_mark_output(g, y);
     return g->status;
 }
 
@@ -165,12 +176,15 @@ static double rel_err_d(const float *got, const double *want, size_t n) {
     return sqrt(e / (r > 0 ? r : 1));
 }
 
-TEST(vae_ops_match_loops_on_every_path) {
+/* the graph in g_layout through every path; ref_out[k] (NULL: not kept)
+ * gets the reference backend's eager output of size k */
+static void every_path(float **ref_out) {
     const int64_t sizes[] = {3, 6, 11};
     char dir[256];
-    test_tmpdir(dir, sizeof dir, "vae-ops");
+    test_tmpdir(dir, sizeof dir, g_layout == KG_NHWC ? "vae-ops-nhwc" : "vae-ops");
     kx_compile_req req = {.build = build, .weight = bind, .nsym = 1, .regional = 1, .root = dir,
-                          .family = "vae-ops-test", .dtype = "f32", .quant = "none"};
+                          .family = g_layout == KG_NHWC ? "vae-ops-test-nhwc" : "vae-ops-test", .dtype = "f32",
+                          .quant = "none"};
     req.sym[0] = (kx_sym){"h", 2, 12};
     kx_compile_info info;
     for (int i = 1; i < N_IN; i++) { /* the weights, the same for every size */
@@ -198,7 +212,8 @@ TEST(vae_ops_match_loops_on_every_path) {
             CHECK(kg_numel(&g.nodes[g.outputs[0]]) == (int64_t)n);
             CHECK_OK(kg_run_eager(&g, bes[bi], (const float *const *)in, &out[bi]));
             double e = rel_err_d(out[bi], want, n);
-            fprintf(stderr, "  h %lld, %s: relative L2 error %.3g\n", (long long)h, bes[bi]->name, e);
+            fprintf(stderr, "  %s, h %lld, %s: relative L2 error %.3g\n", g_layout == KG_NHWC ? "nhwc" : "nchw",
+                    (long long)h, bes[bi]->name, e);
             CHECK_MSG(e < 1e-5, "h %lld, %s backend: error %.3g", (long long)h, bes[bi]->name, e);
             kg_free(&g);
         }
@@ -221,6 +236,7 @@ TEST(vae_ops_match_loops_on_every_path) {
         kb_free_aligned(arena);
         kx_plan_free(&plan);
         kg_free(&g);
+        if (ref_out) ref_out[k] = out[0], out[0] = NULL;
         for (int p = 0; p < 4; p++) free(out[p]);
         free(in[IN_X]);
         free(want);
@@ -228,6 +244,39 @@ TEST(vae_ops_match_loops_on_every_path) {
     for (int i = 1; i < N_IN; i++) free(g_in[i]);
     kx_package_close(pkg);
     test_rmrf(dir);
+}
+
+/* both layouts on every path; the reference kernels sum in the same order
+ * in both, so their outputs are the same bits */
+TEST(vae_ops_match_loops_on_every_path) {
+    float *nchw[3] = {NULL}, *nhwc[3] = {NULL};
+    g_layout = KG_NCHW;
+    every_path(nchw);
+    g_layout = KG_NHWC;
+    every_path(nhwc);
+    g_layout = KG_NCHW;
+    const int64_t sizes[] = {3, 6, 11};
+    for (int k = 0; k < 3; k++) {
+        kg_graph g;
+        CHECK_OK(build(NULL, &sizes[k], &g));
+        size_t n = (size_t)kg_numel(&g.nodes[g.outputs[0]]);
+        kg_free(&g);
+        CHECK_MSG(nchw[k] && nhwc[k] && !memcmp(nchw[k], nhwc[k], sizeof(float) * n),
+                  "h %lld: the reference's channels-last result differs from its channels-first one", (long long)sizes[k]);
+        free(nchw[k]), free(nhwc[k]);
+    }
+}
+
+/* x [B,C,S] -> [B,S,C] (channels last) or back (last set), a new buffer */
+static float *transpose_c(const float *x, int64_t B_, int64_t C_, int64_t S, int last) {
+    float *y = malloc(sizeof(float) * (size_t)(B_ * C_ * S) + 1);
+    for (int64_t b = 0; b < B_; b++)
+        for (int64_t c = 0; c < C_; c++)
+            for (int64_t i = 0; i < S; i++) {
+                int64_t f = (b * C_ + c) * S + i, l = (b * S + i) * C_ + c;
+                y[last ? l : f] = x[last ? f : l];
+            }
+    return y;
 }
 
 /* the fast backend's convolution against the reference kernel: the VAE's
@@ -250,7 +299,7 @@ TEST(fast_conv_matches_reference) {
     };
     for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
         kk_conv p = {geo[i].B, geo[i].Cin, geo[i].H, geo[i].W, geo[i].Cout, geo[i].k, geo[i].k, 0, 0,
-                     geo[i].stride, geo[i].lo, geo[i].hi};
+                     geo[i].stride, geo[i].lo, geo[i].hi, 0};
         p.Ho = (p.H + p.pad_lo + p.pad_hi - p.kh) / p.stride + 1;
         p.Wo = (p.W + p.pad_lo + p.pad_hi - p.kw) / p.stride + 1;
         size_t nx = (size_t)(p.B * p.Cin * p.H * p.W), nw = (size_t)(p.Cout * p.Cin * p.kh * p.kw),
@@ -284,6 +333,28 @@ TEST(fast_conv_matches_reference) {
                 (long long)p.B, (long long)p.Cin, (long long)p.H, (long long)p.W, (long long)p.kh, (long long)p.kw,
                 (long long)p.stride, (long long)p.pad_lo, (long long)p.pad_hi, (long long)p.Ho, (long long)p.Wo, e);
         CHECK_MSG(e < 1e-5, "geometry %zu: fast conv error %.3g", i, e);
+        {   /* channels last: the reference's bits are the channels-first ones; fast within 1e-5, bf16 1e-2 */
+            kk_conv pl = p;
+            pl.nhwc = 1;
+            float *xl = transpose_c(x, p.B, p.Cin, p.H * p.W, 1), *yl = malloc(sizeof(float) * ny);
+            kk_reference()->conv2d(xl, &wv, geo[i].bias ? b : NULL, yl, &pl);
+            float *yb = transpose_c(yl, p.B, p.Cout, p.Ho * p.Wo, 0);
+            CHECK_MSG(!memcmp(yb, y0, sizeof(float) * ny), "geometry %zu: the reference's channels-last conv differs", i);
+            free(yb);
+            for (int dt = 0; dt < 2; dt++) {
+                const kk_backend *be = dt ? kk_fast(KILN_BF16) : fast;
+                if (!be) continue;
+                be->conv2d(xl, &wv, geo[i].bias ? b : NULL, yl, &pl);
+                CHECK_OK(kb_deferred_since(mark));
+                yb = transpose_c(yl, p.B, p.Cout, p.Ho * p.Wo, 0);
+                double el = rel_l2(yb, y0, ny);
+                fprintf(stderr, "    channels last, %s: %.3g\n", dt ? "bf16" : "f32", el);
+                CHECK_MSG(dt ? el < 1e-2 : el < 1e-5, "geometry %zu: channels-last %s conv error %.3g", i,
+                          dt ? "bf16" : "f32", el);
+                free(yb);
+            }
+            free(xl), free(yl);
+        }
         const kk_backend *f16 = kk_fast(KILN_BF16); /* bf16 inputs and weights, f32 sums: within bf16 rounding */
         if (f16) {
             f16->conv2d(x, &wv, geo[i].bias ? b : NULL, y1, &p);
@@ -317,43 +388,43 @@ TEST(vae_ops_refuse_bad_shapes) {
     kg_graph g;
     kg_init(&g, NULL, NULL);
     kg_id x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5}), w = kg_input(&g, "w", 4, (int64_t[]){4, 6, 3, 3});
-    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1) < 0);
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1, KG_NCHW) < 0);
     CHECK(strstr(kiln_last_error(), "input [1, 8, 5, 5] and weight [4, 6, 3, 3] are not [B, Cin, H, W] and [Cout, Cin, kh, kw]"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 2, 5});
     w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
-    CHECK(kg_conv2d(&g, x, w, -1, 1, 0, 0) < 0 && strstr(kiln_last_error(), "is smaller than the kernel"));
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 0, 0, KG_NCHW) < 0 && strstr(kiln_last_error(), "is smaller than the kernel"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
     w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
     kg_id b = kg_input(&g, "b", 1, (int64_t[]){5});
-    CHECK(kg_conv2d(&g, x, w, b, 1, 1, 1) < 0 && strstr(kiln_last_error(), "the bias must be [4]"));
+    CHECK(kg_conv2d(&g, x, w, b, 1, 1, 1, KG_NCHW) < 0 && strstr(kiln_last_error(), "the bias must be [4]"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
     w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
-    CHECK(kg_conv2d(&g, x, w, -1, 0, 1, 1) < 0 && strstr(kiln_last_error(), "stride 0 must be positive"));
+    CHECK(kg_conv2d(&g, x, w, -1, 0, 1, 1, KG_NCHW) < 0 && strstr(kiln_last_error(), "stride 0 must be positive"));
     kg_free(&g);
     kg_init(&g, NULL, NULL); /* shapes right, but the weight is an input: no kernel view to read */
     x = kg_input(&g, "x", 4, (int64_t[]){1, 8, 5, 5});
     w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
-    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1) < 0 && strstr(kiln_last_error(), "has no kernel view"));
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1, KG_NCHW) < 0 && strstr(kiln_last_error(), "has no kernel view"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 4, (int64_t[]){1, 12, 5, 5});
-    CHECK(kg_group_norm(&g, x, -1, -1, 8, 1e-6f, 0) < 0 &&
+    CHECK(kg_group_norm(&g, x, -1, -1, 8, 1e-6f, 0, KG_NCHW) < 0 &&
           strstr(kiln_last_error(), "input [1, 12, 5, 5] is not [B, C, ...] with C a multiple of 8 groups"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 4, (int64_t[]){1, 12, 5, 5});
     w = kg_input(&g, "w", 1, (int64_t[]){8});
-    CHECK(kg_group_norm(&g, x, w, -1, 4, 1e-6f, 0) < 0 && strstr(kiln_last_error(), "weight and bias must be [12]"));
+    CHECK(kg_group_norm(&g, x, w, -1, 4, 1e-6f, 0, KG_NCHW) < 0 && strstr(kiln_last_error(), "weight and bias must be [12]"));
     kg_free(&g);
     kg_init(&g, NULL, NULL);
     x = kg_input(&g, "x", 3, (int64_t[]){1, 12, 5});
-    CHECK(kg_upsample_nearest(&g, x, 2) < 0 && strstr(kiln_last_error(), "input [1, 12, 5] is not [B, C, H, W]"));
+    CHECK(kg_upsample_nearest(&g, x, 2, KG_NCHW) < 0 && strstr(kiln_last_error(), "input [1, 12, 5] is not [B, C, H, W]"));
     kg_free(&g);
 }
 
@@ -394,7 +465,8 @@ TEST(fast_group_norm_matches_reference) {
     struct {
         int64_t B, C, S, G;
         int silu, affine;
-    } geo[] = {{1, 64, 33 * 17, 32, 1, 1}, {2, 12, 5, 3, 0, 1}, {1, 32, 4096, 8, 1, 0}, {2, 16, 7, 16, 0, 0}};
+    } geo[] = {{1, 64, 33 * 17, 32, 1, 1}, {2, 12, 5, 3, 0, 1}, {1, 32, 4096, 8, 1, 0}, {2, 16, 7, 16, 0, 0},
+               {2, 128, 40 * 37, 32, 1, 1}}; /* (the last: channels last in several chunks and threads) */
     for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
         size_t n = (size_t)(geo[i].B * geo[i].C * geo[i].S);
         float *x = malloc(sizeof(float) * n), *y0 = malloc(sizeof(float) * n), *y1 = malloc(sizeof(float) * n);
@@ -404,13 +476,26 @@ TEST(fast_group_norm_matches_reference) {
         kiln_noise(500 + i, w, (size_t)geo[i].C);
         kiln_noise(600 + i, b, (size_t)geo[i].C);
         const float *wp = geo[i].affine ? w : NULL, *bp = geo[i].affine ? b : NULL;
-        kk_group_norm(x, wp, bp, y0, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu);
-        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu);
+        kk_group_norm(x, wp, bp, y0, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0);
+        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0);
         double e = rel_l2(y1, y0, n);
         fprintf(stderr, "  group norm [%lld,%lld,%lld] / %lld groups%s%s: fast vs reference %.3g\n", (long long)geo[i].B,
                 (long long)geo[i].C, (long long)geo[i].S, (long long)geo[i].G, geo[i].silu ? ", silu" : "",
                 geo[i].affine ? ", affine" : "", e);
         CHECK_MSG(e < 1e-6, "geometry %zu: fast group norm error %.3g", i, e);
+        /* channels last: the reference's bits are the channels-first ones; the fast form within 1e-6 */
+        int64_t Bg = geo[i].B, Cg = geo[i].C, Sg = geo[i].S;
+        float *xl = transpose_c(x, Bg, Cg, Sg, 1), *yl = malloc(sizeof(float) * n);
+        kk_group_norm(xl, wp, bp, yl, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1);
+        float *yb = transpose_c(yl, Bg, Cg, Sg, 0);
+        CHECK_MSG(!memcmp(yb, y0, sizeof(float) * n), "geometry %zu: the reference's channels-last norm differs", i);
+        free(yb);
+        fast->group_norm(xl, wp, bp, yl, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1);
+        yb = transpose_c(yl, Bg, Cg, Sg, 0);
+        double el = rel_l2(yb, y0, n);
+        fprintf(stderr, "    channels last: fast vs reference %.3g\n", el);
+        CHECK_MSG(el < 1e-6, "geometry %zu: fast channels-last group norm error %.3g", i, el);
+        free(xl), free(yl), free(yb);
         free(x), free(y0), free(y1), free(w), free(b);
     }
 }

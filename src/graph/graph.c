@@ -754,20 +754,21 @@ size_t kg_out_bytes(const kg_node *n) {
 
 /* ---- the VAE's ops ------------------------------------------------------------ */
 
-kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi) {
+kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi, int layout) {
     if (!ok(g, x, w, b) || w < 0) return -1;
     const kg_node *X = node(g, x), *Wn = node(g, w);
     char xs[64], ws[64];
     kg_shape_str(X, xs, sizeof xs);
     kg_shape_str(Wn, ws, sizeof ws);
     const char *name = Wn->name ? Wn->name : "(an input)";
-    if (X->ndim != 4 || Wn->ndim != 4 || Wn->shape[1] != X->shape[1])
-        return fail(g, KILN_ERR_SHAPE, "conv2d %s: input %s and weight %s are not [B, Cin, H, W] and [Cout, Cin, kh, kw]",
-                    name, xs, ws);
+    int nhwc = layout == KG_NHWC, cd = nhwc ? 3 : 1, hd = nhwc ? 1 : 2; /* the channel and height dims */
+    if (X->ndim != 4 || Wn->ndim != 4 || Wn->shape[1] != X->shape[cd] || (layout != KG_NCHW && !nhwc))
+        return fail(g, KILN_ERR_SHAPE, "conv2d %s: input %s and weight %s are not %s and [Cout, Cin, kh, kw]", name, xs, ws,
+                    nhwc ? "[B, H, W, Cin]" : "[B, Cin, H, W]");
     if (stride < 1 || pad_lo < 0 || pad_hi < 0 || Wn->shape[2] < 1 || Wn->shape[3] < 1)
         return fail(g, KILN_ERR_SHAPE, "conv2d %s: stride %d must be positive, padding %d, %d not negative", name,
                     stride, pad_lo, pad_hi);
-    int64_t Hp = X->shape[2] + pad_lo + pad_hi, Wp = X->shape[3] + pad_lo + pad_hi;
+    int64_t Hp = X->shape[hd] + pad_lo + pad_hi, Wp = X->shape[hd + 1] + pad_lo + pad_hi;
     if (Hp < Wn->shape[2] || Wp < Wn->shape[3])
         return fail(g, KILN_ERR_SHAPE, "conv2d %s: input %s padded by %d, %d is smaller than the kernel %s", name, xs,
                     pad_lo, pad_hi, ws);
@@ -777,46 +778,58 @@ kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, 
     if (!Wn->kw || Wn->kw->M != Wn->shape[0] || Wn->kw->K != Wn->shape[1] * Wn->shape[2] * Wn->shape[3])
         return fail(g, KILN_ERR_SHAPE, "conv2d %s: the weight %s has no kernel view (a model weight [Cout, Cin, kh, kw] is needed)",
                     name, ws);
-    int64_t shape[4] = {X->shape[0], Wn->shape[0], (Hp - Wn->shape[2]) / stride + 1, (Wp - Wn->shape[3]) / stride + 1};
+    int64_t Ho = (Hp - Wn->shape[2]) / stride + 1, Wo = (Wp - Wn->shape[3]) / stride + 1;
+    int64_t shape[4] = {X->shape[0], Wn->shape[0], Ho, Wo};
+    if (nhwc) shape[1] = Ho, shape[2] = Wo, shape[3] = Wn->shape[0];
     kg_id id = push(g, KG_CONV2D, 4, shape, x, w, b);
     if (id >= 0) {
         g->nodes[id].iparam[0] = stride;
         g->nodes[id].iparam[1] = pad_lo;
         g->nodes[id].iparam[2] = pad_hi;
+        g->nodes[id].iparam[3] = nhwc;
     }
     return id;
 }
 
-kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu) {
+kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu, int layout) {
     if (!ok(g, x, w, b)) return -1;
     const kg_node *X = node(g, x);
     char xs[64];
     kg_shape_str(X, xs, sizeof xs);
-    if (X->ndim < 2 || groups < 1 || X->shape[1] % groups)
-        return fail(g, KILN_ERR_SHAPE, "group_norm: input %s is not [B, C, ...] with C a multiple of %d groups", xs,
-                    groups);
-    int64_t C = X->shape[1];
+    int nhwc = layout == KG_NHWC, cd = nhwc ? X->ndim - 1 : 1;
+    if (X->ndim < 2 || groups < 1 || X->shape[cd] % groups || (layout != KG_NCHW && !nhwc))
+        return fail(g, KILN_ERR_SHAPE, "group_norm: input %s is not %s with C a multiple of %d groups", xs,
+                    nhwc ? "[B, ..., C]" : "[B, C, ...]", groups);
+    int64_t C = X->shape[cd];
     if (!is_row_vec(g, w, C) || !is_row_vec(g, b, C))
         return fail(g, KILN_ERR_SHAPE, "group_norm: weight and bias must be [%lld], the input's channels", (long long)C);
     kg_id id = push(g, KG_GROUP_NORM, X->ndim, X->shape, x, w, b);
     if (id >= 0) {
         g->nodes[id].iparam[0] = groups;
         g->nodes[id].iparam[1] = silu != 0;
+        g->nodes[id].iparam[2] = nhwc;
         g->nodes[id].fparam = eps;
     }
     return id;
 }
 
-kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f) {
+kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f, int layout) {
     if (!ok(g, x, -1, -1)) return -1;
     const kg_node *X = node(g, x);
     char xs[64];
     kg_shape_str(X, xs, sizeof xs);
-    if (X->ndim != 4 || f < 1)
-        return fail(g, KILN_ERR_SHAPE, "upsample_nearest: input %s is not [B, C, H, W] or factor %d is not positive", xs, f);
-    int64_t shape[4] = {X->shape[0], X->shape[1], X->shape[2] * f, X->shape[3] * f};
+    int nhwc = layout == KG_NHWC, hd = nhwc ? 1 : 2;
+    if (X->ndim != 4 || f < 1 || (layout != KG_NCHW && !nhwc))
+        return fail(g, KILN_ERR_SHAPE, "upsample_nearest: input %s is not %s or factor %d is not positive", xs,
+                    nhwc ? "[B, H, W, C]" : "[B, C, H, W]", f);
+    int64_t shape[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
+    shape[hd] *= f;
+    shape[hd + 1] *= f;
     kg_id id = push(g, KG_UPSAMPLE, 4, shape, x, -1, -1);
-    if (id >= 0) g->nodes[id].iparam[0] = f;
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = f;
+        g->nodes[id].iparam[1] = nhwc;
+    }
     return id;
 }
 
@@ -865,3 +878,18 @@ kg_id kg_rel_pos_bias(kg_graph *g, kg_id table, int64_t nq, int64_t nk, int64_t 
 }
 
 kg_id kg_relu(kg_graph *g, kg_id x) { return unary(g, KG_RELU, x); }
+
+kg_id kg_reshape(kg_graph *g, kg_id x, int ndim, const int64_t *shape) {
+    if (!ok(g, x, -1, -1)) return -1;
+    const kg_node *X = node(g, x);
+    int64_t n = 1, m = 1;
+    for (int d = 0; d < X->ndim; d++) n *= X->shape[d];
+    for (int d = 0; d >= 0 && d < ndim && ndim <= 4; d++) m = shape[d] < 0 ? -1 : m * shape[d];
+    if (ndim < 1 || ndim > 4 || m != n) {
+        char xs[64];
+        kg_shape_str(X, xs, sizeof xs);
+        return fail(g, KILN_ERR_SHAPE, "reshape: input %s into %d dims of another count (%lld values, not %lld)", xs, ndim,
+                    (long long)m, (long long)n);
+    }
+    return push(g, KG_RESHAPE, ndim, shape, x, -1, -1);
+}

@@ -213,15 +213,19 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
                          float *const *outputs);
 
 /* ---- the VAE's ops ------------------------------------------------------ */
+/* The layout of an image-shaped activation: channels first [B,C,H,W] or
+ * channels last [B,H,W,C] (the convolutions' own, the VAE's) */
+enum { KG_NCHW = 0, KG_NHWC = 1 };
 /* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] + b [Cout] (-1: none) -> [B,Cout,Ho,Wo]
  * with Ho = (H + pad_lo + pad_hi - kh) / stride + 1: pad_lo rows / columns
- * of zeros before (top, left), pad_hi after (bottom, right) */
-kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi);
-/* group norm of x [B,C,...] over groups of C/groups channels, * w [C] + b [C]
- * (each optional, -1), SiLU after when silu is set */
-kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu);
-/* x [B,C,H,W] -> [B,C,f*H,f*W], nearest */
-kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f);
+ * of zeros before (top, left), pad_hi after (bottom, right); layout KG_NHWC:
+ * x [B,H,W,Cin] -> [B,Ho,Wo,Cout] (w the same) */
+kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi, int layout);
+/* group norm of x [B,C,...] (KG_NHWC: [B,...,C]) over groups of C/groups
+ * channels, * w [C] + b [C] (each optional, -1), SiLU after when silu is set */
+kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu, int layout);
+/* x [B,C,H,W] -> [B,C,f*H,f*W] (KG_NHWC: [B,H,W,C] -> [B,f*H,f*W,C]), nearest */
+kg_id kg_upsample_nearest(kg_graph *g, kg_id x, int f, int layout);
 /* exp(0.5 * clamp(x, -30, 20)) elementwise (a log-variance's std) */
 kg_id kg_logvar_std(kg_graph *g, kg_id x);
 /* x [B,T,D] at one token per batch entry chosen by ids [B,T] -> [B,D]:
@@ -232,5 +236,7 @@ kg_id kg_select_token(kg_graph *g, kg_id x, kg_id ids, int64_t eos);
  * (ops.def REL_POS_BIAS; transformers' T5Attention.compute_bias) */
 kg_id kg_rel_pos_bias(kg_graph *g, kg_id table, int64_t nq, int64_t nk, int64_t max_distance, int bidirectional);
 kg_id kg_relu(kg_graph *g, kg_id x);
+/* x under another shape [ndim] of the same count, the values in their order (a copy) */
+kg_id kg_reshape(kg_graph *g, kg_id x, int ndim, const int64_t *shape);
 
 #endif

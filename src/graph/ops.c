@@ -210,25 +210,31 @@ static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
 
 /* ---- the VAE's ops ---------------------------------------------------------- */
 
-/* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] (+ b) -> [B,Cout,Ho,Wo]; a backend
- * without a conv of its own runs the reference's */
+/* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] (+ b) -> [B,Cout,Ho,Wo] (ip[3]: both
+ * channels last); a backend without a conv of its own runs the reference's */
 static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
-    kk_conv p = {c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
-                 c->ip[0], c->ip[1], c->ip[2]};
+    const int64_t *xs = c->sh[0];
+    kk_conv p = c->ip[3] ? (kk_conv){xs[0], xs[3], xs[1], xs[2], YS[3], c->sh[1][2], c->sh[1][3], YS[1], YS[2],
+                                     c->ip[0], c->ip[1], c->ip[2], 1}
+                         : (kk_conv){xs[0], xs[1], xs[2], xs[3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
+                                     c->ip[0], c->ip[1], c->ip[2], 0};
     const kk_backend *be = x->be->conv2d ? x->be : kk_reference();
     be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), Y, &p); /* the weight: its GEMM view (ops.def) */
 }
 
-/* x [B,C,...]: every dim after the channels is one position axis */
+/* x [B,C,...] (ip[2]: [B,...,C]): every dim but the batch and the channels is one position axis */
 static void kg_run_group_norm(const kg_ctx *x, const kg_call *c) {
-    int64_t B = c->sh[0][0], C = c->sh[0][1], BC = B * C, S = numel_of(c, KG_Y) / (BC ? BC : 1);
-    if (x->be->group_norm) x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
-    else kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1]);
+    int nhwc = (int)c->ip[2];
+    int64_t B = c->sh[0][0], C = nhwc ? last_dim(c, 0) : c->sh[0][1], BC = B * C, S = numel_of(c, KG_Y) / (BC ? BC : 1);
+    if (x->be->group_norm) x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc);
+    else kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc);
 }
 
 static void kg_run_upsample(const kg_ctx *x, const kg_call *c) {
     (void)x;
-    kk_upsample_nearest(F(0), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], c->ip[0]);
+    const int64_t *s = c->sh[0];
+    if (c->ip[1]) kk_upsample_nearest(F(0), Y, s[0], s[3], s[1], s[2], c->ip[0], 1);
+    else kk_upsample_nearest(F(0), Y, s[0], s[1], s[2], s[3], c->ip[0], 0);
 }
 
 static void kg_run_logvar_std(const kg_ctx *x, const kg_call *c) {
@@ -253,6 +259,11 @@ static void kg_run_rel_pos_bias(const kg_ctx *x, const kg_call *c) {
 static void kg_run_relu(const kg_ctx *x, const kg_call *c) {
     (void)x;
     kk_unary(KK_UN_RELU, F(0), Y, numel_of(c, KG_Y));
+}
+
+static void kg_run_reshape(const kg_ctx *x, const kg_call *c) {
+    (void)x;
+    memcpy(Y, F(0), sizeof(float) * (size_t)numel_of(c, KG_Y));
 }
 
 const kg_op_info kg_ops[KG_OP_COUNT] = {

@@ -84,10 +84,12 @@ void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_
 /* A 2-D convolution's geometry (the conv2d slot, kg_conv2d): x [B,Cin,H,W],
  * w [Cout,Cin,kh,kw], y [B,Cout,Ho,Wo]; pad_lo rows / columns of zeros
  * before (top, left), pad_hi after (bottom, right):
- * Ho = (H + pad_lo + pad_hi - kh) / stride + 1, Wo alike. */
+ * Ho = (H + pad_lo + pad_hi - kh) / stride + 1, Wo alike. nhwc: x is
+ * [B,H,W,Cin] and y [B,Ho,Wo,Cout] instead (channels last; w unchanged). */
 typedef struct kk_conv {
     int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
     int64_t stride, pad_lo, pad_hi;
+    int64_t nhwc;
 } kk_conv;
 
 typedef struct kk_backend {
@@ -178,10 +180,10 @@ typedef struct kk_backend {
      * either; the reference needs f32). Optional: NULL runs the reference's. */
     void (*conv2d)(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p);
     /* Optional (NULL: kk_group_norm, the double-precision form): the group
-     * norm of x [B,C,S] over G groups, * w + b, SiLU when silu, as
-     * kk_group_norm computes it */
+     * norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b, SiLU when
+     * silu, as kk_group_norm computes it */
     void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                       int64_t G, float eps, int silu);
+                       int64_t G, float eps, int silu, int nhwc);
     /* Optional (NULL: kk_attention_general, the double-precision form):
      * attention with a scale, an additive bias and a causal mask, exactly
      * kk_attention_general's contract (the text encoders' attention_ex) */
@@ -253,11 +255,14 @@ void kk_attention_joint_concat(const kk_backend *be, const float *qa, const floa
 /* y [B,C,S] = group norm of x [B,C,S] (S: every position) over G groups of
  * C/G channels, * w [C] + b [C] (either may be NULL), then SiLU when silu:
  * mean and variance summed in double per (batch entry, group), the
- * normalised value formed in double and rounded once */
+ * normalised value formed in double and rounded once. nhwc: x and y are
+ * [B,S,C] (channels last), summed in the same order, so both layouts give
+ * the same bits. */
 void kk_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                   int64_t G, float eps, int silu);
-/* x [B,C,H,W] -> y [B,C,f*H,f*W], nearest (each value repeated f x f) */
-void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f);
+                   int64_t G, float eps, int silu, int nhwc);
+/* x [B,C,H,W] -> y [B,C,f*H,f*W], nearest (each value repeated f x f);
+ * nhwc: [B,H,W,C] -> [B,f*H,f*W,C] */
+void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f, int nhwc);
 
 /* y [n] = exp(0.5 * clamp(x, -30, 20)) (in double, rounded once) */
 void kk_logvar_std(const float *x, float *y, int64_t n);

@@ -296,42 +296,58 @@ void kk_gather_rows(const float *table, int64_t V, int64_t D, const float *ids, 
 /* ---- the VAE's general kernels ---------------------------------------------- */
 
 void kk_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                   int64_t G, float eps, int silu) {
+                   int64_t G, float eps, int silu, int nhwc) {
     int64_t cg = C / G, n = cg * S; /* channels per group, values per group */
     double *stat = malloc(sizeof(double) * 2 * (size_t)(B * G) + 1); /* mean, 1/sqrt(var + eps) per (b, g) */
     if (!stat) {
         kb_defer_failure(KILN_ERR_NOMEM, "group_norm: out of memory");
         return;
     }
+    /* value (b, c, s) of either layout */
+#define GN_AT(p, bb, c, s) (p)[nhwc ? ((bb) * S + (s)) * C + (c) : ((bb) * C + (c)) * S + (s)]
     /* two passes over each group (mean, then the centred sum of squares), in
      * double: what diffusers' float64 reference computes, without the
-     * cancellation of a one-pass E[x^2] - E[x]^2 */
+     * cancellation of a one-pass E[x^2] - E[x]^2; channel by channel, each
+     * over every position, in both layouts (the same sums) */
 #pragma omp parallel for schedule(static) if (B * C * S > 2 * PIECE)
     for (int64_t bg = 0; bg < B * G; bg++) {
-        const float *xg = x + bg * n;
+        int64_t bb = bg / G, c0 = bg % G * cg;
         double mean = 0, var = 0;
-        for (int64_t i = 0; i < n; i++) mean += xg[i];
+        for (int64_t c = c0; c < c0 + cg; c++)
+            for (int64_t i = 0; i < S; i++) mean += GN_AT(x, bb, c, i);
         mean /= (double)(n ? n : 1);
-        for (int64_t i = 0; i < n; i++) var += (xg[i] - mean) * (xg[i] - mean);
+        for (int64_t c = c0; c < c0 + cg; c++)
+            for (int64_t i = 0; i < S; i++) var += (GN_AT(x, bb, c, i) - mean) * (GN_AT(x, bb, c, i) - mean);
         var /= (double)(n ? n : 1);
         stat[2 * bg] = mean;
         stat[2 * bg + 1] = 1.0 / sqrt(var + (double)eps);
     }
 #pragma omp parallel for schedule(static) if (B * C * S > 2 * PIECE)
     for (int64_t bc = 0; bc < B * C; bc++) {
-        int64_t c = bc % C, bg = bc / C * G + c / cg;
+        int64_t c = bc % C, bb = bc / C, bg = bb * G + c / cg;
         double mean = stat[2 * bg], inv = stat[2 * bg + 1], wc = w ? w[c] : 1.0, bias = b ? b[c] : 0.0;
-        const float *xr = x + bc * S;
-        float *yr = y + bc * S;
         for (int64_t i = 0; i < S; i++) {
-            double v = (xr[i] - mean) * inv * wc + bias;
-            yr[i] = (float)(silu ? v / (1.0 + exp(-v)) : v);
+            double v = (GN_AT(x, bb, c, i) - mean) * inv * wc + bias;
+            GN_AT(y, bb, c, i) = (float)(silu ? v / (1.0 + exp(-v)) : v);
         }
     }
+#undef GN_AT
     free(stat);
 }
 
-void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f) {
+void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f, int nhwc) {
+    if (nhwc) { /* each position's C channels copied f x f times */
+#pragma omp parallel for collapse(2) schedule(static) if (B * C * H * W * f * f > 2 * PIECE)
+        for (int64_t bb = 0; bb < B; bb++)
+            for (int64_t r = 0; r < H; r++) {
+                const float *xr = x + (bb * H + r) * W * C;
+                float *y0 = y + (bb * H * f + r * f) * W * f * C;
+                for (int64_t c = 0; c < W; c++)
+                    for (int64_t k = 0; k < f; k++) memcpy(y0 + (c * f + k) * C, xr + c * C, sizeof(float) * (size_t)C);
+                for (int64_t k = 1; k < f; k++) memcpy(y0 + k * W * f * C, y0, sizeof(float) * (size_t)(W * f * C));
+            }
+        return;
+    }
 #pragma omp parallel for collapse(2) schedule(static) if (B * C * H * W * f * f > 2 * PIECE)
     for (int64_t bc = 0; bc < B * C; bc++)
         for (int64_t r = 0; r < H; r++) {

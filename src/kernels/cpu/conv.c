@@ -104,12 +104,14 @@ static const conv_entry *get_conv(const kk_conv *p, int bf16) {
     dnnl_convolution_desc_t cd;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.xplain, 4, ds, dnnl_f32, dnnl_nchw) &&
+    /* our layout of x and y: nchw, or nhwc (channels last, the primitive's own: no reorder of y, x only rounded) */
+    dnnl_format_tag_t plain = p->nhwc ? dnnl_nhwc : dnnl_nchw;
+    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.xplain, 4, ds, dnnl_f32, plain) &&
              !dnnl_memory_desc_init_by_tag(&sany, 4, ds, dt, dnnl_format_tag_any) &&
              !dnnl_memory_desc_init_by_tag(&e.wfrom[0], 4, dw, dnnl_f32, dnnl_oihw) &&
              !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
              !dnnl_memory_desc_init_by_tag(&e.bias, 1, db, dnnl_f32, dnnl_a) &&
-             !dnnl_memory_desc_init_by_tag(&e.yplain, 4, dd, dnnl_f32, dnnl_nchw) &&
+             !dnnl_memory_desc_init_by_tag(&e.yplain, 4, dd, dnnl_f32, plain) &&
              !dnnl_memory_desc_init_by_tag(&dany, 4, dd, dnnl_f32, dnnl_format_tag_any) &&
              !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &sany, &wany,
                                                  &e.bias, &dany, st, pl, pr) &&
@@ -123,9 +125,12 @@ static const conv_entry *get_conv(const kk_conv *p, int bf16) {
         e.sp = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         const char *impl = "";
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        kb_log(KILN_LOG_DEBUG, "conv2d %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s", bf16 ? "bf16" : "f32", (long long)p->B,
+        kb_log(KILN_LOG_DEBUG, "conv2d %s %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s%s%s", bf16 ? "bf16" : "f32",
+               p->nhwc ? "nhwc" : "nchw", (long long)p->B,
                (long long)p->Cin, (long long)p->H, (long long)p->W, (long long)p->Cout, (long long)p->Cin,
-               (long long)p->kh, (long long)p->kw, (long long)p->stride, impl);
+               (long long)p->kh, (long long)p->kw, (long long)p->stride, impl,
+               dnnl_memory_desc_equal(&e.xplain, &e.src) ? "" : ", x reordered",
+               dnnl_memory_desc_equal(&e.yplain, &e.dst) ? "" : ", y reordered");
         ok = !dnnl_primitive_create(&e.prim, pd);
     }
     ok = ok && make_reorder(&e.wfrom[0], &e.wei, &e.wreorder[0]) && make_reorder(&e.xplain, &e.src, &e.xreorder) &&
@@ -308,10 +313,12 @@ kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t
     return KILN_OK;
 }
 
-/* Group norm: each group's mean and variance summed in double over eight
- * partial sums a pass (a fixed order, so the loop vectorizes without
- * reassociation), then (x - mean) * (w / sqrt(var + eps)) + b and SiLU in
- * f32 through exp_f. */
+/* Group norm: each group's mean and variance summed in double, then
+ * (x - mean) * (w / sqrt(var + eps)) + b and SiLU in f32 through exp_f.
+ * Channels first: eight partial sums a pass over each group's values (a
+ * fixed order, so the loop vectorizes without reassociation). Channels
+ * last: per-channel sums over chunks of GN_CHUNK positions, the chunks'
+ * sums added in order (the same bits whatever the thread count). */
 KK_CLONES static void gn_moments(const float *x, int64_t n, double *mean, double *var) {
     double s[8] = {0}, t = 0;
     int64_t i = 0;
@@ -340,8 +347,99 @@ KK_CLONES static void gn_apply(const float *x, float *y, int64_t n, float mean, 
         for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * a + c;
 }
 
+#define GN_CHUNK 512
+
+/* acc [C] += x [rows,C] per channel (m NULL), or (x - m [C])^2 */
+KK_CLONES static void gn_rows_sum(const float *x, int64_t rows, int64_t C, const double *m, double *acc) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        if (m)
+            for (int64_t c = 0; c < C; c++) {
+                double d = (double)xr[c] - m[c];
+                acc[c] += d * d;
+            }
+        else
+            for (int64_t c = 0; c < C; c++) acc[c] += xr[c];
+    }
+}
+
+/* y [rows,C] = (x - mean [C]) * a [C] + c [C], SiLU after when silu */
+KK_CLONES static void gn_rows_apply(const float *x, float *y, int64_t rows, int64_t C, const float *mean, const float *a,
+                                    const float *cc, int silu) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float *yr = y + r * C;
+        if (silu)
+            for (int64_t c = 0; c < C; c++) {
+                float v = (xr[c] - mean[c]) * a[c] + cc[c];
+                yr[c] = v / (1.0f + exp_f(-v));
+            }
+        else
+            for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - mean[c]) * a[c] + cc[c];
+    }
+}
+
+/* one pass of the channels-last moments of batch entry xb [S,C]: the
+ * per-channel sums (of x, or of (x - m)^2) of each chunk into part
+ * [chunks,C], then per group into out [G] (divided by the group's count) */
+static void gn_nhwc_pass(const float *xb, int64_t S, int64_t C, int64_t G, const double *m, double *part, double *out) {
+    int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
+#pragma omp parallel for schedule(static) if (C * S > (1 << 16))
+    for (int64_t k = 0; k < nch; k++) {
+        double *p = part + k * C;
+        int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
+        memset(p, 0, sizeof(double) * (size_t)C);
+        gn_rows_sum(xb + r0 * C, nr, C, m, p);
+    }
+    for (int64_t g = 0; g < G; g++) {
+        double t = 0;
+        for (int64_t k = 0; k < nch; k++)
+            for (int64_t c = g * cg; c < (g + 1) * cg; c++) t += part[k * C + c];
+        out[g] = t / (double)(cg * S > 0 ? cg * S : 1);
+    }
+}
+
+static void gn_nhwc(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
+                    int64_t G, float eps, int silu) {
+    int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
+    double *part = malloc(sizeof(double) * (size_t)(nch * C + 2 * G + C) + 1);
+    float *f = malloc(sizeof(float) * 3 * (size_t)C + 1);
+    if (!part || !f) {
+        free(part);
+        free(f);
+        kb_defer_failure(KILN_ERR_NOMEM, "group_norm: out of memory");
+        return;
+    }
+    double *mean = part + nch * C, *var = mean + G, *mc = var + G;
+    float *mf = f, *a = f + C, *cc = f + 2 * C;
+    for (int64_t bb = 0; bb < B; bb++) {
+        const float *xb = x + bb * S * C;
+        float *yb = y + bb * S * C;
+        gn_nhwc_pass(xb, S, C, G, NULL, part, mean);
+        for (int64_t c = 0; c < C; c++) mc[c] = mean[c / cg];
+        gn_nhwc_pass(xb, S, C, G, mc, part, var);
+        for (int64_t c = 0; c < C; c++) {
+            double inv = 1.0 / sqrt(var[c / cg] + (double)eps);
+            mf[c] = (float)mean[c / cg];
+            a[c] = (float)(inv * (w ? w[c] : 1.0));
+            cc[c] = b ? b[c] : 0.0f;
+        }
+#pragma omp parallel for schedule(static) if (C * S > (1 << 16))
+        for (int64_t k = 0; k < nch; k++) {
+            int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
+            gn_rows_apply(xb + r0 * C, yb + r0 * C, nr, C, mf, a, cc, silu);
+        }
+    }
+    free(part);
+    free(f);
+}
+
 void kk_fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                        int64_t G, float eps, int silu) {
+                        int64_t G, float eps, int silu, int nhwc) {
+    if (nhwc) {
+        gn_nhwc(x, w, b, y, B, C, S, G, eps, silu);
+        return;
+    }
     int64_t cg = C / G, n = cg * S;
     double *stat = malloc(sizeof(double) * 2 * (size_t)(B * G) + 1);
     if (!stat) {

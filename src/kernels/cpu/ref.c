@@ -157,34 +157,37 @@ static void ref_attention_joint(const float *qa, const float *ka, const float *v
     free(work);
 }
 
-/* y [B,Cout,Ho,Wo]: each output a double sum over Cin x kh x kw, positions
- * outside x (the padding) skipped */
+/* y [B,Cout,Ho,Wo] (nhwc: [B,Ho,Wo,Cout]): each output a double sum over
+ * Cin x kh x kw in that order whatever the layout, positions outside x (the
+ * padding) skipped */
 static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, float *y, const kk_conv *p) {
     const float *w = wt->f32;
     if (!w) { /* a packed weight: the fast backend's (conv.c unpacks for its own fallback) */
         kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: the reference kernel needs f32 weights, not a packed layout");
         return;
     }
-    const int64_t Cin = p->Cin, H = p->H, W = p->W, kh = p->kh, kw = p->kw, Ho = p->Ho, Wo = p->Wo;
+    const int64_t Cin = p->Cin, Cout = p->Cout, H = p->H, W = p->W, kh = p->kh, kw = p->kw, Ho = p->Ho, Wo = p->Wo;
+    /* strides of a channel and a position in x and y */
+    const int64_t xc = p->nhwc ? 1 : H * W, xs = p->nhwc ? Cin : 1, yc = p->nhwc ? 1 : Ho * Wo, ys = p->nhwc ? Cout : 1;
 #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t n = 0; n < p->B; n++)
-        for (int64_t co = 0; co < p->Cout; co++)
+        for (int64_t co = 0; co < Cout; co++)
             for (int64_t oy = 0; oy < Ho; oy++)
                 for (int64_t ox = 0; ox < Wo; ox++) {
                     double acc = b ? (double)b[co] : 0.0;
                     int64_t iy0 = oy * p->stride - p->pad_lo, ix0 = ox * p->stride - p->pad_lo;
                     for (int64_t ci = 0; ci < Cin; ci++) {
-                        const float *xc = x + (n * Cin + ci) * H * W, *wc = w + (co * Cin + ci) * kh * kw;
+                        const float *xn = x + n * Cin * H * W + ci * xc, *wc = w + (co * Cin + ci) * kh * kw;
                         for (int64_t ky = 0; ky < kh; ky++) {
                             int64_t iy = iy0 + ky;
                             if (iy < 0 || iy >= H) continue;
                             for (int64_t kx = 0; kx < kw; kx++) {
                                 int64_t ix = ix0 + kx;
-                                if (ix >= 0 && ix < W) acc += (double)xc[iy * W + ix] * (double)wc[ky * kw + kx];
+                                if (ix >= 0 && ix < W) acc += (double)xn[(iy * W + ix) * xs] * (double)wc[ky * kw + kx];
                             }
                         }
                     }
-                    y[((n * p->Cout + co) * Ho + oy) * Wo + ox] = (float)acc;
+                    y[n * Cout * Ho * Wo + co * yc + (oy * Wo + ox) * ys] = (float)acc;
                 }
 }
 
