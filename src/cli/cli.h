@@ -96,23 +96,6 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
  * or sd3-medium.safetensors), so two folders of one name never collide. */
 void cli_model_name(const char *path, char *buf, size_t cap);
 
-/* One request of --prompts-file: a line of text is a prompt; a line that
- * starts with { is a JSON object with "prompt" and any of
- * "negative_prompt", "seed", "steps", "guidance", "width", "height",
- * "images_per_prompt" for that prompt alone (unknown keys are an error).
- * Unset: seed -1, the numbers 0, has_guidance 0 (the run's options). */
-typedef struct cli_prompt {
-    char *prompt, *negative;
-    int64_t seed;
-    int steps, width, height, images;
-    double guidance;
-    int has_guidance;
-    int line;
-} cli_prompt;
-/* 0 with *out (cli_prompts_free) and *n >= 1, or a message printed and 1 */
-int cli_prompts_read(const char *cmd, const char *path, cli_prompt **out, int *n);
-void cli_prompts_free(cli_prompt *p, int n);
-
 /* A named f32 copy of a tensor in f with ndim dims; NULL and a message
  * naming file and tensor otherwise (a NaN or Inf in it too: the message
  * gives the first one's index). shape gets its dims. */

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "format/png.h"
 #include "model/model.h"
+#include "pipeline/prompts.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@
 
 /* one image's request: its prompt, negative prompt and seed */
 typedef struct {
-    const cli_prompt *req;
+    const kp_prompt *req;
     uint64_t seed;
     int index; /* in the run: the output file's number */
 } image_job;
@@ -132,7 +133,7 @@ static kiln_status write_images(kiln_pipeline *p, const pipe_args *pa, const ima
     kiln_vae_plan plan; /* kiln_vae_decode puts its time in the ledger ("vae decode") */
     s = kiln_vae_decode_rgb(vae, lat, sh, &vo, rgb, sample, &plan);
     for (int k = 0; k < B && !s; k++) {
-        const cli_prompt *q = jobs[k].req;
+        const kp_prompt *q = jobs[k].req;
         int i = jobs[k].index;
         double g = q->guidance;
         kiln_image_info info = {.prompt = q->prompt, .negative_prompt = g > 1 ? (q->negative ? q->negative : "") : NULL,
@@ -147,7 +148,7 @@ static kiln_status write_images(kiln_pipeline *p, const pipe_args *pa, const ima
 }
 
 /* the settings that make requests one batch */
-static int same_batch(const cli_prompt *a, const cli_prompt *b) {
+static int same_batch(const kp_prompt *a, const kp_prompt *b) {
     return a->steps == b->steps && a->guidance == b->guidance && a->width == b->width && a->height == b->height &&
            a->images == b->images; /* a batch is prompts x images_per_prompt */
 }
@@ -162,10 +163,11 @@ static void on_component(void *user, const char *component, const char *origin, 
 int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_args *pa, const kiln_generate_opts *g,
                           const char *noise_file, const char *output, int quiet) {
     const char *cmd = "generate";
-    cli_prompt *reqs = NULL, one = {0};
+    kp_prompt *reqs = NULL, one = {0};
     int n = 1, rc = 1, total = 0;
     if (pa->prompts_file) {
-        if (cli_prompts_read(cmd, pa->prompts_file, &reqs, &n)) return 1;
+        kiln_status ps = kp_prompts_read(pa->prompts_file, &reqs, &n);
+        if (ps) return cli_fail(cmd, ps);
     } else {
         one.prompt = (char *)pa->prompt;
         one.seed = -1;
@@ -183,7 +185,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     }
     /* every request's settings: its own, else the run's */
     for (int r = 0; r < n; r++) {
-        cli_prompt *q = &reqs[r];
+        kp_prompt *q = &reqs[r];
         if (!q->negative && pa->negative && !(q->negative = kb_strdup(pa->negative))) goto out0;
         if (!q->steps) q->steps = g->steps;
         if (!q->has_guidance) q->guidance = g->guidance;
@@ -234,7 +236,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     }
     /* every size is one the pipeline makes, before any work */
     for (int r = 0; r < n; r++) {
-        cli_prompt *q = &reqs[r];
+        kp_prompt *q = &reqs[r];
         if (!q->width) q->width = nz ? (int)sn[3] * f : c->sample_size * f;
         if (!q->height) q->height = nz ? (int)sn[2] * f : c->sample_size * f;
         if ((s = kiln_pipeline_check_size(p, q->height, q->width, NULL, NULL))) {
@@ -292,7 +294,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     /* one batch per set of settings, in the order the prompts come */
     for (int r0 = 0; r0 < n && !s; r0++) {
         if (done_req[r0]) continue;
-        const cli_prompt *q0 = &reqs[r0];
+        const kp_prompt *q0 = &reqs[r0];
         int np = 0, B = 0;
         for (int r = r0; r < n; r++) {
             if (done_req[r] || !same_batch(&reqs[r], q0) || B + reqs[r].images > KM_MAX_BATCH / 2) continue;
@@ -398,7 +400,7 @@ done:
     st_close(nf);
     kiln_pipeline_free(p);
 out0:
-    if (reqs != &one) cli_prompts_free(reqs, n);
+    if (reqs != &one) kp_prompts_free(reqs, n);
     else free(one.negative);
     return rc;
 }
