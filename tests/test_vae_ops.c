@@ -299,7 +299,7 @@ TEST(fast_conv_matches_reference) {
     };
     for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
         kk_conv p = {geo[i].B, geo[i].Cin, geo[i].H, geo[i].W, geo[i].Cout, geo[i].k, geo[i].k, 0, 0,
-                     geo[i].stride, geo[i].lo, geo[i].hi, 0};
+                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0};
         p.Ho = (p.H + p.pad_lo + p.pad_hi - p.kh) / p.stride + 1;
         p.Wo = (p.W + p.pad_lo + p.pad_hi - p.kw) / p.stride + 1;
         size_t nx = (size_t)(p.B * p.Cin * p.H * p.W), nw = (size_t)(p.Cout * p.Cin * p.kh * p.kw),
@@ -500,11 +500,70 @@ TEST(fast_group_norm_matches_reference) {
     }
 }
 
+/* conv2d_up2 (upsample 2x + 3x3 conv in one, the weight's sub-pixel form):
+ * the reference kernel against upsample-then-conv by the reference (1e-6:
+ * the folded weights are sums), the fast kernel in f32 and bf16 against the
+ * reference, with row-major and packed weights, in one band and in several */
+TEST(fast_conv_up2_matches_upsample_then_conv) {
+    struct {
+        int64_t B, Cin, H, W, Co;
+    } geo[] = {{2, 16, 5, 7, 24}, {1, 8, 150, 40, 128}}; /* the second: phases of 2 bands (conv.c UP2_BAND_BYTES) */
+    for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
+        int64_t Bq = geo[i].B, Ci = geo[i].Cin, H = geo[i].H, Wd = geo[i].W, Co = geo[i].Co;
+        size_t nx = (size_t)(Bq * H * Wd * Ci), nu = 4 * nx, ny = (size_t)(Bq * 4 * H * Wd * Co);
+        float *x = malloc(sizeof(float) * nx), *u = malloc(sizeof(float) * nu), *w = malloc(sizeof(float) * (size_t)(Co * Ci * 9));
+        float *w2 = malloc(sizeof(float) * (size_t)(16 * Co * Ci)), *b = malloc(sizeof(float) * (size_t)Co);
+        float *y0 = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny), *y2 = malloc(sizeof(float) * ny);
+        kiln_noise(700 + i, x, nx);
+        kiln_noise(800 + i, w, (size_t)(Co * Ci * 9));
+        kiln_noise(900 + i, b, (size_t)Co);
+        kk_upsample_nearest(x, u, Bq, Ci, H, Wd, 2, 1);
+        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0};
+        kk_weight wv = {.M = Co, .K = Ci * 9, .f32 = w, .packed_dtype = KILN_F32};
+        kk_reference()->conv2d(u, &wv, b, y0, &pc);
+        kk_conv_up2_weight(w, Co, Ci, w2);
+        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1};
+        kk_weight wu = {.M = 4 * Co, .K = Ci * 4, .f32 = w2, .packed_dtype = KILN_F32};
+        kk_reference()->conv2d(x, &wu, b, y1, &pu);
+        double e = rel_l2(y1, y0, ny);
+        fprintf(stderr, "  up2 conv [%lld,%lld,%lld,%lld] -> %lld: reference folded vs upsample + conv %.3g\n", (long long)Bq,
+                (long long)H, (long long)Wd, (long long)Ci, (long long)Co, e);
+        CHECK_MSG(e < 1e-6, "geometry %zu: the folded reference differs by %.3g", i, e);
+        unsigned long mark = kb_deferred_mark();
+        for (int dt = 0; dt < 2; dt++) {
+            const kk_backend *be = kk_fast(dt ? KILN_BF16 : KILN_F32);
+            if (!be) {
+                fprintf(stderr, "  no fast %s backend on this machine: skipped\n", dt ? "bf16" : "f32");
+                continue;
+            }
+            be->conv2d(x, &wu, b, y2, &pu);
+            CHECK_OK(kb_deferred_since(mark));
+            double ef = rel_l2(y2, y0, ny);
+            fprintf(stderr, "    fast %s: %.3g\n", dt ? "bf16" : "f32", ef);
+            CHECK_MSG(dt ? ef < 1e-2 : ef < 1e-5, "geometry %zu: fast %s up2 conv error %.3g", i, dt ? "bf16" : "f32", ef);
+            char layout[40];
+            size_t pbytes;
+            kiln_dtype pdt = dt ? KILN_BF16 : KILN_F32;
+            CHECK_OK(kk_fast_conv_layout(4 * Co, Ci, 2, 2, pdt, layout, &pbytes));
+            void *packed = kb_alloc_aligned(pbytes);
+            CHECK_OK(kk_fast_conv_pack(w2, 4 * Co, Ci, 2, 2, pdt, packed));
+            kk_weight pv = {.M = 4 * Co, .K = Ci * 4, .packed = packed, .packed_dtype = pdt};
+            be->conv2d(x, &pv, b, y1, &pu);
+            CHECK_OK(kb_deferred_since(mark));
+            CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed %s weight's result differs", i,
+                      dt ? "bf16" : "f32");
+            kb_free_aligned(packed);
+        }
+        free(x), free(u), free(w), free(w2), free(b), free(y0), free(y1), free(y2);
+    }
+}
+
 int main(void) {
     RUN(logvar_std);
     RUN(fast_group_norm_matches_reference);
     RUN(vae_ops_refuse_bad_shapes);
     RUN(fast_conv_matches_reference);
+    RUN(fast_conv_up2_matches_upsample_then_conv);
     RUN(vae_ops_match_loops_on_every_path);
     return TEST_SUMMARY();
 }

@@ -40,6 +40,9 @@ typedef struct ka_spec {
                    * unscaled, into a softmax's exponent (T5's q and k) */
     int conv;     /* the W [Cout,Cin,kh,kw] of a 2-D convolution: packed at conversion in the fast
                    * convolution's layout (kk_fast_conv_layout), in the compute dtype (f32 with keep_f32) */
+    int up2;      /* with conv: the W [Cout,Cin,3,3] of a conv after a nearest 2x upsample, stored in its
+                   * sub-pixel form [4 Cout, Cin, 2, 2] (kk_conv_up2_weight) for kg_conv2d_up2; shape
+                   * stays the checkpoint's (ka_stored_shape gives the stored one) */
 } ka_spec;
 
 /* One rank's part of a parallel run: the builder places the collectives. */
@@ -142,6 +145,8 @@ kiln_status ka_check_inputs(const ka_arch *a, const void *cfg, const int64_t (*i
                             const char *who);
 /* The element count of shape (ndim dims), 0 on overflow of size_t. */
 size_t ka_numel(int ndim, const int64_t *shape);
+/* the shape a spec's tensor has once converted (the checkpoint's but for an up2 conv weight) */
+void ka_stored_shape(const ka_spec *s, int64_t out[4]);
 
 
 /* ---- config.json, as every family's parser reads it (config_json.c) ----

@@ -35,3 +35,8 @@ size_t ka_numel(int ndim, const int64_t *shape) {
         if (shape[d] < 0 || !kb_mul_ok(n, (size_t)shape[d], &n)) return 0;
     return n;
 }
+
+void ka_stored_shape(const ka_spec *s, int64_t out[4]) {
+    for (int d = 0; d < 4; d++) out[d] = d < s->ndim ? s->shape[d] : 0;
+    if (s->up2 && s->ndim == 4) out[0] *= 4, out[2] = 2, out[3] = 2;
+}

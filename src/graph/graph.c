@@ -791,6 +791,32 @@ kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, 
     return id;
 }
 
+kg_id kg_conv2d_up2(kg_graph *g, kg_id x, kg_id w, kg_id b) {
+    if (!ok(g, x, w, b) || w < 0) return -1;
+    const kg_node *X = node(g, x), *Wn = node(g, w);
+    char xs[64], ws[64];
+    kg_shape_str(X, xs, sizeof xs);
+    kg_shape_str(Wn, ws, sizeof ws);
+    const char *name = Wn->name ? Wn->name : "(an input)";
+    if (X->ndim != 4 || Wn->ndim != 4 || Wn->shape[1] != X->shape[3] || Wn->shape[0] % 4 || Wn->shape[2] != 2 ||
+        Wn->shape[3] != 2)
+        return fail(g, KILN_ERR_SHAPE, "conv2d_up2 %s: input %s and weight %s are not [B, H, W, Cin] and a sub-pixel "
+                    "[4 Cout, Cin, 2, 2]", name, xs, ws);
+    int64_t Co = Wn->shape[0] / 4;
+    if (b >= 0 && (node(g, b)->ndim != 1 || node(g, b)->shape[0] != Co))
+        return fail(g, KILN_ERR_SHAPE, "conv2d_up2 %s: the bias must be [%lld]", name, (long long)Co);
+    if (!Wn->kw || Wn->kw->M != Wn->shape[0] || Wn->kw->K != Wn->shape[1] * 4)
+        return fail(g, KILN_ERR_SHAPE, "conv2d_up2 %s: the weight %s has no kernel view", name, ws);
+    kg_id id = push(g, KG_CONV2D, 4, (int64_t[]){X->shape[0], 2 * X->shape[1], 2 * X->shape[2], Co}, x, w, b);
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = 1;
+        g->nodes[id].iparam[1] = 1;
+        g->nodes[id].iparam[2] = 1;
+        g->nodes[id].iparam[3] = 3; /* channels last (1) and up2 (2) */
+    }
+    return id;
+}
+
 kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu, int layout) {
     if (!ok(g, x, w, b)) return -1;
     const kg_node *X = node(g, x);

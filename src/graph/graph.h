@@ -221,6 +221,10 @@ enum { KG_NCHW = 0, KG_NHWC = 1 };
  * of zeros before (top, left), pad_hi after (bottom, right); layout KG_NHWC:
  * x [B,H,W,Cin] -> [B,Ho,Wo,Cout] (w the same) */
 kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi, int layout);
+/* x [B,H,W,Cin] (channels last) nearest-upsampled 2x, then a 3x3 conv padded
+ * 1, in one: w is the 3x3 weight's sub-pixel form [4 Cout, Cin, 2, 2]
+ * (kk_conv_up2_weight; ka_spec.up2 stores it so) -> [B,2H,2W,Cout] */
+kg_id kg_conv2d_up2(kg_graph *g, kg_id x, kg_id w, kg_id b);
 /* group norm of x [B,C,...] (KG_NHWC: [B,...,C]) over groups of C/groups
  * channels, * w [C] + b [C] (each optional, -1), SiLU after when silu is set */
 kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu, int layout);

@@ -85,11 +85,14 @@ void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_
  * w [Cout,Cin,kh,kw], y [B,Cout,Ho,Wo]; pad_lo rows / columns of zeros
  * before (top, left), pad_hi after (bottom, right):
  * Ho = (H + pad_lo + pad_hi - kh) / stride + 1, Wo alike. nhwc: x is
- * [B,H,W,Cin] and y [B,Ho,Wo,Cout] instead (channels last; w unchanged). */
+ * [B,H,W,Cin] and y [B,Ho,Wo,Cout] instead (channels last; w unchanged).
+ * up2 (with nhwc): x nearest-upsampled 2x, then a 3x3 conv padded 1, folded
+ * into one: w is the sub-pixel form [4 Cout, Cin, 2, 2] of the 3x3 weight
+ * (kk_conv_up2_weight), kh = kw = 2, Ho = 2 H, Wo = 2 W, stride and pads 1. */
 typedef struct kk_conv {
     int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
     int64_t stride, pad_lo, pad_hi;
-    int64_t nhwc;
+    int64_t nhwc, up2;
 } kk_conv;
 
 typedef struct kk_backend {
@@ -260,6 +263,14 @@ void kk_attention_joint_concat(const kk_backend *be, const float *qa, const floa
  * the same bits. */
 void kk_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
                    int64_t G, float eps, int silu, int nhwc);
+/* The sub-pixel form of w [Cout,Cin,3,3], the conv after a nearest 2x
+ * upsample: out [4 Cout, Cin, 2, 2], phase (a, b) (output row parity a,
+ * column parity b) at rows (2a + b) Cout ... Taps of output row 2i + a read
+ * input rows i + a - 1 and i + a: for a = 0 w's kernel row 0, then rows 1 + 2;
+ * for a = 1 rows 0 + 1, then row 2 (columns alike). Sums in double, rounded
+ * once. Then y[2i+a, 2j+b] = sum over taps t, u of x[i+a-1+t, j+b-1+u] .
+ * out[phase][t][u]: upsample-then-conv in a 16/36 of its multiplies. */
+void kk_conv_up2_weight(const float *w, int64_t Cout, int64_t Cin, float *out);
 /* x [B,C,H,W] -> y [B,C,f*H,f*W], nearest (each value repeated f x f);
  * nhwc: [B,H,W,C] -> [B,f*H,f*W,C] */
 void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f, int nhwc);

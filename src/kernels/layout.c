@@ -335,6 +335,25 @@ void kk_group_norm(const float *x, const float *w, const float *b, float *y, int
     free(stat);
 }
 
+void kk_conv_up2_weight(const float *w, int64_t Cout, int64_t Cin, float *out) {
+    /* the kernel rows (or columns) tap t of parity a sums: [a][t] = {first, last} */
+    static const int span[2][2][2] = {{{0, 0}, {1, 2}}, {{0, 1}, {2, 2}}};
+    for (int a = 0; a < 2; a++)
+        for (int bb = 0; bb < 2; bb++)
+            for (int64_t co = 0; co < Cout; co++)
+                for (int64_t ci = 0; ci < Cin; ci++) {
+                    const float *k = w + (co * Cin + ci) * 9;
+                    float *o = out + (((a * 2 + bb) * Cout + co) * Cin + ci) * 4;
+                    for (int t = 0; t < 2; t++)
+                        for (int u = 0; u < 2; u++) {
+                            double acc = 0;
+                            for (int ky = span[a][t][0]; ky <= span[a][t][1]; ky++)
+                                for (int kx = span[bb][u][0]; kx <= span[bb][u][1]; kx++) acc += k[ky * 3 + kx];
+                            o[t * 2 + u] = (float)acc;
+                        }
+                }
+}
+
 void kk_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f, int nhwc) {
     if (nhwc) { /* each position's C channels copied f x f times */
 #pragma omp parallel for collapse(2) schedule(static) if (B * C * H * W * f * f > 2 * PIECE)

@@ -172,6 +172,18 @@ kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km
     kiln_status st = kc_read_f32(t, w->data);
     snprintf(w->layout, sizeof w->layout, "rowmajor");
     if (n_params) *n_params += n;
+    if (!st && s->up2 && s->ndim == 4) { /* a conv after a 2x upsample: its sub-pixel form (kernels.h) */
+        if (s->shape[2] != 3 || s->shape[3] != 3)
+            st = kb_fail(KILN_ERR_SHAPE, "%s: %s is folded with its upsample only as a 3x3 conv", c->path, s->name);
+        float *sub = st ? NULL : kb_alloc_aligned(sizeof(float) * (size_t)(16 * s->shape[0] * s->shape[1]));
+        if (!st && !sub) st = KILN_ERR_NOMEM;
+        if (!st) {
+            kk_conv_up2_weight(w->data, s->shape[0], s->shape[1], sub);
+            kb_free_aligned(w->data);
+            w->data = sub;
+            ka_stored_shape(s, w->shape);
+        }
+    }
     if (!st && cp->tp > 1 && s->split != KA_SPLIT_NONE) st = km_shard_weight(w, s->split, cp->tp, cp->tp_index, n_params);
     if (!st && s->linear && !cp->reference) st = pack_one(w, km_spec_dtype(cp, s), 0);
     if (!st && s->conv && s->ndim == 4 && !cp->reference) st = pack_one(w, s->keep_f32 ? KILN_F32 : cp->dtype, 1);
@@ -372,14 +384,13 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         int conv = spec[i].conv && spec[i].ndim == 4 && !cp.reference, packed = (spec[i].linear && !cp.reference) || conv;
         char want_layout[40] = "rowmajor";
         size_t want_bytes = 0;
-        int64_t numel = 1;
-        for (int d = 0; d < spec[i].ndim; d++) numel *= spec[i].shape[d];
+        int64_t numel = 1, sh[4]; /* sh: the stored shape */
+        ka_stored_shape(&spec[i], sh);
+        for (int d = 0; d < spec[i].ndim; d++) numel *= sh[d];
         kiln_dtype want_dt = conv ? (spec[i].keep_f32 ? KILN_F32 : cp.dtype) : packed ? km_spec_dtype(&cp, &spec[i]) : KILN_F32;
-        if (conv && (st = kk_fast_conv_layout(spec[i].shape[0], spec[i].shape[1], spec[i].shape[2], spec[i].shape[3],
-                                              want_dt, want_layout, &want_bytes)))
+        if (conv && (st = kk_fast_conv_layout(sh[0], sh[1], sh[2], sh[3], want_dt, want_layout, &want_bytes)))
             break;
-        if (packed && !conv && (st = kk_fast_layout(spec[i].shape[0], numel / spec[i].shape[0], want_dt, want_layout,
-                                                    &want_bytes)))
+        if (packed && !conv && (st = kk_fast_layout(sh[0], numel / sh[0], want_dt, want_layout, &want_bytes)))
             break;
         if (cp.fsdp > 1 && spec[i].block >= 0) { /* FSDP: a byte range (shard.c) */
             if ((st = km_fsdp_map(&m->w[m->nw], &spec[i], e, i, cp))) break;
@@ -390,11 +401,11 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         }
         int same = !strcmp(t->name, spec[i].name) && t->dtype == want_dt && t->ndim == spec[i].ndim &&
                    !strcmp(t->layout, want_layout) && (!packed || t->nbytes == want_bytes);
-        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == spec[i].shape[d];
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == sh[d];
         if (!same) {
             char have_sh[96], want_sh[96];
             km_shape_str(t->shape, t->ndim, have_sh, sizeof have_sh);
-            km_shape_str(spec[i].shape, spec[i].ndim, want_sh, sizeof want_sh);
+            km_shape_str(sh, spec[i].ndim, want_sh, sizeof want_sh);
             st = kb_fail(KILN_ERR_CORRUPT, "cache %s: tensor %zu is %s %s %s %s (%zu bytes), this build needs %s %s %s %s", e->path,
                          i, t->name, kiln_dtype_name(t->dtype), have_sh, t->layout, t->nbytes, spec[i].name,
                          kiln_dtype_name(want_dt), want_sh, want_layout);
@@ -414,8 +425,8 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
         } else {
             w->data = (float *)t->data;
         }
-        int64_t n = 1;
-        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+        int64_t n = 1; /* the checkpoint's count (an up2 weight is stored larger) */
+        for (int d = 0; d < spec[i].ndim; d++) n *= spec[i].shape[d];
         m->info.n_params += n;
         m->info.n_by_dtype[t->dtype]++;
         m->info.bytes_on_disk += (int64_t)t->nbytes;

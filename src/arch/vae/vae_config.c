@@ -308,6 +308,7 @@ kiln_status vae_weight_spec(const vae_config *c, ka_spec **out, size_t *n) {
         if (i < nb - 1) {
             snprintf(b, sizeof b, "decoder.up_blocks.%d.upsamplers.0.conv", i);
             conv(&l, b, cout, cout, 3);
+            if (!l.st) l.s[l.n - 2].up2 = 1; /* folded with its upsample (vae_forward.c: kg_conv2d_up2) */
         }
         cin = cout;
     }

@@ -124,8 +124,9 @@ kiln_status vae_build_decoder(const vae_config *c, kg_graph *g, int64_t B, int64
             x = resnet(&d, x, b);
         }
         if (i < c->n_blocks - 1) {
+            /* in one op, the weight stored in its sub-pixel form (ka_spec.up2) */
             snprintf(b, sizeof b, "decoder.up_blocks.%d.upsamplers.0.conv", i);
-            x = conv(&d, kg_upsample_nearest(g, x, 2, KG_NHWC), b, 1);
+            x = kg_conv2d_up2(g, x, weight(&d, b, "weight"), weight(&d, b, "bias"));
         }
     }
 

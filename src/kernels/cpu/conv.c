@@ -34,6 +34,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
  * per geometry and dtype, kept, with its reorders. */
 typedef struct {
     kk_conv p;
+    int64_t pad_t; /* rows of zeros above x (p.pad_lo but in a band of an up2 conv); below: what makes Ho */
     int bf16;
     /* a reorder is NULL where the two layouts are the same */
     dnnl_primitive_t prim, xreorder, yreorder;
@@ -83,23 +84,24 @@ static void destroy_entry(conv_entry *e) {
         if (ps[i]) dnnl_primitive_destroy(ps[i]);
 }
 
-static const conv_entry *get_conv(const kk_conv *p, int bf16) {
+static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16) {
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_nconvs; i++)
-        if (!memcmp(&g_convs[i]->p, p, sizeof *p) && g_convs[i]->bf16 == bf16) {
+        if (!memcmp(&g_convs[i]->p, p, sizeof *p) && g_convs[i]->pad_t == pad_t && g_convs[i]->bf16 == bf16) {
             pthread_mutex_unlock(&g_lock);
             return g_convs[i];
         }
     conv_entry e;
     memset(&e, 0, sizeof e);
     e.p = *p;
+    e.pad_t = pad_t;
     e.bf16 = bf16;
     dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_dims_t ds = {p->B, p->Cin, p->H, p->W}, dw = {p->Cout, p->Cin, p->kh, p->kw}, db = {p->Cout},
-                dd = {p->B, p->Cout, p->Ho, p->Wo}, st = {p->stride, p->stride}, pl = {p->pad_lo, p->pad_lo};
+                dd = {p->B, p->Cout, p->Ho, p->Wo}, st = {p->stride, p->stride}, pl = {pad_t, p->pad_lo};
     /* oneDNN's right padding is what makes its output size ours: the last
      * window may leave some of pad_hi unread, as PyTorch's does */
-    dnnl_dims_t pr = {(p->Ho - 1) * p->stride + p->kh - p->H - p->pad_lo, (p->Wo - 1) * p->stride + p->kw - p->W - p->pad_lo};
+    dnnl_dims_t pr = {(p->Ho - 1) * p->stride + p->kh - p->H - pad_t, (p->Wo - 1) * p->stride + p->kw - p->W - p->pad_lo};
     dnnl_memory_desc_t sany, wany, dany;
     dnnl_convolution_desc_t cd;
     dnnl_primitive_attr_t attr = NULL;
@@ -131,6 +133,9 @@ static const conv_entry *get_conv(const kk_conv *p, int bf16) {
                (long long)p->kh, (long long)p->kw, (long long)p->stride, impl,
                dnnl_memory_desc_equal(&e.xplain, &e.src) ? "" : ", x reordered",
                dnnl_memory_desc_equal(&e.yplain, &e.dst) ? "" : ", y reordered");
+        dnnl_memory_desc_t wpk;
+        if (pack_md(p->Cout, p->Cin, p->kh, p->kw, dt, &wpk) && !dnnl_memory_desc_equal(&wpk, &e.wei))
+            kb_log(KILN_LOG_DEBUG, "conv2d: this geometry's weights are not the packed layout: reordered per call");
         ok = !dnnl_primitive_create(&e.prim, pd);
     }
     ok = ok && make_reorder(&e.wfrom[0], &e.wei, &e.wreorder[0]) && make_reorder(&e.xplain, &e.src, &e.xreorder) &&
@@ -152,6 +157,8 @@ static const conv_entry *get_conv(const kk_conv *p, int bf16) {
     pthread_mutex_unlock(&g_lock);
     return out;
 }
+
+static const conv_entry *get_conv(const kk_conv *p, int bf16) { return get_conv_band(p, p->pad_lo, bf16); }
 
 /* run reorder r: from (md f, data a) to (md t, data b) */
 static int run_reorder(dnnl_primitive_t r, dnnl_stream_t strm, const dnnl_memory_desc_t *f, const void *a,
@@ -216,11 +223,11 @@ static int conv_run(const conv_entry *e, const float *x, const kk_weight *w, con
  * kernel's fallback), into out */
 static int unpack_conv(const kk_weight *w, const kk_conv *p, float *out) {
     dnnl_memory_desc_t from, to;
-    dnnl_dims_t dw = {p->Cout, p->Cin, p->kh, p->kw};
+    dnnl_dims_t dw = {w->M, p->Cin, p->kh, p->kw}; /* M: p->Cout, or 4 Cout for up2 */
     dnnl_primitive_t r = NULL;
     dnnl_stream_t strm = kk_dnnl_stream();
     int ok = strm && (w->packed_dtype == KILN_F32 || w->packed_dtype == KILN_BF16) &&
-             pack_md(p->Cout, p->Cin, p->kh, p->kw, w->packed_dtype == KILN_BF16 ? dnnl_bf16 : dnnl_f32, &from) &&
+             pack_md(w->M, p->Cin, p->kh, p->kw, w->packed_dtype == KILN_BF16 ? dnnl_bf16 : dnnl_f32, &from) &&
              !dnnl_memory_desc_init_by_tag(&to, 4, dw, dnnl_f32, dnnl_oihw) && make_reorder(&from, &to, &r);
     if (ok) ok = r ? run_reorder(r, strm, &from, w->packed, &to, out)
                    : (memcpy(out, w->packed, sizeof(float) * (size_t)(w->M * w->K)), 1);
@@ -228,17 +235,68 @@ static int unpack_conv(const kk_weight *w, const kk_conv *p, float *out) {
     return ok;
 }
 
+/* An up2 conv (kernels.h: the sub-pixel 2x2 form of upsample + 3x3 conv)
+ * as one 2x2 convolution of x to 4 Cout phase channels on the grid of
+ * (H+1) x (W+1) window positions (pad 1 all round): position (r, q) reads
+ * x rows r-1, r and columns q-1, q, and phase (a, b)'s output (2i+a, 2j+b)
+ * is position (i+a, j+b). Run in bands of grid rows whose phases fit
+ * UP2_BAND_BYTES (each band a convolution of its x rows, with the row
+ * above as halo and the zero row at an edge as its padding: in NHWC a band
+ * of x is a pointer into it), each band's phases then shuffled into y with
+ * the bias. y never exists upsampled-and-unconvolved: 16/36 of the
+ * multiplies, and no 4x-sized activation. */
+#define UP2_BAND_BYTES ((size_t)8 << 20)
+
+static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
+    const int64_t H = p->H, W = p->W, Cin = p->Cin, Co = p->Cout, C4 = 4 * Co;
+    if (w->M != C4 || p->Ho != 2 * H || p->Wo != 2 * W || p->kh != 2 || p->kw != 2) return 0;
+    int64_t R = (int64_t)(UP2_BAND_BYTES / (sizeof(float) * (size_t)((W + 1) * C4)));
+    R = R < 1 ? 1 : R > H + 1 ? H + 1 : R;
+    float *ph = kk_scratch_must(KK_SCRATCH_CONV + 5, sizeof(float) * (size_t)(R * (W + 1) * C4));
+    if (!ph) return 0;
+    for (int64_t n = 0; n < p->B; n++)
+        for (int64_t p0 = 0; p0 <= H; p0 += R) {
+            int64_t p1 = p0 + R < H + 1 ? p0 + R : H + 1; /* grid rows [p0, p1) */
+            int64_t r0 = p0 ? p0 - 1 : 0, r1 = p1 < H ? p1 : H; /* x rows [r0, r1) */
+            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0};
+            const conv_entry *e = get_conv_band(&band, p0 ? 0 : 1, bf16);
+            if (!e || !conv_run(e, x + (n * H + r0) * W * Cin, w, NULL, ph)) return 0;
+            const int64_t nr = p1 - p0;
+#pragma omp parallel for collapse(2) schedule(static) if (nr * W * C4 > (1 << 15))
+            for (int64_t r = 0; r < nr; r++)
+                for (int a = 0; a < 2; a++) {
+                    int64_t i = p0 + r - a; /* the output row 2i + a */
+                    if (i < 0 || i >= H) continue;
+                    float *yr = y + ((n * 2 * H) + 2 * i + a) * 2 * W * Co;
+                    for (int64_t j = 0; j < W; j++)
+                        for (int bb = 0; bb < 2; bb++) {
+                            const float *src = ph + (r * (W + 1) + j + bb) * C4 + (2 * a + bb) * Co;
+                            float *dst = yr + (2 * j + bb) * Co;
+                            if (b)
+                                for (int64_t c = 0; c < Co; c++) dst[c] = src[c] + b[c];
+                            else
+                                memcpy(dst, src, sizeof(float) * (size_t)Co);
+                        }
+                }
+        }
+    return 1;
+}
+
 /* In bf16 where the backend is bf16 and the weight is not one the model
  * keeps f32 (packed f32 in a bf16 model: ka_spec.keep_f32), and oneDNN has
  * the primitive; else in f32; the reference's loops where it has neither. */
 static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
     if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
-    const conv_entry *e = kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
-    if (!e && bf16) {
-        kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
-        e = get_conv(p, 0);
+    if (p->up2) {
+        if (p->nhwc && kk_dnnl_engine() && (up2_run(bf16, x, w, b, y, p) || (bf16 && up2_run(0, x, w, b, y, p)))) return;
+    } else {
+        const conv_entry *e = kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
+        if (!e && bf16) {
+            kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
+            e = get_conv(p, 0);
+        }
+        if (e && conv_run(e, x, w, b, y)) return;
     }
-    if (e && conv_run(e, x, w, b, y)) return;
     kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN declined, the reference kernel runs");
     if (!w->packed) {
         kk_reference()->conv2d(x, w, b, y, p);

@@ -14,7 +14,7 @@ dnnl_stream_t kk_dnnl_stream(void);
 
 /* Work buffer slots: fast.c's GEMMs and attentions use 0..KK_SCRATCH_CONV-1,
  * conv.c the KK_SCRATCH_CONV_N slots from KK_SCRATCH_CONV. */
-enum { KK_SCRATCH_CONV = 21, KK_SCRATCH_CONV_N = 5, KK_SCRATCH_SLOTS = KK_SCRATCH_CONV + KK_SCRATCH_CONV_N };
+enum { KK_SCRATCH_CONV = 21, KK_SCRATCH_CONV_N = 6, KK_SCRATCH_SLOTS = KK_SCRATCH_CONV + KK_SCRATCH_CONV_N };
 /* This thread's buffer of at least bytes in slot (it only grows); NULL
  * defers an out-of-memory failure to the forward (kb_defer_failure), which
  * then fails instead of returning an output the kernel did not write. */

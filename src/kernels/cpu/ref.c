@@ -167,6 +167,30 @@ static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, floa
         return;
     }
     const int64_t Cin = p->Cin, Cout = p->Cout, H = p->H, W = p->W, kh = p->kh, kw = p->kw, Ho = p->Ho, Wo = p->Wo;
+    if (p->up2) { /* y [B,2H,2W,Cout]: output (2i+a, 2j+b) sums phase (a, b)'s 2x2 taps at x rows i+a-1.. */
+#pragma omp parallel for collapse(3) schedule(static)
+        for (int64_t n = 0; n < p->B; n++)
+            for (int64_t oy = 0; oy < Ho; oy++)
+                for (int64_t ox = 0; ox < Wo; ox++) {
+                    int64_t a = oy & 1, bb = ox & 1, i = oy >> 1, j = ox >> 1;
+                    for (int64_t co = 0; co < Cout; co++) {
+                        const float *wp = w + ((a * 2 + bb) * Cout + co) * Cin * 4;
+                        double acc = b ? (double)b[co] : 0.0;
+                        for (int64_t ci = 0; ci < Cin; ci++)
+                            for (int t = 0; t < 2; t++) {
+                                int64_t iy = i + a - 1 + t;
+                                if (iy < 0 || iy >= H) continue;
+                                for (int u = 0; u < 2; u++) {
+                                    int64_t ix = j + bb - 1 + u;
+                                    if (ix >= 0 && ix < W)
+                                        acc += (double)x[((n * H + iy) * W + ix) * Cin + ci] * (double)wp[ci * 4 + t * 2 + u];
+                                }
+                            }
+                        y[((n * Ho + oy) * Wo + ox) * Cout + co] = (float)acc;
+                    }
+                }
+        return;
+    }
     /* strides of a channel and a position in x and y */
     const int64_t xc = p->nhwc ? 1 : H * W, xs = p->nhwc ? Cin : 1, yc = p->nhwc ? 1 : Ho * Wo, ys = p->nhwc ? Cout : 1;
 #pragma omp parallel for collapse(3) schedule(static)
