@@ -10,6 +10,7 @@
 #include "compile/compile.h"
 #include "graph/graph.h"
 #include "kernels/kernels.h"
+#include "tensor/dtype.h"
 #include "test.h"
 
 #include <math.h>
@@ -299,7 +300,7 @@ TEST(fast_conv_matches_reference) {
     };
     for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
         kk_conv p = {geo[i].B, geo[i].Cin, geo[i].H, geo[i].W, geo[i].Cout, geo[i].k, geo[i].k, 0, 0,
-                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0};
+                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0, 0};
         p.Ho = (p.H + p.pad_lo + p.pad_hi - p.kh) / p.stride + 1;
         p.Wo = (p.W + p.pad_lo + p.pad_hi - p.kw) / p.stride + 1;
         size_t nx = (size_t)(p.B * p.Cin * p.H * p.W), nw = (size_t)(p.Cout * p.Cin * p.kh * p.kw),
@@ -352,6 +353,28 @@ TEST(fast_conv_matches_reference) {
                 CHECK_MSG(dt ? el < 1e-2 : el < 1e-5, "geometry %zu: channels-last %s conv error %.3g", i,
                           dt ? "bf16" : "f32", el);
                 free(yb);
+            }
+            /* bf16 rows in (a group norm's, conv_bf16_io): the bits of the f32 x rounded by the conv itself */
+            const kk_backend *f16 = kk_fast(KILN_BF16);
+            if (f16 && f16->conv_bf16_io && 1) {
+                uint16_t *xh = malloc(sizeof(uint16_t) * nx);
+                float *y3 = malloc(sizeof(float) * ny);
+                for (size_t k = 0; k < nx; k++) xh[k] = kt_f32_to_bf16(xl[k]);
+                char lay[40];
+                size_t pb;
+                CHECK_OK(kk_fast_conv_layout(p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, lay, &pb));
+                void *pk = kb_alloc_aligned(pb);
+                CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, pk));
+                kk_weight hv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = pk, .packed_dtype = KILN_BF16};
+                CHECK(f16->conv_bf16_io(&hv) && !f16->conv_bf16_io(&wv));
+                f16->conv2d(xl, &hv, geo[i].bias ? b : NULL, yl, &pl);
+                kk_conv ph = pl;
+                ph.x_bf16 = 1;
+                f16->conv2d((const float *)xh, &hv, geo[i].bias ? b : NULL, y3, &ph);
+                CHECK_OK(kb_deferred_since(mark));
+                CHECK_MSG(!memcmp(yl, y3, sizeof(float) * ny), "geometry %zu: the conv of bf16 rows differs", i);
+                kb_free_aligned(pk);
+                free(xh), free(y3);
             }
             free(xl), free(yl);
         }
@@ -477,7 +500,7 @@ TEST(fast_group_norm_matches_reference) {
         kiln_noise(600 + i, b, (size_t)geo[i].C);
         const float *wp = geo[i].affine ? w : NULL, *bp = geo[i].affine ? b : NULL;
         kk_group_norm(x, wp, bp, y0, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0);
-        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0);
+        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0, 0);
         double e = rel_l2(y1, y0, n);
         fprintf(stderr, "  group norm [%lld,%lld,%lld] / %lld groups%s%s: fast vs reference %.3g\n", (long long)geo[i].B,
                 (long long)geo[i].C, (long long)geo[i].S, (long long)geo[i].G, geo[i].silu ? ", silu" : "",
@@ -490,11 +513,21 @@ TEST(fast_group_norm_matches_reference) {
         float *yb = transpose_c(yl, Bg, Cg, Sg, 0);
         CHECK_MSG(!memcmp(yb, y0, sizeof(float) * n), "geometry %zu: the reference's channels-last norm differs", i);
         free(yb);
-        fast->group_norm(xl, wp, bp, yl, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1);
+        fast->group_norm(xl, wp, bp, yl, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 0);
         yb = transpose_c(yl, Bg, Cg, Sg, 0);
         double el = rel_l2(yb, y0, n);
         fprintf(stderr, "    channels last: fast vs reference %.3g\n", el);
         CHECK_MSG(el < 1e-6, "geometry %zu: fast channels-last group norm error %.3g", i, el);
+        /* bf16 rows (a conv's input, conv_bf16_io): the f32 values rounded, nearest even */
+        const kk_backend *f16 = kk_fast(KILN_BF16);
+        if (f16 && f16->conv_bf16_io) {
+            uint16_t *yh = malloc(sizeof(uint16_t) * n);
+            f16->group_norm(xl, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 1);
+            size_t off = 0;
+            for (size_t k = 0; k < n; k++) off += yh[k] != kt_f32_to_bf16(yl[k]);
+            CHECK_MSG(!off, "geometry %zu: %zu bf16 group norm values are not the f32 ones rounded", i, off);
+            free(yh);
+        }
         free(xl), free(yl), free(yb);
         free(x), free(y0), free(y1), free(w), free(b);
     }
@@ -518,11 +551,11 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
         kiln_noise(800 + i, w, (size_t)(Co * Ci * 9));
         kiln_noise(900 + i, b, (size_t)Co);
         kk_upsample_nearest(x, u, Bq, Ci, H, Wd, 2, 1);
-        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0};
+        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0, 0};
         kk_weight wv = {.M = Co, .K = Ci * 9, .f32 = w, .packed_dtype = KILN_F32};
         kk_reference()->conv2d(u, &wv, b, y0, &pc);
         kk_conv_up2_weight(w, Co, Ci, w2);
-        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1};
+        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1, 0};
         kk_weight wu = {.M = 4 * Co, .K = Ci * 4, .f32 = w2, .packed_dtype = KILN_F32};
         kk_reference()->conv2d(x, &wu, b, y1, &pu);
         double e = rel_l2(y1, y0, ny);

@@ -740,6 +740,25 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
             if (be->blocked_io) attention_blocked(g, be, live, i);
         }
     }
+    /* a channels-last group norm in bf16 rows where only convolutions read
+     * it (as x, on weights conv_bf16_io takes, not an up2): they would
+     * round it to bf16 first anyway (the VAE's norm + SiLU before each conv) */
+    if (be->conv_bf16_io) {
+        memset(ok, 1, nn);
+        for (int o = 0; o < g->n_outputs; o++) ok[g->outputs[o]] = 0;
+        for (int i = 0; i < g->n; i++) {
+            const kg_node *n = &g->nodes[i];
+            for (int s = 0; live[i] && s < KG_MAX_SRC; s++) {
+                kg_id src = n->src[s];
+                if (src >= 0 && !(n->op == KG_CONV2D && s == 0 && n->iparam[3] == 1 && be->conv_bf16_io(g->nodes[n->src[1]].kw)))
+                    ok[src] = 0;
+            }
+        }
+        for (int i = 0; i < g->n; i++) {
+            kg_node *n = &g->nodes[i];
+            if (live[i] && ok[i] && n->op == KG_GROUP_NORM && n->iparam[2]) n->out_bf16 = KK_FMT_BF16;
+        }
+    }
     free(ok);
     free(used);
     free(live);

@@ -88,11 +88,12 @@ void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_
  * [B,H,W,Cin] and y [B,Ho,Wo,Cout] instead (channels last; w unchanged).
  * up2 (with nhwc): x nearest-upsampled 2x, then a 3x3 conv padded 1, folded
  * into one: w is the sub-pixel form [4 Cout, Cin, 2, 2] of the 3x3 weight
- * (kk_conv_up2_weight), kh = kw = 2, Ho = 2 H, Wo = 2 W, stride and pads 1. */
+ * (kk_conv_up2_weight), kh = kw = 2, Ho = 2 H, Wo = 2 W, stride and pads 1.
+ * x_bf16 (with nhwc, not up2; conv_bf16_io backends only): x is bf16 rows. */
 typedef struct kk_conv {
     int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
     int64_t stride, pad_lo, pad_hi;
-    int64_t nhwc, up2;
+    int64_t nhwc, up2, x_bf16;
 } kk_conv;
 
 typedef struct kk_backend {
@@ -157,6 +158,10 @@ typedef struct kk_backend {
     /* Optional: 1 when linear_io and linear_gate_add on w read KK_FMT_BLOCKED
      * x (and linear_io writes it) with no conversion (kg_plan_bf16 asks) */
     int (*blocked_io)(const kk_weight *w);
+    /* Optional: 1 when conv2d on w reads channels-last bf16 x (kk_conv.x_bf16)
+     * and group_norm writes it (y_bf16): a group norm only convolutions
+     * read then hands them bf16 (kg_plan_bf16 asks) */
+    int (*conv_bf16_io)(const kk_weight *w);
 
     /* ---- memory: the backend owns activation memory; executors get every
      * buffer through kk_buf_alloc / kk_buf_free and move inputs and outputs
@@ -184,9 +189,10 @@ typedef struct kk_backend {
     void (*conv2d)(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p);
     /* Optional (NULL: kk_group_norm, the double-precision form): the group
      * norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b, SiLU when
-     * silu, as kk_group_norm computes it */
+     * silu, as kk_group_norm computes it; y_bf16 (nhwc, conv_bf16_io
+     * backends only): y is written as bf16 rows (void *) */
     void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                       int64_t G, float eps, int silu, int nhwc);
+                       int64_t G, float eps, int silu, int nhwc, int y_bf16);
     /* Optional (NULL: kk_attention_general, the double-precision form):
      * attention with a scale, an additive bias and a causal mask, exactly
      * kk_attention_general's contract (the text encoders' attention_ex) */

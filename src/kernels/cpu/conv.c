@@ -108,7 +108,8 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
     dnnl_primitive_desc_t pd = NULL;
     /* our layout of x and y: nchw, or nhwc (channels last, the primitive's own: no reorder of y, x only rounded) */
     dnnl_format_tag_t plain = p->nhwc ? dnnl_nhwc : dnnl_nchw;
-    int ok = pr[0] >= 0 && pr[1] >= 0 && !dnnl_memory_desc_init_by_tag(&e.xplain, 4, ds, dnnl_f32, plain) &&
+    int ok = pr[0] >= 0 && pr[1] >= 0 &&
+             !dnnl_memory_desc_init_by_tag(&e.xplain, 4, ds, p->x_bf16 ? dnnl_bf16 : dnnl_f32, plain) &&
              !dnnl_memory_desc_init_by_tag(&sany, 4, ds, dt, dnnl_format_tag_any) &&
              !dnnl_memory_desc_init_by_tag(&e.wfrom[0], 4, dw, dnnl_f32, dnnl_oihw) &&
              !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
@@ -179,7 +180,7 @@ static int weight_from(const conv_entry *e, const kk_weight *w) {
     return k >= 0 && e->has_packed[k] ? 1 + k : -1;
 }
 
-static int conv_run(const conv_entry *e, const float *x, const kk_weight *w, const float *b, float *y) {
+static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, const float *b, float *y) {
     dnnl_stream_t strm = kk_dnnl_stream();
     int from = weight_from(e, w);
     if (!strm || from < 0) return 0;
@@ -258,7 +259,7 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
         for (int64_t p0 = 0; p0 <= H; p0 += R) {
             int64_t p1 = p0 + R < H + 1 ? p0 + R : H + 1; /* grid rows [p0, p1) */
             int64_t r0 = p0 ? p0 - 1 : 0, r1 = p1 < H ? p1 : H; /* x rows [r0, r1) */
-            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0};
+            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0, 0};
             const conv_entry *e = get_conv_band(&band, p0 ? 0 : 1, bf16);
             if (!e || !conv_run(e, x + (n * H + r0) * W * Cin, w, NULL, ph)) return 0;
             const int64_t nr = p1 - p0;
@@ -287,6 +288,12 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
  * the primitive; else in f32; the reference's loops where it has neither. */
 static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
     if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
+    if (p->x_bf16) { /* bf16 rows from a group norm (conv_bf16_io): only oneDNN reads them */
+        const conv_entry *e = p->nhwc && !p->up2 && kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
+        if (!e || !conv_run(e, x, w, b, y))
+            kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: oneDNN did not run a convolution of bf16 activations");
+        return;
+    }
     if (p->up2) {
         if (p->nhwc && kk_dnnl_engine() && (up2_run(bf16, x, w, b, y, p) || (bf16 && up2_run(0, x, w, b, y, p)))) return;
     } else {
@@ -319,6 +326,8 @@ void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, floa
 void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
     fast_conv(1, x, w, b, y, p);
 }
+
+int kk_fast_conv_bf16_io(const kk_weight *w) { return w && w->packed && w->packed_dtype == KILN_BF16; }
 
 /* ---- packing at conversion ------------------------------------------------------ */
 
@@ -428,11 +437,13 @@ KK_CLONES static void gn_rows_apply(const float *x, float *y, int64_t rows, int6
         const float *xr = x + r * C;
         float *yr = y + r * C;
         if (silu)
+#pragma omp simd
             for (int64_t c = 0; c < C; c++) {
                 float v = (xr[c] - mean[c]) * a[c] + cc[c];
                 yr[c] = v / (1.0f + exp_f(-v));
             }
         else
+#pragma omp simd
             for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - mean[c]) * a[c] + cc[c];
     }
 }
@@ -457,8 +468,28 @@ static void gn_nhwc_pass(const float *xb, int64_t S, int64_t C, int64_t G, const
     }
 }
 
-static void gn_nhwc(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                    int64_t G, float eps, int silu) {
+/* gn_rows_apply's values rounded to bf16 (nearest even): each row in f32
+ * first, then rounded (two loops the compiler vectorizes; one with both did
+ * not) */
+KK_CLONES static void round_bf16(const float *x, uint16_t *y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = bf16_of(x[i]);
+}
+
+static void gn_rows_apply_bf16(const float *x, uint16_t *y, int64_t rows, int64_t C, const float *mean,
+                               const float *a, const float *cc, int silu) {
+    float row[1024];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c0 = 0; c0 < C; c0 += 1024) {
+            int64_t n = C - c0 < 1024 ? C - c0 : 1024;
+            /* a slice of the channels as one row of n */
+            gn_rows_apply(x + r * C + c0, row, 1, n, mean + c0, a + c0, cc + c0, silu);
+            round_bf16(row, y + r * C + c0, n);
+        }
+}
+
+static void gn_nhwc(const float *x, const float *w, const float *b, void *y, int64_t B, int64_t C, int64_t S,
+                    int64_t G, float eps, int silu, int y_bf16) {
     int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
     double *part = malloc(sizeof(double) * (size_t)(nch * C + 2 * G + C) + 1);
     float *f = malloc(sizeof(float) * 3 * (size_t)C + 1);
@@ -472,7 +503,8 @@ static void gn_nhwc(const float *x, const float *w, const float *b, float *y, in
     float *mf = f, *a = f + C, *cc = f + 2 * C;
     for (int64_t bb = 0; bb < B; bb++) {
         const float *xb = x + bb * S * C;
-        float *yb = y + bb * S * C;
+        float *yb = y_bf16 ? NULL : (float *)y + bb * S * C;
+        uint16_t *yh = y_bf16 ? (uint16_t *)y + bb * S * C : NULL;
         gn_nhwc_pass(xb, S, C, G, NULL, part, mean);
         for (int64_t c = 0; c < C; c++) mc[c] = mean[c / cg];
         gn_nhwc_pass(xb, S, C, G, mc, part, var);
@@ -485,7 +517,8 @@ static void gn_nhwc(const float *x, const float *w, const float *b, float *y, in
 #pragma omp parallel for schedule(static) if (C * S > (1 << 16))
         for (int64_t k = 0; k < nch; k++) {
             int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
-            gn_rows_apply(xb + r0 * C, yb + r0 * C, nr, C, mf, a, cc, silu);
+            if (yh) gn_rows_apply_bf16(xb + r0 * C, yh + r0 * C, nr, C, mf, a, cc, silu);
+            else gn_rows_apply(xb + r0 * C, yb + r0 * C, nr, C, mf, a, cc, silu);
         }
     }
     free(part);
@@ -493,9 +526,13 @@ static void gn_nhwc(const float *x, const float *w, const float *b, float *y, in
 }
 
 void kk_fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                        int64_t G, float eps, int silu, int nhwc) {
+                        int64_t G, float eps, int silu, int nhwc, int y_bf16) {
     if (nhwc) {
-        gn_nhwc(x, w, b, y, B, C, S, G, eps, silu);
+        gn_nhwc(x, w, b, y, B, C, S, G, eps, silu, y_bf16);
+        return;
+    }
+    if (y_bf16) {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "group_norm: bf16 output is channels last only");
         return;
     }
     int64_t cg = C / G, n = cg * S;

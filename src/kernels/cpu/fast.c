@@ -1338,6 +1338,7 @@ static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf1
                                        .linear_gate_add = linear_gate_add_bf16,
                                        .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
                                        .modulate_bf16 = fast_modulate_bf16, .blocked_io = fast_blocked_io,
+                                       .conv_bf16_io = kk_fast_conv_bf16_io,
                                        FAST_COMMON};
 
 const kk_backend *kk_fast(kiln_dtype dt) {
