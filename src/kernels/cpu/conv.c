@@ -384,8 +384,9 @@ kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t
  * (x - mean) * (w / sqrt(var + eps)) + b and SiLU in f32 through exp_f.
  * Channels first: eight partial sums a pass over each group's values (a
  * fixed order, so the loop vectorizes without reassociation). Channels
- * last: per-channel sums over chunks of GN_CHUNK positions, the chunks'
- * sums added in order (the same bits whatever the thread count). */
+ * last: one pass of per-channel shifted sums over chunks of GN_CHUNK
+ * positions, the chunks' sums combined in order (the same bits whatever
+ * the thread count). */
 KK_CLONES static void gn_moments(const float *x, int64_t n, double *mean, double *var) {
     double s[8] = {0}, t = 0;
     int64_t i = 0;
@@ -416,17 +417,16 @@ KK_CLONES static void gn_apply(const float *x, float *y, int64_t n, float mean, 
 
 #define GN_CHUNK 512
 
-/* acc [C] += x [rows,C] per channel (m NULL), or (x - m [C])^2 */
-KK_CLONES static void gn_rows_sum(const float *x, int64_t rows, int64_t C, const double *m, double *acc) {
+/* s1 [C] += x - k, s2 [C] += (x - k)^2 over x [rows,C] per channel, k [C]
+ * the chunk's first row (a shift near the data: no cancellation) */
+KK_CLONES static void gn_rows_sum(const float *x, int64_t rows, int64_t C, const float *k, double *s1, double *s2) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * C;
-        if (m)
-            for (int64_t c = 0; c < C; c++) {
-                double d = (double)xr[c] - m[c];
-                acc[c] += d * d;
-            }
-        else
-            for (int64_t c = 0; c < C; c++) acc[c] += xr[c];
+        for (int64_t c = 0; c < C; c++) {
+            double d = (double)xr[c] - (double)k[c];
+            s1[c] += d;
+            s2[c] += d * d;
+        }
     }
 }
 
@@ -448,23 +448,36 @@ KK_CLONES static void gn_rows_apply(const float *x, float *y, int64_t rows, int6
     }
 }
 
-/* one pass of the channels-last moments of batch entry xb [S,C]: the
- * per-channel sums (of x, or of (x - m)^2) of each chunk into part
- * [chunks,C], then per group into out [G] (divided by the group's count) */
-static void gn_nhwc_pass(const float *xb, int64_t S, int64_t C, int64_t G, const double *m, double *part, double *out) {
+/* The channels-last moments of batch entry xb [S,C] in one pass: each
+ * chunk's shifted per-channel sums into part [chunks][2][C], then per group
+ * g the mean[g] and the variance var[g] (Chan et al.'s combination of the
+ * chunks' shifted sums, in double) */
+static void gn_nhwc_moments(const float *xb, int64_t S, int64_t C, int64_t G, double *part, double *mean, double *var) {
     int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
 #pragma omp parallel for schedule(static) if (C * S > (1 << 16))
     for (int64_t k = 0; k < nch; k++) {
-        double *p = part + k * C;
+        double *p = part + k * 2 * C;
         int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
-        memset(p, 0, sizeof(double) * (size_t)C);
-        gn_rows_sum(xb + r0 * C, nr, C, m, p);
+        memset(p, 0, sizeof(double) * 2 * (size_t)C);
+        gn_rows_sum(xb + r0 * C, nr, C, xb + r0 * C, p, p + C);
     }
+    double N = (double)(cg * S > 0 ? cg * S : 1);
     for (int64_t g = 0; g < G; g++) {
-        double t = 0;
-        for (int64_t k = 0; k < nch; k++)
-            for (int64_t c = g * cg; c < (g + 1) * cg; c++) t += part[k * C + c];
-        out[g] = t / (double)(cg * S > 0 ? cg * S : 1);
+        double t = 0, m2 = 0;
+        for (int64_t k = 0; k < nch; k++) {
+            double nk = (double)(S - k * GN_CHUNK < GN_CHUNK ? S - k * GN_CHUNK : GN_CHUNK);
+            for (int64_t c = g * cg; c < (g + 1) * cg; c++) t += part[k * 2 * C + c] + nk * xb[k * GN_CHUNK * C + c];
+        }
+        double m = t / N;
+        for (int64_t k = 0; k < nch; k++) {
+            double nk = (double)(S - k * GN_CHUNK < GN_CHUNK ? S - k * GN_CHUNK : GN_CHUNK);
+            for (int64_t c = g * cg; c < (g + 1) * cg; c++) {
+                double dk = (double)xb[k * GN_CHUNK * C + c] - m, s1 = part[k * 2 * C + c], s2 = part[k * 2 * C + C + c];
+                m2 += s2 + 2 * dk * s1 + nk * dk * dk;
+            }
+        }
+        mean[g] = m;
+        var[g] = m2 > 0 ? m2 / N : 0;
     }
 }
 
@@ -491,7 +504,7 @@ static void gn_rows_apply_bf16(const float *x, uint16_t *y, int64_t rows, int64_
 static void gn_nhwc(const float *x, const float *w, const float *b, void *y, int64_t B, int64_t C, int64_t S,
                     int64_t G, float eps, int silu, int y_bf16) {
     int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
-    double *part = malloc(sizeof(double) * (size_t)(nch * C + 2 * G + C) + 1);
+    double *part = malloc(sizeof(double) * (size_t)(2 * nch * C + 2 * G) + 1);
     float *f = malloc(sizeof(float) * 3 * (size_t)C + 1);
     if (!part || !f) {
         free(part);
@@ -499,15 +512,13 @@ static void gn_nhwc(const float *x, const float *w, const float *b, void *y, int
         kb_defer_failure(KILN_ERR_NOMEM, "group_norm: out of memory");
         return;
     }
-    double *mean = part + nch * C, *var = mean + G, *mc = var + G;
+    double *mean = part + 2 * nch * C, *var = mean + G;
     float *mf = f, *a = f + C, *cc = f + 2 * C;
     for (int64_t bb = 0; bb < B; bb++) {
         const float *xb = x + bb * S * C;
         float *yb = y_bf16 ? NULL : (float *)y + bb * S * C;
         uint16_t *yh = y_bf16 ? (uint16_t *)y + bb * S * C : NULL;
-        gn_nhwc_pass(xb, S, C, G, NULL, part, mean);
-        for (int64_t c = 0; c < C; c++) mc[c] = mean[c / cg];
-        gn_nhwc_pass(xb, S, C, G, mc, part, var);
+        gn_nhwc_moments(xb, S, C, G, part, mean, var);
         for (int64_t c = 0; c < C; c++) {
             double inv = 1.0 / sqrt(var[c / cg] + (double)eps);
             mf[c] = (float)mean[c / cg];
