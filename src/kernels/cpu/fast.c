@@ -1156,6 +1156,68 @@ static int reorder_run(const reorder_entry *r, const void *src, void *dst) {
  * run through oneDNN in dt (bf16 with f32 accumulation, or f32). */
 #define QT 256
 
+/* fast_attention where there are fewer (batch, head) pairs than threads:
+ * each head's q, k, v packed once (by all threads), then its query strips
+ * shared out, each strip the same two matmuls and softmax as there (the
+ * same bits), on its thread's work buffers */
+static void attention_by_strips(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
+                                int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, const reorder_entry *rk,
+                                const reorder_entry *rv) {
+    const int64_t D = H * Dh;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    const int bf = dt == KILN_BF16;
+    size_t esz = bf ? 2 : 4;
+    uint8_t *qh = scratch_must(0, esz * (size_t)(Nq * Dh)), *kh = scratch_must(1, esz * (size_t)(Nk * Dh)),
+            *vh = scratch_must(2, esz * (size_t)(Nk * Dh));
+    void *kp = scratch_must(5, dnnl_memory_desc_get_size(&rk->dst)), *vp = scratch_must(6, dnnl_memory_desc_get_size(&rv->dst));
+    if (!qh || !kh || !vh || !kp || !vp) return;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < Nq; i++) {
+                const float *src = q + (b * Nq + i) * D + h * Dh;
+                if (bf) to_bf16_scaled(src, (uint16_t *)qh + i * Dh, Dh, scale);
+                else copy_scaled(src, (float *)qh + i * Dh, Dh, scale);
+            }
+#pragma omp parallel for schedule(static)
+            for (int64_t j = 0; j < Nk; j++) {
+                const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
+                if (bf) {
+                    to_bf16_scaled(ks, (uint16_t *)kh + j * Dh, Dh, 1.0f);
+                    to_bf16_scaled(vs, (uint16_t *)vh + j * Dh, Dh, 1.0f);
+                } else {
+                    memcpy((float *)kh + j * Dh, ks, sizeof(float) * (size_t)Dh);
+                    memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
+                }
+            }
+            if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
+                kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
+                return;
+            }
+#pragma omp parallel for schedule(dynamic)
+            for (int64_t i0 = 0; i0 < Nq; i0 += QT) {
+                float *sc = scratch_must(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
+                uint8_t *p = scratch_must(7, esz * (size_t)(QT * Nk));
+                if (!sc || !p) continue;
+                float *ot = sc + QT * Nk;
+                int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
+                prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
+                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, sc)) {
+                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
+                    continue;
+                }
+                for (int64_t r = 0; r < m; r++) softmax_row(sc + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
+                prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
+                if (!run_matmul(&k2, p, vp, NULL, ot)) {
+                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
+                    continue;
+                }
+                for (int64_t r = 0; r < m; r++)
+                    memcpy(o + (b * Nq + i0 + r) * D + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
+            }
+        }
+}
+
 static void fast_attention(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
                            int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
     const int64_t D = H * Dh;
@@ -1170,6 +1232,10 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
     }
     size_t kp_bytes = dnnl_memory_desc_get_size(&rk->dst), vp_bytes = dnnl_memory_desc_get_size(&rv->dst);
     int nt = omp_get_max_threads();
+    if (B * H < nt && Nq > QT) { /* fewer heads than threads (the VAE's one): the strips in parallel */
+        attention_by_strips(dt, q, k, v, o, B, Nq, Nk, H, Dh, rk, rv);
+        return;
+    }
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nt)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
