@@ -510,6 +510,17 @@ TEST(aligned_allocations) {
     setenv("KILN_NO_HUGE", "0", 1); /* "0": huge pages stay on */
     CHECK(kb_huge_pages());
     unsetenv("KILN_NO_HUGE");
+    /* asked for (madvise) only with KILN_HUGE=1, and never with KILN_NO_HUGE */
+    CHECK(!kb_huge_pages_asked());
+    setenv("KILN_HUGE", "1", 1);
+    CHECK(kb_huge_pages_asked());
+    unsigned char *p = kb_alloc_aligned((size_t)4 << 20);
+    CHECK(p && (uintptr_t)p % ((size_t)2 << 20) == 0);
+    kb_free_aligned(p);
+    setenv("KILN_NO_HUGE", "1", 1);
+    CHECK(!kb_huge_pages_asked());
+    unsetenv("KILN_NO_HUGE");
+    unsetenv("KILN_HUGE");
 }
 
 int main(void) {

@@ -449,6 +449,42 @@ TEST(vae_ops_refuse_bad_shapes) {
     x = kg_input(&g, "x", 3, (int64_t[]){1, 12, 5});
     CHECK(kg_upsample_nearest(&g, x, 2, KG_NCHW) < 0 && strstr(kiln_last_error(), "input [1, 12, 5] is not [B, C, H, W]"));
     kg_free(&g);
+    /* channels last: the channels are the last dim */
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 8});
+    w = kg_input(&g, "w", 4, (int64_t[]){4, 5, 3, 3});
+    CHECK(kg_conv2d(&g, x, w, -1, 1, 1, 1, KG_NHWC) < 0 && strstr(kiln_last_error(), "are not [B, H, W, Cin] and [Cout, Cin, kh, kw]"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 12});
+    CHECK(kg_group_norm(&g, x, -1, -1, 8, 1e-6f, 0, KG_NHWC) < 0 &&
+          strstr(kiln_last_error(), "input [1, 5, 5, 12] is not [B, ..., C] with C a multiple of 8 groups"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 12});
+    CHECK(kg_upsample_nearest(&g, x, 2, 7) < 0 && strstr(kiln_last_error(), "is not [B, C, H, W]")); /* no layout 7 */
+    kg_free(&g);
+    /* an up2 conv wants the sub-pixel weight [4 Cout, Cin, 2, 2], not the 3x3 one */
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 8});
+    w = kg_input(&g, "w", 4, (int64_t[]){4, 8, 3, 3});
+    CHECK(kg_conv2d_up2(&g, x, w, -1) < 0 && strstr(kiln_last_error(), "are not [B, H, W, Cin] and a sub-pixel [4 Cout, Cin, 2, 2]"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 8});
+    w = kg_input(&g, "w", 4, (int64_t[]){16, 8, 2, 2});
+    b = kg_input(&g, "b", 1, (int64_t[]){16});
+    CHECK(kg_conv2d_up2(&g, x, w, b) < 0 && strstr(kiln_last_error(), "the bias must be [4]"));
+    kg_free(&g);
+    /* reshape keeps the count */
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 8});
+    CHECK(kg_reshape(&g, x, 3, (int64_t[]){1, 24, 8}) < 0 && strstr(kiln_last_error(), "(192 values, not 200)"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    x = kg_input(&g, "x", 4, (int64_t[]){1, 5, 5, 8});
+    CHECK(kg_reshape(&g, x, 5, (int64_t[]){1, 1, 5, 5, 8}) < 0 && strstr(kiln_last_error(), "5 dims (a tensor has 1 to 4)"));
+    kg_free(&g);
 }
 
 /* the encoder's std: exp(0.5 * clamp(logvar, -30, 20)), planned as eager */

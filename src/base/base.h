@@ -54,10 +54,13 @@ void *kb_calloc(size_t n, size_t size); /* checks n*size overflow */
 char *kb_strdup(const char *s);
 char *kb_strfmt(const char *fmt, ...) KB_PRINTF(1, 2); /* malloc'd */
 /* 64-byte aligned allocation for tensors; free with kb_free_aligned. From
- * 2 MiB up: 2 MiB aligned, with transparent huge pages asked for (mem.c). */
+ * 2 MiB up: 2 MiB aligned (transparent huge pages where THP is "always";
+ * asked for with KILN_HUGE=1, mem.c). */
 void *kb_alloc_aligned(size_t n);
 /* 0 when KILN_NO_HUGE is set (not "0"): small pages everywhere */
 int kb_huge_pages(void);
+/* 1 when KILN_HUGE=1 asks for them on large buffers (madvise MADV_HUGEPAGE; mem.c says why it is opt-in) */
+int kb_huge_pages_asked(void);
 /* The tests' seam for out-of-memory paths: kb_alloc_aligned fails a request
  * of n bytes, as if memory ran out, when this returns nonzero. The library's
  * own definition (weak, mem.c) never does; a test program defines its own. */

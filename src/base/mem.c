@@ -51,18 +51,28 @@ char *kb_strfmt(const char *fmt, ...) {
 }
 
 /* Buffers of 2 MiB and more (the arena, the GEMMs' work buffers, packed
- * weights) start on a 2 MiB boundary and ask for transparent huge pages.
- * A GEMM's epilogue writes its output rows 3-24 KiB apart, each on its own
- * 4 KiB page, so with small pages nearly every row it writes misses the
- * TLB: huge pages made the 1024x1536x6144 GEMM 1.05-1.07x faster (paired,
- * docs/PERFORMANCE.md). Advice only: where THP is off it does nothing.
- * KILN_NO_HUGE=1 keeps small pages. */
+ * weights) start on a 2 MiB boundary, so that where the kernel's THP mode
+ * is "always" they can sit on transparent huge pages. A GEMM's epilogue
+ * writes its output rows 3-24 KiB apart, each on its own 4 KiB page, so
+ * with small pages nearly every row it writes misses the TLB: huge pages
+ * made the 1024x1536x6144 GEMM 1.05-1.07x faster in a warm process (paired,
+ * docs/PERFORMANCE.md). Asking for them (madvise MADV_HUGEPAGE) is opt-in,
+ * KILN_HUGE=1: with THP's usual defrag mode an advised fault compacts
+ * memory until a huge page is free, and a fresh process's first touch of
+ * its activations paid for it: a 1024x1024 VAE decode spent 8-9 s of CPU in
+ * the kernel against 2.1-2.4 s without the advice, 17.1-17.6 s against
+ * 12.7-13.4 s of wall time (AMD Zen 5, 2 threads, paired). KILN_NO_HUGE=1:
+ * no 2 MiB alignment, no advice (and none for the cache mapping, fs.c). */
 #define KB_HUGE ((size_t)2 << 20)
 
-int kb_huge_pages(void) {
-    const char *v = getenv("KILN_NO_HUGE");
-    return !(v && *v && strcmp(v, "0") != 0);
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
 }
+
+int kb_huge_pages(void) { return !env_on("KILN_NO_HUGE"); }
+
+int kb_huge_pages_asked(void) { return env_on("KILN_HUGE") && kb_huge_pages(); }
 
 __attribute__((weak)) int kb_alloc_fault(size_t n) {
     (void)n;
@@ -78,7 +88,7 @@ void *kb_alloc_aligned(size_t n) {
         kb_fail(KILN_ERR_NOMEM, "out of memory allocating %zu bytes", n);
         return NULL;
     }
-    if (huge) madvise(p, rounded, MADV_HUGEPAGE);
+    if (huge && kb_huge_pages_asked()) madvise(p, rounded, MADV_HUGEPAGE);
     return p;
 }
 

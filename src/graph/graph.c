@@ -927,10 +927,11 @@ kg_id kg_relu(kg_graph *g, kg_id x) { return unary(g, KG_RELU, x); }
 kg_id kg_reshape(kg_graph *g, kg_id x, int ndim, const int64_t *shape) {
     if (!ok(g, x, -1, -1)) return -1;
     const kg_node *X = node(g, x);
+    if (ndim < 1 || ndim > 4) return fail(g, KILN_ERR_SHAPE, "reshape: %d dims (a tensor has 1 to 4)", ndim);
     int64_t n = 1, m = 1;
     for (int d = 0; d < X->ndim; d++) n *= X->shape[d];
-    for (int d = 0; d >= 0 && d < ndim && ndim <= 4; d++) m = shape[d] < 0 ? -1 : m * shape[d];
-    if (ndim < 1 || ndim > 4 || m != n) {
+    for (int d = 0; d < ndim; d++) m = shape[d] < 0 || m < 0 ? -1 : m * shape[d];
+    if (m != n) {
         char xs[64];
         kg_shape_str(X, xs, sizeof xs);
         return fail(g, KILN_ERR_SHAPE, "reshape: input %s into %d dims of another count (%lld values, not %lld)", xs, ndim,

@@ -453,7 +453,10 @@ static kiln_status run_planned(kiln_model *m, const int64_t *s, const float *con
         m->exec.arena_bytes = 0;
         if (!(m->exec.arena = kk_buf_alloc(m->backend, plan.arena_bytes)))
             st = kb_fail(KILN_ERR_NOMEM, "planned executor: cannot allocate a %zu-byte arena", plan.arena_bytes);
-        else m->exec.arena_bytes = plan.arena_bytes;
+        else {
+            m->exec.arena_bytes = plan.arena_bytes;
+            kb_log(KILN_LOG_DEBUG, "planned executor: a %.1f MiB arena", (double)plan.arena_bytes / (1 << 20));
+        }
     }
     /* nodes made from weights alone (a cropped position table) are kept
      * from the forward before when the shape is the same */
