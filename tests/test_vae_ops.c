@@ -300,7 +300,7 @@ TEST(fast_conv_matches_reference) {
     };
     for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
         kk_conv p = {geo[i].B, geo[i].Cin, geo[i].H, geo[i].W, geo[i].Cout, geo[i].k, geo[i].k, 0, 0,
-                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0, 0};
+                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0, 0, 0};
         p.Ho = (p.H + p.pad_lo + p.pad_hi - p.kh) / p.stride + 1;
         p.Wo = (p.W + p.pad_lo + p.pad_hi - p.kw) / p.stride + 1;
         size_t nx = (size_t)(p.B * p.Cin * p.H * p.W), nw = (size_t)(p.Cout * p.Cin * p.kh * p.kw),
@@ -311,10 +311,10 @@ TEST(fast_conv_matches_reference) {
         kiln_noise(200 + i, w, nw);
         kiln_noise(300 + i, b, (size_t)p.Cout);
         kk_weight wv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .f32 = w, .packed_dtype = KILN_F32};
-        kk_reference()->conv2d(x, &wv, geo[i].bias ? b : NULL, y0, &p);
+        kk_reference()->conv2d(x, &wv, geo[i].bias ? b : NULL, NULL, y0, &p);
         unsigned long mark = kb_deferred_mark();
-        fast->conv2d(x, &wv, geo[i].bias ? b : NULL, y1, &p);
-        fast->conv2d(x, &wv, geo[i].bias ? b : NULL, y2, &p); /* the kept primitive, again */
+        fast->conv2d(x, &wv, geo[i].bias ? b : NULL, NULL, y1, &p);
+        fast->conv2d(x, &wv, geo[i].bias ? b : NULL, NULL, y2, &p); /* the kept primitive, again */
         CHECK_OK(kb_deferred_since(mark));
         CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: a second call differs", i);
         /* the weight packed as at conversion: the same sums, bit for bit */
@@ -325,7 +325,7 @@ TEST(fast_conv_matches_reference) {
         void *packed = kb_alloc_aligned(pbytes);
         CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_F32, packed));
         kk_weight pv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = packed, .packed_dtype = KILN_F32};
-        fast->conv2d(x, &pv, geo[i].bias ? b : NULL, y2, &p);
+        fast->conv2d(x, &pv, geo[i].bias ? b : NULL, NULL, y2, &p);
         CHECK_OK(kb_deferred_since(mark));
         CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed f32 weight's result differs", i);
         kb_free_aligned(packed);
@@ -338,14 +338,23 @@ TEST(fast_conv_matches_reference) {
             kk_conv pl = p;
             pl.nhwc = 1;
             float *xl = transpose_c(x, p.B, p.Cin, p.H * p.W, 1), *yl = malloc(sizeof(float) * ny);
-            kk_reference()->conv2d(xl, &wv, geo[i].bias ? b : NULL, yl, &pl);
+            kk_reference()->conv2d(xl, &wv, geo[i].bias ? b : NULL, NULL, yl, &pl);
             float *yb = transpose_c(yl, p.B, p.Cout, p.Ho * p.Wo, 0);
             CHECK_MSG(!memcmp(yb, y0, sizeof(float) * ny), "geometry %zu: the reference's channels-last conv differs", i);
             free(yb);
+            /* a residual added as it writes (kg_fuse's resnet add): the conv's values + r */
+            float *r = malloc(sizeof(float) * ny), *yr = malloc(sizeof(float) * ny), *ys = malloc(sizeof(float) * ny);
+            kiln_noise(1000 + i, r, ny);
+            kk_conv pr = pl;
+            pr.residual = 1;
+            kk_reference()->conv2d(xl, &wv, geo[i].bias ? b : NULL, r, yr, &pr);
+            size_t off = 0;
+            for (size_t k = 0; k < ny; k++) off += yr[k] != yl[k] + r[k];
+            CHECK_MSG(!off, "geometry %zu: %zu of the reference's residual sums are not conv + r", i, off);
             for (int dt = 0; dt < 2; dt++) {
                 const kk_backend *be = dt ? kk_fast(KILN_BF16) : fast;
                 if (!be) continue;
-                be->conv2d(xl, &wv, geo[i].bias ? b : NULL, yl, &pl);
+                be->conv2d(xl, &wv, geo[i].bias ? b : NULL, NULL, yl, &pl);
                 CHECK_OK(kb_deferred_since(mark));
                 yb = transpose_c(yl, p.B, p.Cout, p.Ho * p.Wo, 0);
                 double el = rel_l2(yb, y0, ny);
@@ -353,7 +362,15 @@ TEST(fast_conv_matches_reference) {
                 CHECK_MSG(dt ? el < 1e-2 : el < 1e-5, "geometry %zu: channels-last %s conv error %.3g", i,
                           dt ? "bf16" : "f32", el);
                 free(yb);
+                be->conv2d(xl, &wv, geo[i].bias ? b : NULL, r, ys, &pr);
+                CHECK_OK(kb_deferred_since(mark));
+                for (size_t k = 0; k < ny; k++) yl[k] += r[k];
+                double er = rel_l2(ys, yl, ny);
+                fprintf(stderr, "    + residual, %s: %.3g against conv then add\n", dt ? "bf16" : "f32", er);
+                CHECK_MSG(er < 1e-6, "geometry %zu: the %s conv's residual sum is %.3g from conv then add", i,
+                          dt ? "bf16" : "f32", er);
             }
+            free(r), free(yr), free(ys);
             /* bf16 rows in (a group norm's, conv_bf16_io): the bits of the f32 x rounded by the conv itself */
             const kk_backend *f16 = kk_fast(KILN_BF16);
             if (f16 && f16->conv_bf16_io && 1) {
@@ -367,10 +384,10 @@ TEST(fast_conv_matches_reference) {
                 CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, pk));
                 kk_weight hv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = pk, .packed_dtype = KILN_BF16};
                 CHECK(f16->conv_bf16_io(&hv) && !f16->conv_bf16_io(&wv));
-                f16->conv2d(xl, &hv, geo[i].bias ? b : NULL, yl, &pl);
+                f16->conv2d(xl, &hv, geo[i].bias ? b : NULL, NULL, yl, &pl);
                 kk_conv ph = pl;
                 ph.x_bf16 = 1;
-                f16->conv2d((const float *)xh, &hv, geo[i].bias ? b : NULL, y3, &ph);
+                f16->conv2d((const float *)xh, &hv, geo[i].bias ? b : NULL, NULL, y3, &ph);
                 CHECK_OK(kb_deferred_since(mark));
                 CHECK_MSG(!memcmp(yl, y3, sizeof(float) * ny), "geometry %zu: the conv of bf16 rows differs", i);
                 kb_free_aligned(pk);
@@ -380,7 +397,7 @@ TEST(fast_conv_matches_reference) {
         }
         const kk_backend *f16 = kk_fast(KILN_BF16); /* bf16 inputs and weights, f32 sums: within bf16 rounding */
         if (f16) {
-            f16->conv2d(x, &wv, geo[i].bias ? b : NULL, y1, &p);
+            f16->conv2d(x, &wv, geo[i].bias ? b : NULL, NULL, y1, &p);
             double e16 = rel_l2(y1, y0, ny);
             fprintf(stderr, "    bf16: %.3g\n", e16);
             CHECK_MSG(e16 < 1e-2 && e16 > 0, "geometry %zu: bf16 conv error %.3g", i, e16);
@@ -390,14 +407,14 @@ TEST(fast_conv_matches_reference) {
             packed = kb_alloc_aligned(pbytes);
             CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, packed));
             pv = (kk_weight){.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = packed, .packed_dtype = KILN_BF16};
-            f16->conv2d(x, &pv, geo[i].bias ? b : NULL, y2, &p);
+            f16->conv2d(x, &pv, geo[i].bias ? b : NULL, NULL, y2, &p);
             CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed bf16 weight's result differs", i);
             kb_free_aligned(packed);
             CHECK_OK(kk_fast_conv_layout(p.Cout, p.Cin, p.kh, p.kw, KILN_F32, layout, &pbytes));
             packed = kb_alloc_aligned(pbytes);
             CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_F32, packed));
             pv = (kk_weight){.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = packed, .packed_dtype = KILN_F32};
-            f16->conv2d(x, &pv, geo[i].bias ? b : NULL, y2, &p);
+            f16->conv2d(x, &pv, geo[i].bias ? b : NULL, NULL, y2, &p);
             CHECK_MSG(rel_l2(y2, y0, ny) < 1e-5, "geometry %zu: a kept-f32 weight in the bf16 backend: %.3g", i,
                       rel_l2(y2, y0, ny));
             kb_free_aligned(packed);
@@ -587,13 +604,13 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
         kiln_noise(800 + i, w, (size_t)(Co * Ci * 9));
         kiln_noise(900 + i, b, (size_t)Co);
         kk_upsample_nearest(x, u, Bq, Ci, H, Wd, 2, 1);
-        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0, 0};
+        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0, 0, 0};
         kk_weight wv = {.M = Co, .K = Ci * 9, .f32 = w, .packed_dtype = KILN_F32};
-        kk_reference()->conv2d(u, &wv, b, y0, &pc);
+        kk_reference()->conv2d(u, &wv, b, NULL, y0, &pc);
         kk_conv_up2_weight(w, Co, Ci, w2);
-        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1, 0};
+        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1, 0, 0};
         kk_weight wu = {.M = 4 * Co, .K = Ci * 4, .f32 = w2, .packed_dtype = KILN_F32};
-        kk_reference()->conv2d(x, &wu, b, y1, &pu);
+        kk_reference()->conv2d(x, &wu, b, NULL, y1, &pu);
         double e = rel_l2(y1, y0, ny);
         fprintf(stderr, "  up2 conv [%lld,%lld,%lld,%lld] -> %lld: reference folded vs upsample + conv %.3g\n", (long long)Bq,
                 (long long)H, (long long)Wd, (long long)Ci, (long long)Co, e);
@@ -605,7 +622,7 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
                 fprintf(stderr, "  no fast %s backend on this machine: skipped\n", dt ? "bf16" : "f32");
                 continue;
             }
-            be->conv2d(x, &wu, b, y2, &pu);
+            be->conv2d(x, &wu, b, NULL, y2, &pu);
             CHECK_OK(kb_deferred_since(mark));
             double ef = rel_l2(y2, y0, ny);
             fprintf(stderr, "    fast %s: %.3g\n", dt ? "bf16" : "f32", ef);
@@ -617,7 +634,7 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
             void *packed = kb_alloc_aligned(pbytes);
             CHECK_OK(kk_fast_conv_pack(w2, 4 * Co, Ci, 2, 2, pdt, packed));
             kk_weight pv = {.M = 4 * Co, .K = Ci * 4, .packed = packed, .packed_dtype = pdt};
-            be->conv2d(x, &pv, b, y1, &pu);
+            be->conv2d(x, &pv, b, NULL, y1, &pu);
             CHECK_OK(kb_deferred_since(mark));
             CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed %s weight's result differs", i,
                       dt ? "bf16" : "f32");

@@ -579,6 +579,24 @@ void kg_fuse(kg_graph *g) {
         n->op = KG_ALIAS;
         alias_to(g, i, y);
     }
+    /* a resnet's add of two tensors of one shape, one of them a channels-last
+     * convolution (not an up2) nothing else reads and made after the other:
+     * the convolution adds the other as it writes (src[3], the kernel's
+     * residual) */
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        if (n->op != KG_ADD || n->ndim != 4) continue;
+        kg_id a = n->src[0], b = n->src[1];
+        kg_id c = a > b ? a : b, r = a > b ? b : a; /* the later one folds the earlier one in */
+        kg_node *cv = &g->nodes[c];
+        if (r < 0 || cv->op != KG_CONV2D || uses[c] != 1 || cv->iparam[3] != 1 || cv->src[3] >= 0 ||
+            memcmp(cv->shape, n->shape, sizeof n->shape) || g->nodes[r].ndim != 4 ||
+            memcmp(g->nodes[r].shape, n->shape, sizeof n->shape))
+            continue;
+        cv->src[3] = r;
+        n->op = KG_ALIAS;
+        alias_to(g, i, c);
+    }
     free(uses);
 }
 

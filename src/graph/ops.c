@@ -210,17 +210,19 @@ static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
 
 /* ---- the VAE's ops ---------------------------------------------------------- */
 
-/* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] (+ b) -> [B,Cout,Ho,Wo] (ip[3] bit 0:
- * both channels last; bit 1: x upsampled 2x first, w sub-pixel); a backend
+/* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] (+ b) (+ src[3], a residual kg_fuse
+ * folded in) -> [B,Cout,Ho,Wo] (ip[3] bit 0: both channels last; bit 1: x
+ * upsampled 2x first, w sub-pixel); a backend
  * without a conv of its own runs the reference's */
 static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
     const int64_t *xs = c->sh[0];
     kk_conv p = c->ip[3] & 1 ? (kk_conv){xs[0], xs[3], xs[1], xs[2], YS[3], c->sh[1][2], c->sh[1][3], YS[1], YS[2],
-                                         c->ip[0], c->ip[1], c->ip[2], 1, c->ip[3] >> 1 & 1, c->fmt[0] == KK_FMT_BF16}
+                                         c->ip[0], c->ip[1], c->ip[2], 1, c->ip[3] >> 1 & 1, c->fmt[0] == KK_FMT_BF16,
+                                         F(3) != NULL}
                              : (kk_conv){xs[0], xs[1], xs[2], xs[3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
-                                         c->ip[0], c->ip[1], c->ip[2], 0, 0, 0};
+                                         c->ip[0], c->ip[1], c->ip[2], 0, 0, 0, F(3) != NULL};
     const kk_backend *be = x->be->conv2d ? x->be : kk_reference();
-    be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), Y, &p); /* the weight: its GEMM view (ops.def) */
+    be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), F(3), Y, &p); /* the weight: its GEMM view (ops.def) */
 }
 
 /* x [B,C,...] (ip[2]: [B,...,C]): every dim but the batch and the channels is one position axis */

@@ -89,11 +89,13 @@ void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_
  * up2 (with nhwc): x nearest-upsampled 2x, then a 3x3 conv padded 1, folded
  * into one: w is the sub-pixel form [4 Cout, Cin, 2, 2] of the 3x3 weight
  * (kk_conv_up2_weight), kh = kw = 2, Ho = 2 H, Wo = 2 W, stride and pads 1.
- * x_bf16 (with nhwc, not up2; conv_bf16_io backends only): x is bf16 rows. */
+ * x_bf16 (with nhwc, not up2; conv_bf16_io backends only): x is bf16 rows.
+ * residual: a tensor of y's shape and layout is added to y (the slot's
+ * res; kg_fuse folds a resnet's add into its conv). */
 typedef struct kk_conv {
     int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
     int64_t stride, pad_lo, pad_hi;
-    int64_t nhwc, up2, x_bf16;
+    int64_t nhwc, up2, x_bf16, residual;
 } kk_conv;
 
 typedef struct kk_backend {
@@ -182,11 +184,12 @@ typedef struct kk_backend {
     kiln_status (*pack)(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
 
     /* ---- the VAE's convolutions. y [B,Cout,Ho,Wo] = conv(x [B,Cin,H,W], w)
-     * + b [Cout] (b may be NULL), geometry p; w [Cout,Cin,kh,kw] as M = Cout,
+     * + b [Cout] (+ res, y's shape, where p->residual; b and res may be
+     * NULL), geometry p; w [Cout,Cin,kh,kw] as M = Cout,
      * K = Cin*kh*kw: f32 row-major, or packed (packed_dtype F32 or BF16) in
      * kk_fast_conv_layout's layout at conversion (the fast backends read
      * either; the reference needs f32). Optional: NULL runs the reference's. */
-    void (*conv2d)(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p);
+    void (*conv2d)(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
     /* Optional (NULL: kk_group_norm, the double-precision form): the group
      * norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b, SiLU when
      * silu, as kk_group_norm computes it; y_bf16 (nhwc, conv_bf16_io

@@ -36,6 +36,7 @@ typedef struct {
     kk_conv p;
     int64_t pad_t; /* rows of zeros above x (p.pad_lo but in a band of an up2 conv); below: what makes Ho */
     int bf16;
+    int res_after; /* p.residual, and oneDNN had no post-op add for it: added after the primitive */
     /* a reorder is NULL where the two layouts are the same */
     dnnl_primitive_t prim, xreorder, yreorder;
     dnnl_primitive_t wreorder[3]; /* into wei from: f32 row-major, packed f32, packed bf16 */
@@ -119,8 +120,33 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
              !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &sany, &wany,
                                                  &e.bias, &dany, st, pl, pr) &&
              !dnnl_primitive_attr_create(&attr) &&
-             !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) &&
-             !dnnl_primitive_desc_create(&pd, &cd, attr, kk_dnnl_engine(), NULL);
+             !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    ok = ok && !dnnl_primitive_desc_create(&pd, &cd, attr, kk_dnnl_engine(), NULL);
+    /* a residual as the primitive's post-op add (src1 in our layout of y)
+     * where oneDNN runs it in the same implementation writing y as it is
+     * (brgconv f32 does; bf16 brgconv in oneDNN 2.6 falls back to gemm:jit
+     * with y reordered, and the sum came out wrong there): else added after */
+    if (ok && p->residual) {
+        dnnl_post_ops_t po = NULL;
+        dnnl_primitive_attr_t pa = NULL;
+        dnnl_primitive_desc_t ppd = NULL;
+        const char *impl = "", *pimpl = "";
+        int po_ok = !dnnl_post_ops_create(&po) && !dnnl_post_ops_append_binary(po, dnnl_binary_add, &e.yplain) &&
+                    !dnnl_primitive_attr_create(&pa) && !dnnl_primitive_attr_set_scratchpad_mode(pa, dnnl_scratchpad_mode_user) &&
+                    !dnnl_primitive_attr_set_post_ops(pa, po) && !dnnl_primitive_desc_create(&ppd, &cd, pa, kk_dnnl_engine(), NULL) &&
+                    !dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) &&
+                    !dnnl_primitive_desc_query(ppd, dnnl_query_impl_info_str, 0, &pimpl) && !strcmp(impl, pimpl) &&
+                    dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(ppd, dnnl_query_dst_md, 0), &e.yplain);
+        if (po_ok) {
+            dnnl_primitive_desc_destroy(pd);
+            pd = ppd;
+        } else {
+            if (ppd) dnnl_primitive_desc_destroy(ppd);
+            e.res_after = 1;
+        }
+        if (po) dnnl_post_ops_destroy(po);
+        if (pa) dnnl_primitive_attr_destroy(pa);
+    }
     if (ok) {
         e.src = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
         e.wei = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
@@ -180,7 +206,13 @@ static int weight_from(const conv_entry *e, const kk_weight *w) {
     return k >= 0 && e->has_packed[k] ? 1 + k : -1;
 }
 
-static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, const float *b, float *y) {
+/* y += r over n values (a residual oneDNN could not add as a post-op) */
+KK_CLONES static void add_residual(float *y, const float *r, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+    for (size_t i = 0; i < n; i++) y[i] += r[i];
+}
+
+static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, const float *b, const float *res, float *y) {
     dnnl_stream_t strm = kk_dnnl_stream();
     int from = weight_from(e, w);
     if (!strm || from < 0) return 0;
@@ -203,20 +235,24 @@ static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, cons
         memset(z, 0, sizeof(float) * (size_t)e->p.Cout);
         bias = z;
     }
-    dnnl_memory_t m[5] = {NULL};
-    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_BIAS, NULL},
-                               {DNNL_ARG_DST, NULL}, {DNNL_ARG_SCRATCHPAD, NULL}};
-    const dnnl_memory_desc_t *md[5] = {&e->src, &e->wei, &e->bias, &e->dst, &e->sp};
-    void *data[5] = {src, wbuf, (void *)bias, dst, sp};
-    int n = spbytes ? 5 : 4, ok = 1;
+    if (e->p.residual && !res) return 0;
+    dnnl_memory_t m[6] = {NULL};
+    dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_BIAS, NULL}, {DNNL_ARG_DST, NULL}};
+    const dnnl_memory_desc_t *md[6] = {&e->src, &e->wei, &e->bias, &e->dst};
+    void *data[6] = {src, wbuf, (void *)bias, dst};
+    int n = 4, ok = 1;
+    if (spbytes) args[n].arg = DNNL_ARG_SCRATCHPAD, md[n] = &e->sp, data[n++] = sp;
+    if (e->p.residual && !e->res_after) /* the post-op's addend, in our layout of y */
+        args[n].arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, md[n] = &e->yplain, data[n++] = (void *)res;
     for (int i = 0; i < n && ok; i++) {
         ok = !dnnl_memory_create(&m[i], md[i], kk_dnnl_engine(), data[i]);
         args[i].memory = m[i];
     }
     if (ok) ok = !dnnl_primitive_execute(e->prim, strm, n, args) && !dnnl_stream_wait(strm);
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (m[i]) dnnl_memory_destroy(m[i]);
     if (ok && e->yreorder) ok = run_reorder(e->yreorder, strm, &e->dst, dst, &e->yplain, y);
+    if (ok && e->res_after) add_residual(y, res, (size_t)(e->p.B * e->p.Cout * e->p.Ho * e->p.Wo));
     return ok;
 }
 
@@ -259,9 +295,9 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
         for (int64_t p0 = 0; p0 <= H; p0 += R) {
             int64_t p1 = p0 + R < H + 1 ? p0 + R : H + 1; /* grid rows [p0, p1) */
             int64_t r0 = p0 ? p0 - 1 : 0, r1 = p1 < H ? p1 : H; /* x rows [r0, r1) */
-            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0, 0};
+            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0, 0, 0};
             const conv_entry *e = get_conv_band(&band, p0 ? 0 : 1, bf16);
-            if (!e || !conv_run(e, x + (n * H + r0) * W * Cin, w, NULL, ph)) return 0;
+            if (!e || !conv_run(e, x + (n * H + r0) * W * Cin, w, NULL, NULL, ph)) return 0;
             const int64_t nr = p1 - p0;
 #pragma omp parallel for collapse(2) schedule(static) if (nr * W * C4 > (1 << 15))
             for (int64_t r = 0; r < nr; r++)
@@ -286,27 +322,29 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
 /* In bf16 where the backend is bf16 and the weight is not one the model
  * keeps f32 (packed f32 in a bf16 model: ka_spec.keep_f32), and oneDNN has
  * the primitive; else in f32; the reference's loops where it has neither. */
-static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
+static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, const float *res, float *y,
+                      const kk_conv *p) {
     if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
     if (p->x_bf16) { /* bf16 rows from a group norm (conv_bf16_io): only oneDNN reads them */
         const conv_entry *e = p->nhwc && !p->up2 && kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
-        if (!e || !conv_run(e, x, w, b, y))
+        if (!e || !conv_run(e, x, w, b, res, y))
             kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: oneDNN did not run a convolution of bf16 activations");
         return;
     }
     if (p->up2) {
-        if (p->nhwc && kk_dnnl_engine() && (up2_run(bf16, x, w, b, y, p) || (bf16 && up2_run(0, x, w, b, y, p)))) return;
+        if (!p->residual && p->nhwc && kk_dnnl_engine() && (up2_run(bf16, x, w, b, y, p) || (bf16 && up2_run(0, x, w, b, y, p))))
+            return;
     } else {
         const conv_entry *e = kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
         if (!e && bf16) {
             kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN has no bf16 convolution for this geometry, f32 runs");
             e = get_conv(p, 0);
         }
-        if (e && conv_run(e, x, w, b, y)) return;
+        if (e && conv_run(e, x, w, b, res, y)) return;
     }
     kb_log(KILN_LOG_DEBUG, "conv2d: oneDNN declined, the reference kernel runs");
     if (!w->packed) {
-        kk_reference()->conv2d(x, w, b, y, p);
+        kk_reference()->conv2d(x, w, b, res, y, p);
         return;
     }
     float *wf = kk_dnnl_engine() ? kb_alloc_aligned(sizeof(float) * (size_t)(w->M * w->K)) : NULL;
@@ -316,15 +354,15 @@ static void fast_conv(int bf16, const float *x, const kk_weight *w, const float 
         return;
     }
     kk_weight f = {.M = w->M, .K = w->K, .f32 = wf, .packed_dtype = KILN_F32};
-    kk_reference()->conv2d(x, &f, b, y, p);
+    kk_reference()->conv2d(x, &f, b, res, y, p);
     kb_free_aligned(wf);
 }
 
-void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
-    fast_conv(0, x, w, b, y, p);
+void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p) {
+    fast_conv(0, x, w, b, res, y, p);
 }
-void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
-    fast_conv(1, x, w, b, y, p);
+void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p) {
+    fast_conv(1, x, w, b, res, y, p);
 }
 
 int kk_fast_conv_bf16_io(const kk_weight *w) { return w && w->packed && w->packed_dtype == KILN_BF16; }

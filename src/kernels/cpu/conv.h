@@ -8,8 +8,8 @@
 /* conv2d slot: oneDNN's convolution in f32, or in bf16 (x and w rounded to
  * bf16, f32 sums and y); w f32 row-major or packed by kk_fast_conv_pack
  * (kernels.h); the reference's loops where oneDNN declines */
-void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p);
-void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p);
+void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
+void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
 /* conv_bf16_io slot of the bf16 backend: w packed bf16 */
 int kk_fast_conv_bf16_io(const kk_weight *w);
 /* group_norm slot: x [B,C,S] (nhwc: [B,S,C]) over G groups, statistics in double */

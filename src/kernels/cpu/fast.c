@@ -1156,73 +1156,65 @@ static int reorder_run(const reorder_entry *r, const void *src, void *dst) {
  * run through oneDNN in dt (bf16 with f32 accumulation, or f32). */
 #define QT 256
 
-/* fast_attention where there are fewer (batch, head) pairs than threads:
- * each head's q, k, v packed once (by all threads), then its query strips
- * shared out, each strip the same two matmuls and softmax as there (the
- * same bits), on its thread's work buffers */
-static void attention_by_strips(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
-                                int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, const reorder_entry *rk,
-                                const reorder_entry *rv) {
+/* head (b, h)'s q (scaled by 1/sqrt(Dh)), k and v, dense, in dt (bf16 or
+ * f32), into qh [Nq,Dh], kh and vh [Nk,Dh]; their rows shared out among
+ * the threads when par (a caller outside a parallel region) */
+static void attn_pack_head(int bf, const float *q, const float *k, const float *v, int64_t b, int64_t h, int64_t Nq,
+                           int64_t Nk, int64_t H, int64_t Dh, uint8_t *qh, uint8_t *kh, uint8_t *vh, int par) {
     const int64_t D = H * Dh;
     const float scale = 1.0f / sqrtf((float)Dh);
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t i = 0; i < Nq; i++) {
+        const float *src = q + (b * Nq + i) * D + h * Dh;
+        if (bf) to_bf16_scaled(src, (uint16_t *)qh + i * Dh, Dh, scale);
+        else copy_scaled(src, (float *)qh + i * Dh, Dh, scale);
+    }
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t j = 0; j < Nk; j++) {
+        const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
+        if (bf) {
+            to_bf16_scaled(ks, (uint16_t *)kh + j * Dh, Dh, 1.0f);
+            to_bf16_scaled(vs, (uint16_t *)vh + j * Dh, Dh, 1.0f);
+        } else {
+            memcpy((float *)kh + j * Dh, ks, sizeof(float) * (size_t)Dh);
+            memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
+        }
+    }
+}
+
+/* one strip of QT (or fewer) queries from i0 of head (b, h): S = Q K^T
+ * (kp: K^T packed), exact row softmax into P, O = P V (vp), written to o;
+ * on this thread's work buffers; 0 when oneDNN failed (deferred) */
+static int attn_strip(kiln_dtype dt, const uint8_t *qh, const void *kp, const void *vp, float *o, int64_t b, int64_t h,
+                      int64_t i0, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
     const int bf = dt == KILN_BF16;
     size_t esz = bf ? 2 : 4;
-    uint8_t *qh = scratch_must(0, esz * (size_t)(Nq * Dh)), *kh = scratch_must(1, esz * (size_t)(Nk * Dh)),
-            *vh = scratch_must(2, esz * (size_t)(Nk * Dh));
-    void *kp = scratch_must(5, dnnl_memory_desc_get_size(&rk->dst)), *vp = scratch_must(6, dnnl_memory_desc_get_size(&rv->dst));
-    if (!qh || !kh || !vh || !kp || !vp) return;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++) {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < Nq; i++) {
-                const float *src = q + (b * Nq + i) * D + h * Dh;
-                if (bf) to_bf16_scaled(src, (uint16_t *)qh + i * Dh, Dh, scale);
-                else copy_scaled(src, (float *)qh + i * Dh, Dh, scale);
-            }
-#pragma omp parallel for schedule(static)
-            for (int64_t j = 0; j < Nk; j++) {
-                const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
-                if (bf) {
-                    to_bf16_scaled(ks, (uint16_t *)kh + j * Dh, Dh, 1.0f);
-                    to_bf16_scaled(vs, (uint16_t *)vh + j * Dh, Dh, 1.0f);
-                } else {
-                    memcpy((float *)kh + j * Dh, ks, sizeof(float) * (size_t)Dh);
-                    memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
-                }
-            }
-            if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
-                kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
-                return;
-            }
-#pragma omp parallel for schedule(dynamic)
-            for (int64_t i0 = 0; i0 < Nq; i0 += QT) {
-                float *sc = scratch_must(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
-                uint8_t *p = scratch_must(7, esz * (size_t)(QT * Nk));
-                if (!sc || !p) continue;
-                float *ot = sc + QT * Nk;
-                int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
-                prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
-                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, sc)) {
-                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
-                    continue;
-                }
-                for (int64_t r = 0; r < m; r++) softmax_row(sc + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
-                prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
-                if (!run_matmul(&k2, p, vp, NULL, ot)) {
-                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
-                    continue;
-                }
-                for (int64_t r = 0; r < m; r++)
-                    memcpy(o + (b * Nq + i0 + r) * D + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
-            }
-        }
+    float *s = scratch_must(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
+    uint8_t *p = scratch_must(7, esz * (size_t)(QT * Nk));
+    if (!s || !p) return 0;
+    float *ot = s + QT * Nk;
+    int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
+    prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
+    if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, s)) {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
+        return 0;
+    }
+    for (int64_t r = 0; r < m; r++) /* exact row softmax into P (dt, dense) */
+        softmax_row(s + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
+    prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
+    if (!run_matmul(&k2, p, vp, NULL, ot)) {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
+        return 0;
+    }
+    for (int64_t r = 0; r < m; r++)
+        memcpy(o + (b * Nq + i0 + r) * H * Dh + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
+    return 1;
 }
 
 static void fast_attention(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
                            int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
-    const int64_t D = H * Dh;
-    const float scale = 1.0f / sqrtf((float)Dh);
     size_t esz = dt == KILN_BF16 ? 2 : 4;
+    const int bf = dt == KILN_BF16;
     const reorder_entry *rk = get_reorder(Dh, Nk, dt, dnnl_ba); /* K^T [Dh, Nk] from K [Nk, Dh] */
     const reorder_entry *rv = get_reorder(Nk, Dh, dt, dnnl_ab); /* V [Nk, Dh] */
     if (!rk || !rv) {
@@ -1232,8 +1224,23 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
     }
     size_t kp_bytes = dnnl_memory_desc_get_size(&rk->dst), vp_bytes = dnnl_memory_desc_get_size(&rv->dst);
     int nt = omp_get_max_threads();
-    if (B * H < nt && Nq > QT) { /* fewer heads than threads (the VAE's one): the strips in parallel */
-        attention_by_strips(dt, q, k, v, o, B, Nq, Nk, H, Dh, rk, rv);
+    if (B * H < nt && Nq > QT) {
+        /* fewer (batch, head) pairs than threads (the VAE's one head): each
+         * head packed by all threads, then its strips shared out (the same
+         * calls a strip as below: the same bits) */
+        uint8_t *qh = scratch_must(0, esz * (size_t)(Nq * Dh)), *kh = scratch_must(1, esz * (size_t)(Nk * Dh)),
+                *vh = scratch_must(2, esz * (size_t)(Nk * Dh));
+        void *kp = scratch_must(5, kp_bytes), *vp = scratch_must(6, vp_bytes);
+        for (int64_t b = 0; qh && kh && vh && kp && vp && b < B; b++)
+            for (int64_t h = 0; h < H; h++) {
+                attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 1);
+                if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
+                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
+                    return;
+                }
+#pragma omp parallel for schedule(dynamic)
+                for (int64_t i0 = 0; i0 < Nq; i0 += QT) attn_strip(dt, qh, kp, vp, o, b, h, i0, Nq, Nk, H, Dh);
+            }
         return;
     }
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nt)
@@ -1242,49 +1249,15 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
             uint8_t *qh = scratch_must(0, esz * (size_t)(Nq * Dh));
             uint8_t *kh = scratch_must(1, esz * (size_t)(Nk * Dh));
             uint8_t *vh = scratch_must(2, esz * (size_t)(Nk * Dh));
-            float *s = scratch_must(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
             void *kp = scratch_must(5, kp_bytes), *vp = scratch_must(6, vp_bytes);
-            uint8_t *p = scratch_must(7, esz * (size_t)(QT * Nk));
-            if (!qh || !kh || !vh || !s || !kp || !vp || !p) continue;
-            float *ot = s + QT * Nk;
-            /* this head's q (scaled), k, v, dense, in dt */
-            int bf = dt == KILN_BF16;
-            for (int64_t i = 0; i < Nq; i++) {
-                const float *src = q + (b * Nq + i) * D + h * Dh;
-                if (bf) to_bf16_scaled(src, (uint16_t *)qh + i * Dh, Dh, scale);
-                else copy_scaled(src, (float *)qh + i * Dh, Dh, scale);
-            }
-            for (int64_t j = 0; j < Nk; j++) {
-                const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
-                if (bf) {
-                    to_bf16_scaled(ks, (uint16_t *)kh + j * Dh, Dh, 1.0f);
-                    to_bf16_scaled(vs, (uint16_t *)vh + j * Dh, Dh, 1.0f);
-                } else {
-                    memcpy((float *)kh + j * Dh, ks, sizeof(float) * (size_t)Dh);
-                    memcpy((float *)vh + j * Dh, vs, sizeof(float) * (size_t)Dh);
-                }
-            }
+            if (!qh || !kh || !vh || !kp || !vp) continue;
+            attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 0);
             if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
                 kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
                 continue;
             }
-            for (int64_t i0 = 0; i0 < Nq; i0 += QT) {
-                int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
-                prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
-                if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, s)) {
-                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
-                    continue;
-                }
-                for (int64_t r = 0; r < m; r++) /* exact row softmax into P (dt, dense) */
-                    softmax_row(s + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
-                prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
-                if (!run_matmul(&k2, p, vp, NULL, ot)) {
-                    kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
-                    continue;
-                }
-                for (int64_t r = 0; r < m; r++)
-                    memcpy(o + (b * Nq + i0 + r) * D + h * Dh, ot + r * Dh, sizeof(float) * (size_t)Dh);
-            }
+            for (int64_t i0 = 0; i0 < Nq; i0 += QT)
+                if (!attn_strip(dt, qh, kp, vp, o, b, h, i0, Nq, Nk, H, Dh)) break;
         }
 }
 

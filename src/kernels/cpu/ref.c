@@ -160,7 +160,7 @@ static void ref_attention_joint(const float *qa, const float *ka, const float *v
 /* y [B,Cout,Ho,Wo] (nhwc: [B,Ho,Wo,Cout]): each output a double sum over
  * Cin x kh x kw in that order whatever the layout, positions outside x (the
  * padding) skipped */
-static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, float *y, const kk_conv *p) {
+static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, const float *res, float *y, const kk_conv *p) {
     const float *w = wt->f32;
     if (!w) { /* a packed weight: the fast backend's (conv.c unpacks for its own fallback) */
         kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: the reference kernel needs f32 weights, not a packed layout");
@@ -186,7 +186,9 @@ static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, floa
                                         acc += (double)x[((n * H + iy) * W + ix) * Cin + ci] * (double)wp[ci * 4 + t * 2 + u];
                                 }
                             }
-                        y[((n * Ho + oy) * Wo + ox) * Cout + co] = (float)acc;
+                        size_t at = (size_t)(((n * Ho + oy) * Wo + ox) * Cout + co);
+                        y[at] = (float)acc;
+                        if (res) y[at] += res[at]; /* rounded, then added: an add op's bits */
                     }
                 }
         return;
@@ -211,7 +213,9 @@ static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, floa
                             }
                         }
                     }
-                    y[n * Cout * Ho * Wo + co * yc + (oy * Wo + ox) * ys] = (float)acc;
+                    size_t at = (size_t)(n * Cout * Ho * Wo + co * yc + (oy * Wo + ox) * ys);
+                    y[at] = (float)acc;
+                    if (res) y[at] += res[at];
                 }
 }
 
