@@ -791,13 +791,39 @@ size_t kg_out_bytes(const kg_node *n) {
 
 /* ---- the VAE's ops ------------------------------------------------------------ */
 
-kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi, int layout) {
-    if (!ok(g, x, w, b) || w < 0) return -1;
-    const kg_node *X = node(g, x), *Wn = node(g, w);
+/* what a conv builder's messages name: x's and w's shapes, w's name */
+typedef struct {
+    const kg_node *X, *Wn;
     char xs[64], ws[64];
-    kg_shape_str(X, xs, sizeof xs);
-    kg_shape_str(Wn, ws, sizeof ws);
-    const char *name = Wn->name ? Wn->name : "(an input)";
+    const char *name;
+} conv_of;
+
+static int conv_args(kg_graph *g, kg_id x, kg_id w, kg_id b, conv_of *a) {
+    if (!ok(g, x, w, b) || w < 0) return 0;
+    a->X = node(g, x);
+    a->Wn = node(g, w);
+    kg_shape_str(a->X, a->xs, sizeof a->xs);
+    kg_shape_str(a->Wn, a->ws, sizeof a->ws);
+    a->name = a->Wn->name ? a->Wn->name : "(an input)";
+    return 1;
+}
+
+/* a CONV2D node of shape, its iparam stride, pads and layout flags (ops.def) */
+static kg_id push_conv(kg_graph *g, const int64_t *shape, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi,
+                       int flags) {
+    kg_id id = push(g, KG_CONV2D, 4, shape, x, w, b);
+    if (id >= 0) {
+        int64_t *ip = g->nodes[id].iparam;
+        ip[0] = stride, ip[1] = pad_lo, ip[2] = pad_hi, ip[3] = flags;
+    }
+    return id;
+}
+
+kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, int pad_hi, int layout) {
+    conv_of a;
+    if (!conv_args(g, x, w, b, &a)) return -1;
+    const kg_node *X = a.X, *Wn = a.Wn;
+    const char *xs = a.xs, *ws = a.ws, *name = a.name;
     int nhwc = layout == KG_NHWC, cd = nhwc ? 3 : 1, hd = nhwc ? 1 : 2; /* the channel and height dims */
     if (X->ndim != 4 || Wn->ndim != 4 || Wn->shape[1] != X->shape[cd] || (layout != KG_NCHW && !nhwc))
         return fail(g, KILN_ERR_SHAPE, "conv2d %s: input %s and weight %s are not %s and [Cout, Cin, kh, kw]", name, xs, ws,
@@ -818,23 +844,14 @@ kg_id kg_conv2d(kg_graph *g, kg_id x, kg_id w, kg_id b, int stride, int pad_lo, 
     int64_t Ho = (Hp - Wn->shape[2]) / stride + 1, Wo = (Wp - Wn->shape[3]) / stride + 1;
     int64_t shape[4] = {X->shape[0], Wn->shape[0], Ho, Wo};
     if (nhwc) shape[1] = Ho, shape[2] = Wo, shape[3] = Wn->shape[0];
-    kg_id id = push(g, KG_CONV2D, 4, shape, x, w, b);
-    if (id >= 0) {
-        g->nodes[id].iparam[0] = stride;
-        g->nodes[id].iparam[1] = pad_lo;
-        g->nodes[id].iparam[2] = pad_hi;
-        g->nodes[id].iparam[3] = nhwc;
-    }
-    return id;
+    return push_conv(g, shape, x, w, b, stride, pad_lo, pad_hi, nhwc);
 }
 
 kg_id kg_conv2d_up2(kg_graph *g, kg_id x, kg_id w, kg_id b) {
-    if (!ok(g, x, w, b) || w < 0) return -1;
-    const kg_node *X = node(g, x), *Wn = node(g, w);
-    char xs[64], ws[64];
-    kg_shape_str(X, xs, sizeof xs);
-    kg_shape_str(Wn, ws, sizeof ws);
-    const char *name = Wn->name ? Wn->name : "(an input)";
+    conv_of a;
+    if (!conv_args(g, x, w, b, &a)) return -1;
+    const kg_node *X = a.X, *Wn = a.Wn;
+    const char *xs = a.xs, *ws = a.ws, *name = a.name;
     if (X->ndim != 4 || Wn->ndim != 4 || Wn->shape[1] != X->shape[3] || Wn->shape[0] % 4 || Wn->shape[2] != 2 ||
         Wn->shape[3] != 2)
         return fail(g, KILN_ERR_SHAPE, "conv2d_up2 %s: input %s and weight %s are not [B, H, W, Cin] and a sub-pixel "
@@ -844,14 +861,8 @@ kg_id kg_conv2d_up2(kg_graph *g, kg_id x, kg_id w, kg_id b) {
         return fail(g, KILN_ERR_SHAPE, "conv2d_up2 %s: the bias must be [%lld]", name, (long long)Co);
     if (!Wn->kw || Wn->kw->M != Wn->shape[0] || Wn->kw->K != Wn->shape[1] * 4)
         return fail(g, KILN_ERR_SHAPE, "conv2d_up2 %s: the weight %s has no kernel view", name, ws);
-    kg_id id = push(g, KG_CONV2D, 4, (int64_t[]){X->shape[0], 2 * X->shape[1], 2 * X->shape[2], Co}, x, w, b);
-    if (id >= 0) {
-        g->nodes[id].iparam[0] = 1;
-        g->nodes[id].iparam[1] = 1;
-        g->nodes[id].iparam[2] = 1;
-        g->nodes[id].iparam[3] = 3; /* channels last (1) and up2 (2) */
-    }
-    return id;
+    /* channels last (1) and up2 (2) */
+    return push_conv(g, (int64_t[]){X->shape[0], 2 * X->shape[1], 2 * X->shape[2], Co}, x, w, b, 1, 1, 1, 3);
 }
 
 kg_id kg_group_norm(kg_graph *g, kg_id x, kg_id w, kg_id b, int groups, float eps, int silu, int layout) {
