@@ -29,6 +29,17 @@ typedef struct {
     size_t n, cap;
 } out_list;
 
+/* the tensors of l written to path as one safetensors file, then freed */
+static void write_list(const char *path, out_list *l) {
+    CHECK_OK(st_write(path, l->t, l->n, NULL, 0));
+    for (size_t i = 0; i < l->n; i++) {
+        free((char *)l->t[i].name);
+        free((void *)l->t[i].data);
+    }
+    free(l->t);
+    memset(l, 0, sizeof *l);
+}
+
 static void put(out_list *l, const char *name, const st_tensor *src, const void *data, size_t nbytes, int ndim,
                 const int64_t *shape) {
     if (l->n == l->cap) {
@@ -233,12 +244,7 @@ static void write_all_in_one(const char *path, int omit) {
         }
         st_close(f);
     }
-    CHECK_OK(st_write(path, l.t, l.n, NULL, 0));
-    for (size_t i = 0; i < l.n; i++) {
-        free((char *)l.t[i].name);
-        free((void *)l.t[i].data);
-    }
-    free(l.t);
+    write_list(path, &l);
 }
 
 /* ---- the tests --------------------------------------------------------------------- */
@@ -288,12 +294,7 @@ TEST(ldm_vae_file) {
     out_list l = {0};
     for (size_t i = 0; all && i < st_count(all); i++)
         if (!strncmp(st_at(all, i)->name, "first_stage_model.", 18)) put_same(&l, st_at(all, i)->name, st_at(all, i));
-    CHECK_OK(st_write(path, l.t, l.n, NULL, 0));
-    for (size_t i = 0; i < l.n; i++) {
-        free((char *)l.t[i].name);
-        free((void *)l.t[i].data);
-    }
-    free(l.t);
+    write_list(path, &l);
     st_close(all);
     char cfg[512];
     snprintf(cfg, sizeof cfg, "%s/config.json", golden_path("vae-sd3-tiny", NULL));
@@ -553,12 +554,7 @@ static void write_lying_vae(const char *path, int lie) {
         if (lie == LIE_UP_EXTRA && !strcmp(n, "first_stage_model.decoder.up.0.block.0.norm1.weight"))
             put_same(&l, "first_stage_model.decoder.up.7.block.0.norm1.weight", t); /* an up block past the others */
     }
-    CHECK_OK(st_write(path, l.t, l.n, NULL, 0));
-    for (size_t i = 0; i < l.n; i++) {
-        free((char *)l.t[i].name);
-        free((void *)l.t[i].data);
-    }
-    free(l.t);
+    write_list(path, &l);
     st_close(all);
 }
 

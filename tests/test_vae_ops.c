@@ -390,6 +390,12 @@ TEST(fast_conv_matches_reference) {
                 f16->conv2d((const float *)xh, &hv, geo[i].bias ? b : NULL, NULL, y3, &ph);
                 CHECK_OK(kb_deferred_since(mark));
                 CHECK_MSG(!memcmp(yl, y3, sizeof(float) * ny), "geometry %zu: the conv of bf16 rows differs", i);
+                /* bf16 rows channels first (no backend makes them): refused, not read as f32 */
+                kk_conv pn = p;
+                pn.x_bf16 = 1;
+                unsigned long m2 = kb_deferred_mark();
+                f16->conv2d((const float *)xh, &hv, NULL, NULL, y3, &pn);
+                CHECK_FAILS(kb_deferred_since(m2), KILN_ERR_UNSUPPORTED, "bf16 activations");
                 kb_free_aligned(pk);
                 free(xh), free(y3);
             }
@@ -397,6 +403,7 @@ TEST(fast_conv_matches_reference) {
         }
         const kk_backend *f16 = kk_fast(KILN_BF16); /* bf16 inputs and weights, f32 sums: within bf16 rounding */
         if (f16) {
+            unsigned long m16 = kb_deferred_mark(); /* (the refusals above are deferred failures too) */
             f16->conv2d(x, &wv, geo[i].bias ? b : NULL, NULL, y1, &p);
             double e16 = rel_l2(y1, y0, ny);
             fprintf(stderr, "    bf16: %.3g\n", e16);
@@ -418,7 +425,7 @@ TEST(fast_conv_matches_reference) {
             CHECK_MSG(rel_l2(y2, y0, ny) < 1e-5, "geometry %zu: a kept-f32 weight in the bf16 backend: %.3g", i,
                       rel_l2(y2, y0, ny));
             kb_free_aligned(packed);
-            CHECK_OK(kb_deferred_since(mark));
+            CHECK_OK(kb_deferred_since(m16));
         }
         free(x), free(w), free(b), free(y0), free(y1), free(y2);
     }
@@ -579,6 +586,10 @@ TEST(fast_group_norm_matches_reference) {
             size_t off = 0;
             for (size_t k = 0; k < n; k++) off += yh[k] != kt_f32_to_bf16(yl[k]);
             CHECK_MSG(!off, "geometry %zu: %zu bf16 group norm values are not the f32 ones rounded", i, off);
+            /* bf16 rows are a channels-last form: channels first is refused, not written wrong */
+            unsigned long mark = kb_deferred_mark();
+            f16->group_norm(x, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 0, 1);
+            CHECK_FAILS(kb_deferred_since(mark), KILN_ERR_UNSUPPORTED, "channels last only");
             free(yh);
         }
         free(xl), free(yl), free(yb);
@@ -611,6 +622,13 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
         kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1, 0, 0};
         kk_weight wu = {.M = 4 * Co, .K = Ci * 4, .f32 = w2, .packed_dtype = KILN_F32};
         kk_reference()->conv2d(x, &wu, b, NULL, y1, &pu);
+        {   /* up2 is channels last only: channels first is refused */
+            kk_conv pn = pu;
+            pn.nhwc = 0;
+            unsigned long m0 = kb_deferred_mark();
+            kk_reference()->conv2d(x, &wu, b, NULL, y2, &pn);
+            CHECK_FAILS(kb_deferred_since(m0), KILN_ERR_UNSUPPORTED, "channels last only");
+        }
         double e = rel_l2(y1, y0, ny);
         fprintf(stderr, "  up2 conv [%lld,%lld,%lld,%lld] -> %lld: reference folded vs upsample + conv %.3g\n", (long long)Bq,
                 (long long)H, (long long)Wd, (long long)Ci, (long long)Co, e);

@@ -167,6 +167,10 @@ static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, cons
         return;
     }
     const int64_t Cin = p->Cin, Cout = p->Cout, H = p->H, W = p->W, kh = p->kh, kw = p->kw, Ho = p->Ho, Wo = p->Wo;
+    if (p->up2 && !p->nhwc) {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: an up2 convolution is channels last only");
+        return;
+    }
     if (p->up2) { /* y [B,2H,2W,Cout]: output (2i+a, 2j+b) sums phase (a, b)'s 2x2 taps at x rows i+a-1.. */
 #pragma omp parallel for collapse(3) schedule(static)
         for (int64_t n = 0; n < p->B; n++)
