@@ -5,7 +5,9 @@
 #include "graph/graph.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/attn_ex.h"
+#include "kernels/cpu/attn_bf16.h"
 #include "kernels/cpu/attn_f16.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
@@ -253,43 +255,76 @@ TEST(attention_joint_matches_reference) {
                                           shapes[s][3], shapes[s][4], q_both);
 }
 
-/* The fp16 attention (CPUs with AVX512-FP16 and no AMX) called directly, so
- * that it is tested wherever AVX512-FP16 runs, AMX or not: a backend of its
- * three entry points for check_attention_joint */
-static void *f16_attn_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H) {
-    return kb_alloc_aligned(kk_attention_f16_work_bytes(B, Nq, Nk, H));
-}
-static void f16_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                          int64_t H, int64_t Dh) {
-    void *w = f16_attn_work(B, Nq, Nk, H);
-    CHECK(kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, w));
-    kb_free_aligned(w);
-}
-static void f16_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
-    void *w = f16_attn_work(B, Na + Nb, Na + Nb, H);
-    /* (it declines only where no query asks) */
-    CHECK(kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, w) || Na + (qb ? Nb : 0) == 0);
-    kb_free_aligned(w);
-}
-static void f16_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
-                                     const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
-                                     int64_t Nb, int64_t H, int64_t Dh) {
-    void *w = f16_attn_work(B, Na + Nb, Na + Nb, H);
-    CHECK(kk_attention_f16_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, w) || Na + (qb ? Nb : 0) == 0);
-    kb_free_aligned(w);
+/* A fused attention kernel called directly (the fp16 one on CPUs with
+ * AVX512-FP16, the AVX512-BF16 one), so that it is tested wherever it runs,
+ * whichever kernel the backend would pick there: a backend of its three entry
+ * points for check_attention_joint, kk_attention_<name>{,_joint,_work_bytes} */
+#define FUSED_ATTENTION_BACKEND(kn)                                                                                  \
+    static void kn##_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,     \
+                                 int64_t Nk, int64_t H, int64_t Dh) {                                                 \
+        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Nq, Nk, H));                                   \
+        CHECK(kk_attention_##kn(q, k, v, o, B, Nq, Nk, H, Dh, w));                                                  \
+        kb_free_aligned(w);                                                                                           \
+    }                                                                                                                 \
+    /* (they decline only where no query asks) */                                                                     \
+    static void kn##_attention_joint(const float *qa, const float *ka, const float *va, const float *qb,            \
+                                       const float *kb, const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, \
+                                       int64_t H, int64_t Dh) {                                                       \
+        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H));                         \
+        CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, w) ||           \
+              Na + (qb ? Nb : 0) == 0);                                                                               \
+        kb_free_aligned(w);                                                                                           \
+    }                                                                                                                 \
+    static void kn##_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, const uint16_t *va,               \
+                                            const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, void *o,      \
+                                            int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {    \
+        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H));                         \
+        CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, w) ||                \
+              Na + (qb ? Nb : 0) == 0);                                                                               \
+        kb_free_aligned(w);                                                                                           \
+    }                                                                                                                 \
+    static const kk_backend kn##_attention_backend = {.name = #kn "-attention",                                  \
+                                                        .attention = kn##_attention,                                \
+                                                        .attention_joint = kn##_attention_joint,                    \
+                                                        .attention_joint_bf16 = kn##_attention_joint_bf16};
+FUSED_ATTENTION_BACKEND(f16)
+FUSED_ATTENTION_BACKEND(bf16)
+
+/* the fused kernels' shapes: tiles of 6 queries and panels of 64 keys, partial ones; one query;
+ * more work items (192 queries each) than heads; keys across the two segments inside one panel */
+static const int64_t k_fused_shapes[][4] = {{1, 1, 1, 1},  {2, 37, 11, 2}, {1, 100, 33, 3}, {2, 64, 64, 1}, {1, 20, 0, 2},
+                                            {1, 0, 20, 2}, {2, 70, 0, 1},  {2, 500, 90, 3}, {1, 7, 130, 2}};
+
+/* The AVX512-BF16 attention (CPUs with AVX512-BF16; the backend's kernel where there is neither AMX
+ * nor AVX512-FP16): every shape and activation format, and scores that rise along the keys (the
+ * running max moves panel after panel, each move rescaling the sums so far) and a far-off one */
+TEST(bf16_attention_matches_reference) {
+    for (size_t s = 0; s < sizeof k_fused_shapes / sizeof k_fused_shapes[0]; s++)
+        for (int q_both = 0; q_both < 2; q_both++)
+            check_attention_joint(&bf16_attention_backend, 1e-2, k_fused_shapes[s][0], k_fused_shapes[s][1],
+                                  k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both);
+    int64_t Nq = 13, Nk = 300, H = 2, D = 128;
+    float *q = rnd(81, (size_t)(Nq * D), 1), *k = rnd(82, (size_t)(Nk * D), 1), *v = rnd(83, (size_t)(Nk * D), 1);
+    for (int64_t j = 0; j < Nk; j++)
+        for (int64_t d = 0; d < D; d++) k[j * D + d] = q[d % 64] * (float)j / 40.0f + k[j * D + d] * 0.1f;
+    k[(Nk - 1) * D] = 3000.0f; /* one key of head 0 far above the rest for query 0 */
+    float *o0 = rnd(84, (size_t)(Nq * D), 0), *o1 = rnd(85, (size_t)(Nq * D), 0);
+    kk_reference()->attention(q, k, v, o0, 1, Nq, Nk, H, 64);
+    bf16_attention(q, k, v, o1, 1, Nq, Nk, H, 64);
+    double err = rel_l2(o1, o0, (size_t)(Nq * D));
+    CHECK_MSG(err <= 1e-2, "bf16 attention, rising scores: error %.3g", err);
+    kb_free_aligned(q);
+    kb_free_aligned(k);
+    kb_free_aligned(v);
+    kb_free_aligned(o0);
+    kb_free_aligned(o1);
 }
 
 TEST(f16_attention_matches_reference) {
-    const kk_backend be = {.name = "f16-attention", .attention = f16_attention, .attention_joint = f16_attention_joint,
-                           .attention_joint_bf16 = f16_attention_joint_bf16};
-    /* tiles of 6 queries and panels of 64 keys, partial ones; one query; more work items (192
-     * queries each) than heads; keys across the two segments inside one panel */
-    int64_t shapes[][4] = {{1, 1, 1, 1}, {2, 37, 11, 2}, {1, 100, 33, 3}, {2, 64, 64, 1}, {1, 20, 0, 2},
-                           {1, 0, 20, 2}, {2, 70, 0, 1}, {2, 500, 90, 3}, {1, 7, 130, 2}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (size_t s = 0; s < sizeof k_fused_shapes / sizeof k_fused_shapes[0]; s++)
         for (int q_both = 0; q_both < 2; q_both++)
-            check_attention_joint(&be, 1e-2, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 64, q_both);
+            check_attention_joint(&f16_attention_backend, 1e-2, k_fused_shapes[s][0], k_fused_shapes[s][1],
+                                  k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both);
     /* operands far outside fp16's range (q 1e4, k 1e-4, v 1e6; and the reverse): each token and
      * value dim is scaled into it, so the answer is the reference's within bf16's error */
     for (int flip = 0; flip < 2; flip++) {
@@ -922,6 +957,7 @@ TEST(quant_layouts) {
  * skipped (exit TEST_SKIPPED) instead of passing without running:
  *   test_kernels       every kernel this machine runs, against the reference
  *   test_kernels f16   the fp16 GEMM and attention (AVX512-FP16)
+ *   test_kernels bf16  the AVX512-BF16 attention (AVX512-BF16)
  *   test_kernels amx   the AMX layouts (AMX) */
 /* attention_ex (scale, additive bias broadcast over batch and / or heads,
  * causal mask) on the fast backends' kernel against the double-precision
@@ -1059,13 +1095,18 @@ int main(int argc, char **argv) {
         RUN(f16_gemm_matches_reference);
         return TEST_SUMMARY();
     }
+    if (!strcmp(group, "bf16")) {
+        if (!kk_bf16_ready()) return test_skip("no AVX512-BF16 on this CPU: the AVX512-BF16 attention cannot run here");
+        RUN(bf16_attention_matches_reference);
+        return TEST_SUMMARY();
+    }
     if (!strcmp(group, "amx")) {
         if (!kk_amx_ready() || !kk_fast(KILN_BF16)) return test_skip("no AMX on this CPU: kiln's AMX kernels cannot run here");
         RUN(amx_layouts);
         return TEST_SUMMARY();
     }
     if (*group) {
-        fprintf(stderr, "test_kernels: unknown group '%s' (none, f16 or amx)\n", group);
+        fprintf(stderr, "test_kernels: unknown group '%s' (none, f16, bf16 or amx)\n", group);
         return 2;
     }
     RUN(linear_matches_reference);

@@ -1,6 +1,6 @@
 /* cpu.c - what this CPU can run: the feature tags of the weight cache's
  * layouts and packages' manifests (kk_cpu_has, from oneDNN's view of the
- * ISA), and whether kiln's own AMX and fp16 kernels may run here. Every
+ * ISA), and whether kiln's own AMX, fp16 and AVX512-BF16 kernels may run here. Every
  * kernel file asks here; none asks another kernel file. */
 #define _GNU_SOURCE
 #include "kernels/cpu/cpu.h"
@@ -52,6 +52,17 @@ int kk_f16_ready(void) {
     return r;
 }
 
+int kk_bf16_ready(void) {
+    static int ready = -1;
+    int r = __atomic_load_n(&ready, __ATOMIC_RELAXED);
+    if (r < 0) {
+        __builtin_cpu_init();
+        r = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+        __atomic_store_n(&ready, r, __ATOMIC_RELAXED);
+    }
+    return r;
+}
 
 const char *kk_cpu_isa_tag(void) {
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();

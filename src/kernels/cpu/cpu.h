@@ -8,6 +8,9 @@ int kk_amx_ready(void);
 /* 1 when this CPU has AVX512-FP16 (and AVX512-BF16, for the epilogue's
  * bf16 outputs) and KILN_F16 is not 0; checked once. */
 int kk_f16_ready(void);
+/* 1 when this CPU has AVX512-BF16 (VDPBF16PS; with AVX512-BW/VL/DQ), the
+ * instructions of attn_bf16.c; checked once. */
+int kk_bf16_ready(void);
 
 /* The best feature tag of kk_cpu_has (kernels.h) this CPU has: "avx512bf16", "amx", ... */
 const char *kk_cpu_isa_tag(void);

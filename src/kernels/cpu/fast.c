@@ -1,7 +1,8 @@
 /* fast.c - the fast CPU backend: GEMMs on weights packed once at conversion
  * (bf16, int8 and fp8 on kiln's AMX GEMM, gemm_amx.c, where the CPU has AMX;
  * oneDNN's matmul for f32 and on CPUs without AMX), attention (the fused
- * AMX kernel, attn_amx.c, else oneDNN matmuls per strip), and fused
+ * kernels for head size 64: AMX, attn_amx.c, else fp16, attn_f16.c, else
+ * AVX512-BF16, attn_bf16.c; else oneDNN matmuls per strip), and fused
  * elementwise kernels.
  *
  * Primitives are created once per shape and kept (a small table under a
@@ -11,6 +12,7 @@
  * (target_clones). */
 #include "base/base.h"
 #include "kernels/cpu/attn_amx.h"
+#include "kernels/cpu/attn_bf16.h"
 #include "kernels/cpu/attn_ex.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attn_f16.h"
@@ -982,8 +984,8 @@ static void fast_ln_modulate(const float *x, const float *shift, const float *sc
 /* The bf16 producers (layernorm + modulate, modulate) belong to the bf16
  * backend, which kk_fast offers only with AVX512-BF16: built for it, they
  * round to bf16 with one VCVTNEPS2BF16 per 16 values, as the GEMM's epilogue
- * does (the portable bit arithmetic ran in 256-bit halves, ~2 cycles a value) */
-#define BF16_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+ * does (the portable bit arithmetic ran in 256-bit halves, ~2 cycles a value;
+ * BF16_FN: simd.h) */
 
 /* n (<= 16; none when n <= 0) values of layernorm + modulate (ln: mu, inv
  * are the row's) or modulate alone to bf16 at d; pad: the other lanes of the
@@ -1278,25 +1280,31 @@ static int attention_strips(void) {
 
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
                            int64_t Nk, int64_t H, int64_t Dh) {
-    /* a fused kernel where one applies (head size 64): AMX, else fp16 on CPUs without AMX */
+    /* a fused kernel where one applies (head size 64): AMX, else fp16 on CPUs without AMX, else
+     * AVX512-BF16 on CPUs with neither */
     if (!attention_strips() && Dh == 64 &&
-        (kk_amx_ready() ? kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
-                        : kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))))
+        (kk_amx_ready()   ? kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
+         : kk_f16_ready() ? kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))
+                          : kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H)))))
         return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 
 /* attention_joint on a fused kernel that reads both segments in place (f32
  * or, bf16 set, bf16 rows) and writes o in o_fmt: the AMX one, else the fp16
- * one on CPUs without AMX (head size 64; slot 12); 0 where neither ran */
+ * one on CPUs without AMX, else the AVX512-BF16 one (head size 64; slot 12);
+ * 0 where none ran */
 static int fused_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb, const void *vb,
                        int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
     if (attention_strips() || Dh != 64) return 0;
     if (kk_amx_ready())
         return kk_attention_amx_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                       scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H)));
-    return kk_attention_f16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
-                                  scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H)));
+    if (kk_f16_ready())
+        return kk_attention_f16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
+                                      scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H)));
+    return kk_attention_bf16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
+                                   scratch(12, kk_attention_bf16_work_bytes(B, Na + Nb, Na + Nb, H)));
 }
 
 /* the concatenations for kernels without segmented reads (slot 13) */
@@ -1408,6 +1416,7 @@ const char *kiln_kernels(kiln_dtype dt) {
     else if (dt != KILN_BF16) what = "oneDNN's f32 matmul, kiln's fused elementwise kernels";
     else if (kk_amx_ready()) what = "kiln's AMX GEMM and attention (AMX-BF16 tiles)";
     else if (kk_f16_ready()) what = "kiln's fp16 GEMM and attention (AVX512-FP16, no AMX)";
+    else if (kk_bf16_ready() && !attention_strips()) what = "oneDNN's bf16 matmul, kiln's AVX512-BF16 attention";
     else what = "oneDNN's bf16 matmul, attention in strips";
     if (dt == KILN_BF16 && kk_fast(dt)) snprintf(out, sizeof name[0], "%s; weight cache layouts %s", what, kk_fast_isa());
     else snprintf(out, sizeof name[0], "%s", what);

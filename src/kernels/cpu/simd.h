@@ -10,6 +10,12 @@
 /* functions built for AMX; only called after kk_amx_ready() */
 #define AMX_FN __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")))
 
+/* functions built for AVX512-BF16 (attn_bf16.c, fast.c's bf16 producers);
+ * only called where the CPU has it (kk_bf16_ready(), or kk_fast's bf16
+ * backend). AMX_FN's features, so that they inline the helpers below and
+ * attn_rows.h's (none of which uses a tile instruction) */
+#define BF16_FN AMX_FN
+
 /* 2^x for 16 lanes (-inf and +inf included): x = n + f with n = floor(x),
  * f in [0, 1); 2^f by a degree-3 polynomial (7.5e-5 relative error: for
  * values rounded to bf16, 3.9e-3, anyway) and the 2^n by scalef, which
