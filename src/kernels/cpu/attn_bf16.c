@@ -79,15 +79,22 @@ BF16_FN static void pack_head(const kk_rows_of *q, const kk_rows_of *k, const kk
         _mm512_storeu_si512(qh + i * (DH / 2), x[0]);
         _mm512_storeu_si512(qh + i * (DH / 2) + 16, x[1]);
     }
-    /* K: key j's dim pair p at [j / 64][p][j % 64] */
-    for (int64_t j = 0; j < L->Nkp; j++) {
-        uint32_t pr[DH / 2] __attribute__((aligned(64)));
-        if (j < Nk) load_head(k, b, j, h, D, x);
-        else x[0] = x[1] = _mm512_setzero_si512();
-        _mm512_store_si512(pr, x[0]);
-        _mm512_store_si512(pr + 16, x[1]);
-        uint32_t *panel = kh + j / PK * PK * (DH / 2) + j % PK;
-        for (int p = 0; p < DH / 2; p++) panel[p * PK] = pr[p];
+    /* K: key j's dim pair p at [j / 64][p][j % 64], 16 keys x 16 pairs transposed at a time */
+    for (int64_t j0 = 0; j0 < L->Nkp; j0 += 16) {
+        __m512i lo[16], hi[16]; /* key j0 + u's pairs 0-15, 16-31 */
+        for (int u = 0; u < 16; u++) {
+            if (j0 + u < Nk) load_head(k, b, j0 + u, h, D, x);
+            else x[0] = x[1] = _mm512_setzero_si512();
+            lo[u] = x[0];
+            hi[u] = x[1];
+        }
+        kk_transpose16(lo);
+        kk_transpose16(hi);
+        uint32_t *panel = kh + j0 / PK * PK * (DH / 2) + j0 % PK;
+        for (int p = 0; p < 16; p++) {
+            _mm512_storeu_si512(panel + p * PK, lo[p]);
+            _mm512_storeu_si512(panel + (p + 16) * PK, hi[p]);
+        }
     }
     /* V: key pair (j, j+1)'s dims side by side: [j / 64][j % 64 / 2][dim][2] */
     static const uint16_t zip[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
