@@ -259,10 +259,13 @@ TEST(attention_joint_matches_reference) {
  * AVX512-FP16, the AVX512-BF16 one), so that it is tested wherever it runs,
  * whichever kernel the backend would pick there: a backend of its three entry
  * points for check_attention_joint, kk_attention_<name>{,_joint,_work_bytes} */
+/* (the AVX512-BF16 kernel's work size depends on the head size, the fp16 one's does not) */
+#define KN_DH_f16
+#define KN_DH_bf16 , Dh
 #define FUSED_ATTENTION_BACKEND(kn)                                                                                  \
     static void kn##_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,     \
                                  int64_t Nk, int64_t H, int64_t Dh) {                                                 \
-        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Nq, Nk, H));                                   \
+        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Nq, Nk, H KN_DH_##kn));                                   \
         CHECK(kk_attention_##kn(q, k, v, o, B, Nq, Nk, H, Dh, w));                                                  \
         kb_free_aligned(w);                                                                                           \
     }                                                                                                                 \
@@ -270,7 +273,7 @@ TEST(attention_joint_matches_reference) {
     static void kn##_attention_joint(const float *qa, const float *ka, const float *va, const float *qb,            \
                                        const float *kb, const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, \
                                        int64_t H, int64_t Dh) {                                                       \
-        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H));                         \
+        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H KN_DH_##kn));                         \
         CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, w) ||           \
               Na + (qb ? Nb : 0) == 0);                                                                               \
         kb_free_aligned(w);                                                                                           \
@@ -278,7 +281,7 @@ TEST(attention_joint_matches_reference) {
     static void kn##_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, const uint16_t *va,               \
                                             const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, void *o,      \
                                             int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {    \
-        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H));                         \
+        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H KN_DH_##kn));                         \
         CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, w) ||                \
               Na + (qb ? Nb : 0) == 0);                                                                               \
         kb_free_aligned(w);                                                                                           \
@@ -303,6 +306,16 @@ TEST(bf16_attention_matches_reference) {
         for (int q_both = 0; q_both < 2; q_both++)
             check_attention_joint(&bf16_attention_backend, 1e-2, k_fused_shapes[s][0], k_fused_shapes[s][1],
                                   k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both);
+    /* other head sizes: 128 with two heads; the VAE's one head of 512 (its key blocks of 128 keys:
+     * 300 keys take three, the last partial); 1024, the largest; 96 and 2048 do not run here */
+    int64_t wide[][5] = {{2, 37, 11, 2, 128}, {1, 200, 100, 1, 512}, {1, 13, 3, 1, 1024}};
+    for (size_t s = 0; s < sizeof wide / sizeof wide[0]; s++)
+        for (int q_both = 0; q_both < 2; q_both++)
+            check_attention_joint(&bf16_attention_backend, 1e-2, wide[s][0], wide[s][1], wide[s][2], wide[s][3],
+                                  wide[s][4], q_both);
+    float one[2048] = {0}, out[2048];
+    CHECK(!kk_attention_bf16(one, one, one, out, 1, 1, 1, 1, 96, out) && !kk_attention_bf16_work_bytes(1, 1, 1, 1, 96));
+    CHECK(!kk_attention_bf16(one, one, one, out, 1, 1, 1, 1, 2048, out));
     int64_t Nq = 13, Nk = 300, H = 2, D = 128;
     float *q = rnd(81, (size_t)(Nq * D), 1), *k = rnd(82, (size_t)(Nk * D), 1), *v = rnd(83, (size_t)(Nk * D), 1);
     for (int64_t j = 0; j < Nk; j++)

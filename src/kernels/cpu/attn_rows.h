@@ -1,4 +1,4 @@
-/* attn_rows.h - where the fused attention kernels (attn_amx.c, attn_f16.c)
+/* attn_rows.h - where the fused attention kernels (attn_amx.c, attn_f16.c, attn_bf16.c)
  * find their token rows and put their outputs, in every activation format. */
 #ifndef KILN_ATTN_ROWS_H
 #define KILN_ATTN_ROWS_H
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* ---- shared by the fused attention kernels (attn_amx.c, attn_f16.c), head size 64 ---- */
+/* ---- shared by the fused attention kernels (attn_amx.c, attn_f16.c: head size 64; attn_bf16.c) ---- */
 
 /* Where the token rows of q, k or v lie: token i of batch b is row
  * b * na + i of a for i < na, else row b * nb + i - na of b (attention over
@@ -68,13 +68,18 @@ typedef struct kk_out_of {
     int64_t B, Na, Nb, D;
 } kk_out_of;
 
-/* the 32 outputs from dim c of head h for query i of batch entry b */
-static inline void *kk_out_at(const kk_out_of *w, int64_t b, int64_t i, int64_t h, int64_t c) {
+/* the 32 outputs from column col (a multiple of 32) for query i of batch entry b */
+static inline void *kk_out_col(const kk_out_of *w, int64_t b, int64_t i, int64_t col) {
     if (w->fmt != KK_FMT_BLOCKED)
-        return (char *)w->o + ((b * (w->Na + w->Nb) + i) * w->D + h * 64 + c) * (w->fmt == KK_FMT_BF16 ? 2 : 4);
+        return (char *)w->o + ((b * (w->Na + w->Nb) + i) * w->D + col) * (w->fmt == KK_FMT_BF16 ? 2 : 4);
     int64_t r;
     int second = kk_segment_row(b, i, w->Na, w->Nb, &r);
-    return (uint16_t *)w->o + (second ? kk_blocked_elems(w->B * w->Na, w->D) : 0) + kk_blocked_index(r, h * 64 + c, w->D);
+    return (uint16_t *)w->o + (second ? kk_blocked_elems(w->B * w->Na, w->D) : 0) + kk_blocked_index(r, col, w->D);
+}
+
+/* the 32 outputs from dim c of head h (of 64 dims) for query i of batch entry b */
+static inline void *kk_out_at(const kk_out_of *w, int64_t b, int64_t i, int64_t h, int64_t c) {
+    return kk_out_col(w, b, i, h * 64 + c);
 }
 
 

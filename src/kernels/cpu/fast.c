@@ -1280,23 +1280,24 @@ static int attention_strips(void) {
 
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
                            int64_t Nk, int64_t H, int64_t Dh) {
-    /* a fused kernel where one applies (head size 64): AMX, else fp16 on CPUs without AMX, else
-     * AVX512-BF16 on CPUs with neither */
-    if (!attention_strips() && Dh == 64 &&
-        (kk_amx_ready()   ? kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
-         : kk_f16_ready() ? kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))
-                          : kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H)))))
+    /* a fused kernel where one applies: AMX, else fp16 on CPUs without AMX (head size 64), else
+     * AVX512-BF16 on CPUs with neither (head sizes that are multiples of 64: the VAE's 512 too) */
+    if (!attention_strips() &&
+        (kk_amx_ready()   ? Dh == 64 && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
+         : kk_f16_ready() ? Dh == 64 && kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))
+                          : kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh)))))
         return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 
 /* attention_joint on a fused kernel that reads both segments in place (f32
  * or, bf16 set, bf16 rows) and writes o in o_fmt: the AMX one, else the fp16
- * one on CPUs without AMX, else the AVX512-BF16 one (head size 64; slot 12);
- * 0 where none ran */
+ * one on CPUs without AMX (head size 64), else the AVX512-BF16 one (head
+ * sizes that are multiples of 64; slot 12); 0 where none ran */
 static int fused_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb, const void *vb,
                        int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
-    if (attention_strips() || Dh != 64) return 0;
+    if (attention_strips()) return 0;
+    if (Dh != 64 && (kk_amx_ready() || kk_f16_ready())) return 0;
     if (kk_amx_ready())
         return kk_attention_amx_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                       scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H)));
@@ -1304,7 +1305,7 @@ static int fused_joint(const void *qa, const void *ka, const void *va, const voi
         return kk_attention_f16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                       scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H)));
     return kk_attention_bf16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
-                                   scratch(12, kk_attention_bf16_work_bytes(B, Na + Nb, Na + Nb, H)));
+                                   scratch(12, kk_attention_bf16_work_bytes(B, Na + Nb, Na + Nb, H, Dh)));
 }
 
 /* the concatenations for kernels without segmented reads (slot 13) */
