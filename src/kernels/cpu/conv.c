@@ -92,6 +92,7 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
             pthread_mutex_unlock(&g_lock);
             return g_convs[i];
         }
+    double t0 = kb_now();
     conv_entry e;
     memset(&e, 0, sizeof e);
     e.p = *p;
@@ -182,6 +183,7 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
     } else
         destroy_entry(&e);
     pthread_mutex_unlock(&g_lock);
+    kb_ledger_add("onednn_create", kb_now() - t0, "conv");
     return out;
 }
 
