@@ -733,6 +733,8 @@ TEST(packed_layouts_are_stable) {
     CHECK_OK(kk_fast_layout(17, 45, KILN_BF16, a, &na));
     /* kiln_kernels names the bf16 kernels that run */
     CHECK(strstr(kiln_kernels(KILN_BF16), kk_amx_ready() ? "AMX GEMM" : kk_f16_ready() ? "fp16 GEMM" : "oneDNN") != NULL);
+    /* and the attention: AVX512-BF16's on class 3 only (KILN_ATTENTION=strips unset in the tests) */
+    CHECK((strstr(kiln_kernels(KILN_BF16), "AVX512-BF16 attention") != NULL) == kk_bf16_only());
     if (!kk_cpu_has("amx")) {
         /* the fp16 GEMM's layout where it runs (gemm_f16.c), else oneDNN's */
         CHECK(kk_f16_ready() ? !strcmp(a, "f16p64") && na == kk_f16_packed_bytes(17, 45) : !strncmp(a, "dnnl-", 5));

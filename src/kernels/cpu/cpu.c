@@ -64,6 +64,17 @@ int kk_bf16_ready(void) {
     return r;
 }
 
+int kk_bf16_only(void) {
+    static int only = -1;
+    int r = __atomic_load_n(&only, __ATOMIC_RELAXED);
+    if (r < 0) {
+        __builtin_cpu_init();
+        r = kk_bf16_ready() && !kk_cpu_has("amx") && !__builtin_cpu_supports("avx512fp16");
+        __atomic_store_n(&only, r, __ATOMIC_RELAXED);
+    }
+    return r;
+}
+
 const char *kk_cpu_isa_tag(void) {
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     const char *tag = "sse41";

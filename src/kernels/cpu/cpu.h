@@ -11,6 +11,10 @@ int kk_f16_ready(void);
 /* 1 when this CPU has AVX512-BF16 (VDPBF16PS; with AVX512-BW/VL/DQ), the
  * instructions of attn_bf16.c; checked once. */
 int kk_bf16_ready(void);
+/* 1 on CPU class 3 (docs/PERFORMANCE.md): AVX512-BF16 but neither AMX nor
+ * AVX512-FP16 in the hardware (KILN_F16=0 on class 2 does not make one), the
+ * CPUs the fast backend runs attn_bf16.c on; checked once. */
+int kk_bf16_only(void);
 
 /* The best feature tag of kk_cpu_has (kernels.h) this CPU has: "avx512bf16", "amx", ... */
 const char *kk_cpu_isa_tag(void);

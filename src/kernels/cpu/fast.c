@@ -1268,7 +1268,7 @@ static void attention_f32(const float *q, const float *k, const float *v, float 
     fast_attention(KILN_F32, q, k, v, o, B, Nq, Nk, H, Dh);
 }
 
-/* KILN_ATTENTION=strips turns the fused AMX and fp16 kernels off (read once: this runs every layer) */
+/* KILN_ATTENTION=strips turns the fused AMX, fp16 and AVX512-BF16 kernels off (read once: this runs every layer) */
 static int attention_strips(void) {
     static int strips = -1;
     if (__atomic_load_n(&strips, __ATOMIC_RELAXED) < 0) {
@@ -1281,11 +1281,12 @@ static int attention_strips(void) {
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
                            int64_t Nk, int64_t H, int64_t Dh) {
     /* a fused kernel where one applies: AMX, else fp16 on CPUs without AMX (head size 64), else
-     * AVX512-BF16 on CPUs with neither (head sizes that are multiples of 64: the VAE's 512 too) */
+     * AVX512-BF16 on CPUs with neither in the hardware (kk_bf16_only: KILN_F16=0 on an fp16 CPU
+     * keeps the strips; head sizes that are multiples of 64, the VAE's 512 too) */
     if (!attention_strips() &&
         (kk_amx_ready()   ? Dh == 64 && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
          : kk_f16_ready() ? Dh == 64 && kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))
-                          : kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh)))))
+         : kk_bf16_only() && kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh)))))
         return;
     fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
 }
@@ -1304,7 +1305,8 @@ static int fused_joint(const void *qa, const void *ka, const void *va, const voi
     if (kk_f16_ready())
         return kk_attention_f16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                       scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H)));
-    return kk_attention_bf16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
+    return kk_bf16_only() &&
+           kk_attention_bf16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                    scratch(12, kk_attention_bf16_work_bytes(B, Na + Nb, Na + Nb, H, Dh)));
 }
 
@@ -1417,7 +1419,7 @@ const char *kiln_kernels(kiln_dtype dt) {
     else if (dt != KILN_BF16) what = "oneDNN's f32 matmul, kiln's fused elementwise kernels";
     else if (kk_amx_ready()) what = "kiln's AMX GEMM and attention (AMX-BF16 tiles)";
     else if (kk_f16_ready()) what = "kiln's fp16 GEMM and attention (AVX512-FP16, no AMX)";
-    else if (kk_bf16_ready() && !attention_strips()) what = "oneDNN's bf16 matmul, kiln's AVX512-BF16 attention";
+    else if (kk_bf16_only() && !attention_strips()) what = "oneDNN's bf16 matmul, kiln's AVX512-BF16 attention";
     else what = "oneDNN's bf16 matmul, attention in strips";
     if (dt == KILN_BF16 && kk_fast(dt)) snprintf(out, sizeof name[0], "%s; weight cache layouts %s", what, kk_fast_isa());
     else snprintf(out, sizeof name[0], "%s", what);
