@@ -258,14 +258,19 @@ TEST(attention_joint_matches_reference) {
 /* A fused attention kernel called directly (the fp16 one on CPUs with
  * AVX512-FP16, the AVX512-BF16 one), so that it is tested wherever it runs,
  * whichever kernel the backend would pick there: a backend of its three entry
- * points for check_attention_joint, kk_attention_<name>{,_joint,_work_bytes} */
-/* (the AVX512-BF16 kernel's work size depends on the head size, the fp16 one's does not) */
-#define KN_DH_f16
-#define KN_DH_bf16 , Dh
+ * points for check_attention_joint, kk_attention_<kn>{,_joint} and <kn>_work */
+/* each kernel's work buffer for a call (the fp16 kernel's size does not depend on the head size) */
+static void *f16_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+    (void)Dh;
+    return kb_alloc_aligned(kk_attention_f16_work_bytes(B, Nq, Nk, H));
+}
+static void *bf16_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+    return kb_alloc_aligned(kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh));
+}
 #define FUSED_ATTENTION_BACKEND(kn)                                                                                  \
     static void kn##_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,     \
                                  int64_t Nk, int64_t H, int64_t Dh) {                                                 \
-        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Nq, Nk, H KN_DH_##kn));                                   \
+        void *w = kn##_work(B, Nq, Nk, H, Dh);                                   \
         CHECK(kk_attention_##kn(q, k, v, o, B, Nq, Nk, H, Dh, w));                                                  \
         kb_free_aligned(w);                                                                                           \
     }                                                                                                                 \
@@ -273,7 +278,7 @@ TEST(attention_joint_matches_reference) {
     static void kn##_attention_joint(const float *qa, const float *ka, const float *va, const float *qb,            \
                                        const float *kb, const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, \
                                        int64_t H, int64_t Dh) {                                                       \
-        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H KN_DH_##kn));                         \
+        void *w = kn##_work(B, Na + Nb, Na + Nb, H, Dh);                         \
         CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, w) ||           \
               Na + (qb ? Nb : 0) == 0);                                                                               \
         kb_free_aligned(w);                                                                                           \
@@ -281,7 +286,7 @@ TEST(attention_joint_matches_reference) {
     static void kn##_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, const uint16_t *va,               \
                                             const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, void *o,      \
                                             int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {    \
-        void *w = kb_alloc_aligned(kk_attention_##kn##_work_bytes(B, Na + Nb, Na + Nb, H KN_DH_##kn));                         \
+        void *w = kn##_work(B, Na + Nb, Na + Nb, H, Dh);                         \
         CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, w) ||                \
               Na + (qb ? Nb : 0) == 0);                                                                               \
         kb_free_aligned(w);                                                                                           \

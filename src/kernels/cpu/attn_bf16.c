@@ -27,7 +27,6 @@
 
 #include <math.h>
 #include <omp.h>
-#include <string.h>
 
 #define DMAX 1024         /* the largest head size */
 #define TQ 6              /* queries per tile: 6 x 4 accumulators of 16 f32 */
@@ -234,7 +233,7 @@ int kk_attention_bf16_joint(const void *qa, const void *ka, const void *va, cons
                             const void *vb, int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
                             int64_t Dh, void *work) {
     /* the check comes first, outside any function built for AVX512-BF16 */
-    if (Dh < 64 || Dh > DMAX || Dh % 64 || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || Na + Nb < 1 || !work ||
+    if (Dh < 64 || Dh > DMAX || Dh % 64 || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work ||
         !kk_bf16_ready())
         return 0;
     int esz = bf16 ? 2 : 4;

@@ -1,8 +1,9 @@
 /* fast.c - the fast CPU backend: GEMMs on weights packed once at conversion
  * (bf16, int8 and fp8 on kiln's AMX GEMM, gemm_amx.c, where the CPU has AMX;
  * oneDNN's matmul for f32 and on CPUs without AMX), attention (the fused
- * kernels for head size 64: AMX, attn_amx.c, else fp16, attn_f16.c, else
- * AVX512-BF16, attn_bf16.c; else oneDNN matmuls per strip), and fused
+ * kernels: AMX, attn_amx.c, else fp16, attn_f16.c, for head size 64; else
+ * AVX512-BF16, attn_bf16.c, for multiples of 64; else oneDNN matmuls per
+ * strip), and fused
  * elementwise kernels.
  *
  * Primitives are created once per shape and kept (a small table under a
