@@ -268,6 +268,86 @@ TEST(vae_ops_match_loops_on_every_path) {
     }
 }
 
+/* x channels last -> conv A (3x3) -> a group norm and a 1x1 conv B, both outputs */
+static kiln_status build_shared(void *user, const int64_t *s, kg_graph *g) {
+    (void)user;
+    int64_t h = s[0];
+    kg_init(g, resolve, NULL);
+    kg_id x = kg_input(g, "x", 4, (int64_t[]){B, C, h, W}), w3 = kg_weight(g, "w3"), b3 = kg_weight(g, "b3");
+    kg_id w1 = kg_weight(g, "w1"), b1 = kg_weight(g, "b1");
+    kg_id xl = kg_reshape(g, kg_patchify(g, x, 1), 4, (int64_t[]){B, h, W, C});
+    kg_id a = kg_conv2d(g, xl, w3, b3, 1, 1, 1, KG_NHWC);
+    kg_mark_output(g, kg_group_norm(g, a, -1, -1, 3, 1e-6f, 1, KG_NHWC));
+    kg_mark_output(g, kg_conv2d(g, a, w1, b1, 1, 0, 0, KG_NHWC));
+    return g->status;
+}
+
+static int any_weight(const kk_weight *w) { return w != NULL; }
+
+/* kg_plan_bf16's convolution outputs: bf16 rows where a conv reads one as x
+ * and every other reader is a channels-last group norm (build_shared's A;
+ * build's 1x1 conv, which only the strided conv reads), f32 where a norm
+ * alone (build's strided conv) or another op (build's first conv, read by
+ * the upsample) reads it, or it is an output; the planned run in those
+ * formats within bf16 rounding of eager's f32. The backend is the bf16 one
+ * with a conv_bf16_io that takes any weight (the test's are f32 row-major,
+ * which its convolutions read too). */
+TEST(plan_bf16_conv_outputs) {
+    const kk_backend *f16 = kk_fast(KILN_BF16);
+    if (!f16 || !f16->conv_bf16_io) {
+        fprintf(stderr, "  no fast bf16 backend on this machine: skipped\n");
+        return;
+    }
+    kk_backend be = *f16;
+    be.conv_bf16_io = any_weight;
+    const int64_t h = 6;
+    for (int i = 0; i < N_IN; i++) {
+        g_in[i] = malloc(sizeof(float) * numel(i, h));
+        kiln_noise(20 + (uint64_t)i, g_in[i], numel(i, h));
+    }
+    g_layout = KG_NHWC;
+    kiln_status (*builds[2])(void *, const int64_t *, kg_graph *) = {build, build_shared};
+    /* the convs in graph order: the formats wanted */
+    const int want[2][3] = {{KK_FMT_F32, KK_FMT_BF16, KK_FMT_F32}, {KK_FMT_BF16, KK_FMT_F32, -1}};
+    for (int v = 0; v < 2; v++) {
+        kg_graph g0, g;
+        CHECK_OK(builds[v](NULL, &h, &g0));
+        CHECK_OK(builds[v](NULL, &h, &g));
+        kg_fuse(&g);
+        kg_plan_bf16(&g, &be);
+        int k = 0;
+        for (int i = 0; i < g.n; i++) {
+            if (g.nodes[i].op != KG_CONV2D) continue;
+            CHECK_MSG(k < 3 && g.nodes[i].out_bf16 == want[v][k], "graph %d, conv %d: format %d, wanted %d", v, k,
+                      g.nodes[i].out_bf16, k < 3 ? want[v][k] : -1);
+            k++;
+        }
+        CHECK(k == (v ? 2 : 3));
+        float *o0[2] = {NULL}, *o1[2] = {NULL};
+        for (int o = 0; o < g.n_outputs; o++) {
+            size_t n = (size_t)kg_numel(&g.nodes[g.outputs[o]]);
+            o0[o] = calloc(n, sizeof(float)), o1[o] = calloc(n, sizeof(float));
+        }
+        CHECK_OK(kg_run_eager(&g0, kk_fast(KILN_F32), (const float *const *)g_in, o0));
+        kx_plan plan;
+        CHECK_OK(kx_plan_graph(&g, &plan));
+        void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+        CHECK_OK(kx_run_planned(&g, &plan, &be, arena, NULL, (const float *const *)g_in, o1));
+        for (int o = 0; o < g.n_outputs; o++) {
+            double e = rel_l2(o1[o], o0[o], (size_t)kg_numel(&g.nodes[g.outputs[o]]));
+            fprintf(stderr, "  graph %d, output %d: planned with bf16 rows vs eager f32 %.3g\n", v, o, e);
+            CHECK_MSG(e < 1e-2 && e > 0, "graph %d, output %d: error %.3g", v, o, e);
+            free(o0[o]), free(o1[o]);
+        }
+        kb_free_aligned(arena);
+        kx_plan_free(&plan);
+        kg_free(&g0);
+        kg_free(&g);
+    }
+    g_layout = KG_NCHW;
+    for (int i = 0; i < N_IN; i++) free(g_in[i]);
+}
+
 /* x [B,C,S] -> [B,S,C] (channels last) or back (last set), a new buffer */
 static float *transpose_c(const float *x, int64_t B_, int64_t C_, int64_t S, int last) {
     float *y = malloc(sizeof(float) * (size_t)(B_ * C_ * S) + 1);
@@ -300,7 +380,7 @@ TEST(fast_conv_matches_reference) {
     };
     for (size_t i = 0; i < sizeof geo / sizeof geo[0]; i++) {
         kk_conv p = {geo[i].B, geo[i].Cin, geo[i].H, geo[i].W, geo[i].Cout, geo[i].k, geo[i].k, 0, 0,
-                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0, 0, 0};
+                     geo[i].stride, geo[i].lo, geo[i].hi, 0, 0, 0, 0, 0};
         p.Ho = (p.H + p.pad_lo + p.pad_hi - p.kh) / p.stride + 1;
         p.Wo = (p.W + p.pad_lo + p.pad_hi - p.kw) / p.stride + 1;
         size_t nx = (size_t)(p.B * p.Cin * p.H * p.W), nw = (size_t)(p.Cout * p.Cin * p.kh * p.kw),
@@ -390,6 +470,33 @@ TEST(fast_conv_matches_reference) {
                 f16->conv2d((const float *)xh, &hv, geo[i].bias ? b : NULL, NULL, y3, &ph);
                 CHECK_OK(kb_deferred_since(mark));
                 CHECK_MSG(!memcmp(yl, y3, sizeof(float) * ny), "geometry %zu: the conv of bf16 rows differs", i);
+                /* bf16 rows out (a conv another conv reads, kg_plan_bf16), from f32 or bf16 x: the
+                 * primitive's own rounding of its f32 sums, within a unit of the last place of
+                 * rounding the f32 result (its blocking may sum in another order) */
+                uint16_t *yh = malloc(sizeof(uint16_t) * ny);
+                for (int xin = 0; xin < 2; xin++) {
+                    kk_conv py = xin ? ph : pl;
+                    py.y_bf16 = 1;
+                    f16->conv2d(xin ? (const float *)xh : xl, &hv, geo[i].bias ? b : NULL, NULL, (float *)yh, &py);
+                    CHECK_OK(kb_deferred_since(mark));
+                    size_t far = 0, same = 0;
+                    for (size_t k = 0; k < ny; k++) {
+                        uint16_t r = kt_f32_to_bf16(yl[k]);
+                        int d = (int)yh[k] - (int)r;
+                        same += d == 0;
+                        far += d > 1 || d < -1;
+                    }
+                    fprintf(stderr, "    bf16 rows out%s: %zu of %zu values the f32 result's rounding\n",
+                            xin ? " of bf16 rows" : "", same, ny);
+                    CHECK_MSG(!far && same * 10 > ny * 9, "geometry %zu: bf16 rows out: %zu values off by more than one unit, %zu the same", i, far, same);
+                }
+                /* a residual is an f32 sum: bf16 rows out with one are refused */
+                kk_conv pq = pl;
+                pq.y_bf16 = 1, pq.residual = 1;
+                unsigned long m1 = kb_deferred_mark();
+                f16->conv2d(xl, &hv, NULL, y3, (float *)yh, &pq);
+                CHECK_FAILS(kb_deferred_since(m1), KILN_ERR_UNSUPPORTED, "bf16 activations");
+                free(yh);
                 /* bf16 rows channels first (no backend makes them): refused, not read as f32 */
                 kk_conv pn = p;
                 pn.x_bf16 = 1;
@@ -560,7 +667,7 @@ TEST(fast_group_norm_matches_reference) {
         kiln_noise(600 + i, b, (size_t)geo[i].C);
         const float *wp = geo[i].affine ? w : NULL, *bp = geo[i].affine ? b : NULL;
         kk_group_norm(x, wp, bp, y0, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0);
-        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0, 0);
+        fast->group_norm(x, wp, bp, y1, geo[i].B, geo[i].C, geo[i].S, geo[i].G, 1e-6f, geo[i].silu, 0, 0, 0);
         double e = rel_l2(y1, y0, n);
         fprintf(stderr, "  group norm [%lld,%lld,%lld] / %lld groups%s%s: fast vs reference %.3g\n", (long long)geo[i].B,
                 (long long)geo[i].C, (long long)geo[i].S, (long long)geo[i].G, geo[i].silu ? ", silu" : "",
@@ -573,7 +680,7 @@ TEST(fast_group_norm_matches_reference) {
         float *yb = transpose_c(yl, Bg, Cg, Sg, 0);
         CHECK_MSG(!memcmp(yb, y0, sizeof(float) * n), "geometry %zu: the reference's channels-last norm differs", i);
         free(yb);
-        fast->group_norm(xl, wp, bp, yl, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 0);
+        fast->group_norm(xl, wp, bp, yl, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 0, 0);
         yb = transpose_c(yl, Bg, Cg, Sg, 0);
         double el = rel_l2(yb, y0, n);
         fprintf(stderr, "    channels last: fast vs reference %.3g\n", el);
@@ -582,15 +689,29 @@ TEST(fast_group_norm_matches_reference) {
         const kk_backend *f16 = kk_fast(KILN_BF16);
         if (f16 && f16->conv_bf16_io) {
             uint16_t *yh = malloc(sizeof(uint16_t) * n);
-            f16->group_norm(xl, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 1);
+            f16->group_norm(xl, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 0, 1);
             size_t off = 0;
             for (size_t k = 0; k < n; k++) off += yh[k] != kt_f32_to_bf16(yl[k]);
             CHECK_MSG(!off, "geometry %zu: %zu bf16 group norm values are not the f32 ones rounded", i, off);
+            /* bf16 rows in (a convolution's, kg_plan_bf16): the sums of the f32 form on the widened values */
+            uint16_t *xh = malloc(sizeof(uint16_t) * n);
+            float *xr = malloc(sizeof(float) * n), *y2 = malloc(sizeof(float) * n), *y3 = malloc(sizeof(float) * n);
+            for (size_t k = 0; k < n; k++) xh[k] = kt_f32_to_bf16(xl[k]), xr[k] = kt_bf16_to_f32(xh[k]);
+            f16->group_norm(xr, wp, bp, y2, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 0, 0);
+            f16->group_norm((const float *)xh, wp, bp, y3, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 1, 0);
+            CHECK_MSG(!memcmp(y2, y3, sizeof(float) * n), "geometry %zu: the group norm of bf16 rows differs", i);
+            f16->group_norm((const float *)xh, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 1, 1);
+            off = 0;
+            for (size_t k = 0; k < n; k++) off += yh[k] != kt_f32_to_bf16(y2[k]);
+            CHECK_MSG(!off, "geometry %zu: %zu values of bf16 rows in and out are not the f32 ones rounded", i, off);
             /* bf16 rows are a channels-last form: channels first is refused, not written wrong */
             unsigned long mark = kb_deferred_mark();
-            f16->group_norm(x, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 0, 1);
+            f16->group_norm(x, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 0, 0, 1);
             CHECK_FAILS(kb_deferred_since(mark), KILN_ERR_UNSUPPORTED, "channels last only");
-            free(yh);
+            mark = kb_deferred_mark();
+            f16->group_norm((const float *)xh, wp, bp, y3, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 0, 1, 0);
+            CHECK_FAILS(kb_deferred_since(mark), KILN_ERR_UNSUPPORTED, "channels last only");
+            free(yh), free(xh), free(xr), free(y2), free(y3);
         }
         free(xl), free(yl), free(yb);
         free(x), free(y0), free(y1), free(w), free(b);
@@ -615,11 +736,11 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
         kiln_noise(800 + i, w, (size_t)(Co * Ci * 9));
         kiln_noise(900 + i, b, (size_t)Co);
         kk_upsample_nearest(x, u, Bq, Ci, H, Wd, 2, 1);
-        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0, 0, 0};
+        kk_conv pc = {Bq, Ci, 2 * H, 2 * Wd, Co, 3, 3, 2 * H, 2 * Wd, 1, 1, 1, 1, 0, 0, 0, 0};
         kk_weight wv = {.M = Co, .K = Ci * 9, .f32 = w, .packed_dtype = KILN_F32};
         kk_reference()->conv2d(u, &wv, b, NULL, y0, &pc);
         kk_conv_up2_weight(w, Co, Ci, w2);
-        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1, 0, 0};
+        kk_conv pu = {Bq, Ci, H, Wd, Co, 2, 2, 2 * H, 2 * Wd, 1, 1, 1, 1, 1, 0, 0, 0};
         kk_weight wu = {.M = 4 * Co, .K = Ci * 4, .f32 = w2, .packed_dtype = KILN_F32};
         kk_reference()->conv2d(x, &wu, b, NULL, y1, &pu);
         {   /* up2 is channels last only: channels first is refused */
@@ -656,6 +777,17 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
             CHECK_OK(kb_deferred_since(mark));
             CHECK_MSG(!memcmp(y1, y2, sizeof(float) * ny), "geometry %zu: the packed %s weight's result differs", i,
                       dt ? "bf16" : "f32");
+            /* bf16 rows out (kg_plan_bf16: an up2 a shortcut conv reads): the f32 result rounded */
+            kk_conv ph = pu;
+            ph.y_bf16 = 1;
+            uint16_t *yh = malloc(sizeof(uint16_t) * ny);
+            be->conv2d(x, &pv, b, NULL, (float *)yh, &ph);
+            CHECK_OK(kb_deferred_since(mark));
+            size_t off = 0;
+            for (size_t k = 0; k < ny; k++) off += yh[k] != kt_f32_to_bf16(y1[k]);
+            CHECK_MSG(!off, "geometry %zu: %zu of the %s up2's bf16 rows are not its f32 result rounded", i, off,
+                      dt ? "bf16" : "f32");
+            free(yh);
             kb_free_aligned(packed);
         }
         free(x), free(u), free(w), free(w2), free(b), free(y0), free(y1), free(y2);
@@ -669,5 +801,6 @@ int main(void) {
     RUN(fast_conv_matches_reference);
     RUN(fast_conv_up2_matches_upsample_then_conv);
     RUN(vae_ops_match_loops_on_every_path);
+    RUN(plan_bf16_conv_outputs);
     return TEST_SUMMARY();
 }

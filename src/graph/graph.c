@@ -668,6 +668,33 @@ static void attention_blocked(kg_graph *g, const kk_backend *be, const char *liv
     n->out_bf16 = KK_FMT_BLOCKED;
 }
 
+/* A channels-last convolution's output (no residual folded in, on weights
+ * conv_bf16_io takes, no output of the graph) goes in bf16 rows where a
+ * convolution reads it as x (on such weights, not an up2), which would round
+ * it to bf16 anyway, and every other live reader is a channels-last group
+ * norm: the norm's statistics then read the rounded values. That is an
+ * up2's output feeding a resnet with a shortcut conv (the decoder's largest
+ * tensors, half the bytes). An output only norms read stays f32: rounding
+ * every resnet's first conv output so moved a 1024x1024 decode's error
+ * against f32 from 9.4e-3 to 1.1e-2 (docs/PERFORMANCE.md). */
+static int conv_read_as_bf16(const kg_graph *g, const kk_backend *be, const char *live, int i) {
+    const kg_node *n = &g->nodes[i];
+    if (!live[i] || n->op != KG_CONV2D || !(n->iparam[3] & 1) || n->src[3] >= 0 || !be->conv_bf16_io(g->nodes[n->src[1]].kw))
+        return 0;
+    for (int o = 0; o < g->n_outputs; o++)
+        if (g->outputs[o] == i) return 0;
+    int conv = 0;
+    for (int j = i + 1; j < g->n; j++) {
+        const kg_node *c = &g->nodes[j];
+        for (int s = 0; live[j] && s < KG_MAX_SRC; s++) {
+            if (c->src[s] != i) continue;
+            if (c->op == KG_CONV2D && s == 0 && c->iparam[3] == 1 && be->conv_bf16_io(g->nodes[c->src[1]].kw)) conv = 1;
+            else if (!(c->op == KG_GROUP_NORM && s == 0 && c->iparam[2])) return 0;
+        }
+    }
+    return conv;
+}
+
 void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
     if (g->status || g->n < 1 || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
     size_t nn = (size_t)g->n;
@@ -776,6 +803,8 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
             kg_node *n = &g->nodes[i];
             if (live[i] && ok[i] && n->op == KG_GROUP_NORM && n->iparam[2]) n->out_bf16 = KK_FMT_BF16;
         }
+        for (int i = 0; i < g->n; i++)
+            if (conv_read_as_bf16(g, be, live, i)) g->nodes[i].out_bf16 = KK_FMT_BF16;
     }
     free(ok);
     free(used);

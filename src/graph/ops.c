@@ -218,9 +218,9 @@ static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
     const int64_t *xs = c->sh[0];
     kk_conv p = c->ip[3] & 1 ? (kk_conv){xs[0], xs[3], xs[1], xs[2], YS[3], c->sh[1][2], c->sh[1][3], YS[1], YS[2],
                                          c->ip[0], c->ip[1], c->ip[2], 1, c->ip[3] >> 1 & 1, c->fmt[0] == KK_FMT_BF16,
-                                         F(3) != NULL}
+                                         F(3) != NULL, c->fmt[KG_Y] == KK_FMT_BF16}
                              : (kk_conv){xs[0], xs[1], xs[2], xs[3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
-                                         c->ip[0], c->ip[1], c->ip[2], 0, 0, 0, F(3) != NULL};
+                                         c->ip[0], c->ip[1], c->ip[2], 0, 0, 0, F(3) != NULL, 0};
     const kk_backend *be = x->be->conv2d ? x->be : kk_reference();
     be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), F(3), Y, &p); /* the weight: its GEMM view (ops.def) */
 }
@@ -230,7 +230,8 @@ static void kg_run_group_norm(const kg_ctx *x, const kg_call *c) {
     int nhwc = (int)c->ip[2];
     int64_t B = c->sh[0][0], C = nhwc ? last_dim(c, 0) : c->sh[0][1], BC = B * C, S = numel_of(c, KG_Y) / (BC ? BC : 1);
     if (x->be->group_norm)
-        x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc, c->fmt[KG_Y] == KK_FMT_BF16);
+        x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc, c->fmt[0] == KK_FMT_BF16,
+                          c->fmt[KG_Y] == KK_FMT_BF16);
     else kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc);
 }
 

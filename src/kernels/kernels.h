@@ -91,11 +91,13 @@ void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_
  * (kk_conv_up2_weight), kh = kw = 2, Ho = 2 H, Wo = 2 W, stride and pads 1.
  * x_bf16 (with nhwc, not up2; conv_bf16_io backends only): x is bf16 rows.
  * residual: a tensor of y's shape and layout is added to y (the slot's
- * res; kg_fuse folds a resnet's add into its conv). */
+ * res; kg_fuse folds a resnet's add into its conv). y_bf16 (with nhwc, no
+ * residual; conv_bf16_io backends only): y is written as bf16 rows, the f32
+ * sums (+ b) rounded to nearest even. */
 typedef struct kk_conv {
     int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
     int64_t stride, pad_lo, pad_hi;
-    int64_t nhwc, up2, x_bf16, residual;
+    int64_t nhwc, up2, x_bf16, residual, y_bf16;
 } kk_conv;
 
 typedef struct kk_backend {
@@ -161,8 +163,10 @@ typedef struct kk_backend {
      * x (and linear_io writes it) with no conversion (kg_plan_bf16 asks) */
     int (*blocked_io)(const kk_weight *w);
     /* Optional: 1 when conv2d on w reads channels-last bf16 x (kk_conv.x_bf16)
-     * and group_norm writes it (y_bf16): a group norm only convolutions
-     * read then hands them bf16 (kg_plan_bf16 asks) */
+     * and writes it (kk_conv.y_bf16), and group_norm reads and writes it
+     * (x_bf16, y_bf16): a group norm only convolutions read then hands them
+     * bf16, and so does a convolution another convolution reads beside
+     * group norms (kg_plan_bf16 asks) */
     int (*conv_bf16_io)(const kk_weight *w);
 
     /* ---- memory: the backend owns activation memory; executors get every
@@ -192,10 +196,11 @@ typedef struct kk_backend {
     void (*conv2d)(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
     /* Optional (NULL: kk_group_norm, the double-precision form): the group
      * norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b, SiLU when
-     * silu, as kk_group_norm computes it; y_bf16 (nhwc, conv_bf16_io
-     * backends only): y is written as bf16 rows (void *) */
+     * silu, as kk_group_norm computes it; x_bf16 / y_bf16 (nhwc,
+     * conv_bf16_io backends only): x is read / y is written as bf16 rows
+     * (void *) */
     void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                       int64_t G, float eps, int silu, int nhwc, int y_bf16);
+                       int64_t G, float eps, int silu, int nhwc, int x_bf16, int y_bf16);
     /* Optional (NULL: kk_attention_general, the double-precision form):
      * attention with a scale, an additive bias and a causal mask, exactly
      * kk_attention_general's contract (the text encoders' attention_ex) */

@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,7 +27,9 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
  * AVX-512, where the plain nchw layout gives im2col + GEMM, "gemm:jit", at
  * ~95% of a decode): x [B,Cin,H,W] f32 is reordered (and in bf16 rounded,
  * nearest even) into this thread's scratch, the sums are f32 and y comes
- * back from the primitive's f32 layout to nchw. The weights come packed at
+ * back from the primitive's f32 layout to nchw (channels last: x may be
+ * bf16 rows, read as they are, and y may be written as bf16 rows by the
+ * primitive itself, p.y_bf16). The weights come packed at
  * conversion (kk_fast_conv_pack: the layout the primitive of a canonical
  * geometry picks, which is every stride-1 geometry's on the CPUs measured)
  * and are read in place, else reordered per call (from f32 [Cout,Cin,kh,kw]
@@ -110,14 +113,15 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
     dnnl_primitive_desc_t pd = NULL;
     /* our layout of x and y: nchw, or nhwc (channels last, the primitive's own: no reorder of y, x only rounded) */
     dnnl_format_tag_t plain = p->nhwc ? dnnl_nhwc : dnnl_nchw;
-    int ok = pr[0] >= 0 && pr[1] >= 0 &&
+    dnnl_data_type_t ydt = p->y_bf16 ? dnnl_bf16 : dnnl_f32;
+    int ok = pr[0] >= 0 && pr[1] >= 0 && !(p->y_bf16 && (p->residual || !p->nhwc)) &&
              !dnnl_memory_desc_init_by_tag(&e.xplain, 4, ds, p->x_bf16 ? dnnl_bf16 : dnnl_f32, plain) &&
              !dnnl_memory_desc_init_by_tag(&sany, 4, ds, dt, dnnl_format_tag_any) &&
              !dnnl_memory_desc_init_by_tag(&e.wfrom[0], 4, dw, dnnl_f32, dnnl_oihw) &&
              !dnnl_memory_desc_init_by_tag(&wany, 4, dw, dt, dnnl_format_tag_any) &&
              !dnnl_memory_desc_init_by_tag(&e.bias, 1, db, dnnl_f32, dnnl_a) &&
-             !dnnl_memory_desc_init_by_tag(&e.yplain, 4, dd, dnnl_f32, plain) &&
-             !dnnl_memory_desc_init_by_tag(&dany, 4, dd, dnnl_f32, dnnl_format_tag_any) &&
+             !dnnl_memory_desc_init_by_tag(&e.yplain, 4, dd, ydt, plain) &&
+             !dnnl_memory_desc_init_by_tag(&dany, 4, dd, ydt, dnnl_format_tag_any) &&
              !dnnl_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &sany, &wany,
                                                  &e.bias, &dany, st, pl, pr) &&
              !dnnl_primitive_attr_create(&attr) &&
@@ -155,8 +159,8 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
         e.sp = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         const char *impl = "";
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        kb_log(KILN_LOG_DEBUG, "conv2d %s %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s%s%s", bf16 ? "bf16" : "f32",
-               p->nhwc ? "nhwc" : "nchw", (long long)p->B,
+        kb_log(KILN_LOG_DEBUG, "conv2d %s %s%s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] stride %lld: %s%s%s", bf16 ? "bf16" : "f32",
+               p->nhwc ? "nhwc" : "nchw", p->y_bf16 ? " -> bf16 rows" : "", (long long)p->B,
                (long long)p->Cin, (long long)p->H, (long long)p->W, (long long)p->Cout, (long long)p->Cin,
                (long long)p->kh, (long long)p->kw, (long long)p->stride, impl,
                dnnl_memory_desc_equal(&e.xplain, &e.src) ? "" : ", x reordered",
@@ -214,7 +218,7 @@ KK_CLONES static void add_residual(float *y, const float *r, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += r[i];
 }
 
-static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, const float *b, const float *res, float *y) {
+static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, const float *b, const float *res, void *y) {
     dnnl_stream_t strm = kk_dnnl_stream();
     int from = weight_from(e, w);
     if (!strm || from < 0) return 0;
@@ -254,7 +258,7 @@ static int conv_run(const conv_entry *e, const void *x, const kk_weight *w, cons
     for (int i = 0; i < 6; i++)
         if (m[i]) dnnl_memory_destroy(m[i]);
     if (ok && e->yreorder) ok = run_reorder(e->yreorder, strm, &e->dst, dst, &e->yplain, y);
-    if (ok && e->res_after) add_residual(y, res, (size_t)(e->p.B * e->p.Cout * e->p.Ho * e->p.Wo));
+    if (ok && e->res_after) add_residual((float *)y, res, (size_t)(e->p.B * e->p.Cout * e->p.Ho * e->p.Wo));
     return ok;
 }
 
@@ -282,11 +286,24 @@ static int unpack_conv(const kk_weight *w, const kk_conv *p, float *out) {
  * UP2_BAND_BYTES (each band a convolution of its x rows, with the row
  * above as halo and the zero row at an edge as its padding: in NHWC a band
  * of x is a pointer into it), each band's phases then shuffled into y with
- * the bias. y never exists upsampled-and-unconvolved: 16/36 of the
- * multiplies, and no 4x-sized activation. */
+ * the bias (and in bf16 rows rounded, p->y_bf16). y never exists
+ * upsampled-and-unconvolved: 16/36 of the multiplies, and no 4x-sized
+ * activation. */
 #define UP2_BAND_BYTES ((size_t)8 << 20)
 
-static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b, float *y, const kk_conv *p) {
+/* one output pixel of an up2 band: y [n] = s + b, or in bf16 rows rounded
+ * (the f32 sum's bits, as the f32 path stores them) */
+KK_CLONES static void up2_store(const float *s, const float *b, float *y, int64_t n) {
+    for (int64_t c = 0; c < n; c++) y[c] = s[c] + b[c];
+}
+KK_CLONES static void up2_store_bf16(const float *s, const float *b, uint16_t *y, int64_t n) {
+    if (b)
+        for (int64_t c = 0; c < n; c++) y[c] = bf16_of(s[c] + b[c]);
+    else
+        for (int64_t c = 0; c < n; c++) y[c] = bf16_of(s[c]);
+}
+
+static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b, void *y, const kk_conv *p) {
     const int64_t H = p->H, W = p->W, Cin = p->Cin, Co = p->Cout, C4 = 4 * Co;
     if (w->M != C4 || p->Ho != 2 * H || p->Wo != 2 * W || p->kh != 2 || p->kw != 2) return 0;
     int64_t R = (int64_t)(UP2_BAND_BYTES / (sizeof(float) * (size_t)((W + 1) * C4)));
@@ -297,7 +314,7 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
         for (int64_t p0 = 0; p0 <= H; p0 += R) {
             int64_t p1 = p0 + R < H + 1 ? p0 + R : H + 1; /* grid rows [p0, p1) */
             int64_t r0 = p0 ? p0 - 1 : 0, r1 = p1 < H ? p1 : H; /* x rows [r0, r1) */
-            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0, 0, 0};
+            kk_conv band = {1, Cin, r1 - r0, W, C4, 2, 2, p1 - p0, W + 1, 1, 1, 1, 1, 0, 0, 0, 0};
             const conv_entry *e = get_conv_band(&band, p0 ? 0 : 1, bf16);
             if (!e || !conv_run(e, x + (n * H + r0) * W * Cin, w, NULL, NULL, ph)) return 0;
             const int64_t nr = p1 - p0;
@@ -306,15 +323,17 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
                 for (int a = 0; a < 2; a++) {
                     int64_t i = p0 + r - a; /* the output row 2i + a */
                     if (i < 0 || i >= H) continue;
-                    float *yr = y + ((n * 2 * H) + 2 * i + a) * 2 * W * Co;
+                    int64_t yr = ((n * 2 * H) + 2 * i + a) * 2 * W * Co; /* y's row 2i + a */
                     for (int64_t j = 0; j < W; j++)
                         for (int bb = 0; bb < 2; bb++) {
                             const float *src = ph + (r * (W + 1) + j + bb) * C4 + (2 * a + bb) * Co;
-                            float *dst = yr + (2 * j + bb) * Co;
-                            if (b)
-                                for (int64_t c = 0; c < Co; c++) dst[c] = src[c] + b[c];
+                            int64_t at = yr + (2 * j + bb) * Co;
+                            if (p->y_bf16)
+                                up2_store_bf16(src, b, (uint16_t *)y + at, Co);
+                            else if (b)
+                                up2_store(src, b, (float *)y + at, Co);
                             else
-                                memcpy(dst, src, sizeof(float) * (size_t)Co);
+                                memcpy((float *)y + at, src, sizeof(float) * (size_t)Co);
                         }
                 }
         }
@@ -327,10 +346,14 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
 static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, const float *res, float *y,
                       const kk_conv *p) {
     if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
-    if (p->x_bf16) { /* bf16 rows from a group norm (conv_bf16_io): only oneDNN reads them */
-        const conv_entry *e = p->nhwc && !p->up2 && kk_dnnl_engine() ? get_conv(p, bf16) : NULL;
-        if (!e || !conv_run(e, x, w, b, res, y))
-            kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: oneDNN did not run a convolution of bf16 activations");
+    /* bf16 rows in (a group norm's) or out (conv_bf16_io): only oneDNN reads
+     * and writes them, and the up2 bands write them */
+    if (p->x_bf16 || p->y_bf16) {
+        int ok = p->nhwc && !(p->up2 && p->x_bf16) && kk_dnnl_engine();
+        const conv_entry *e = ok && !p->up2 ? get_conv(p, bf16) : NULL;
+        if (ok && p->up2) ok = !p->residual && (up2_run(bf16, x, w, b, y, p) || (bf16 && up2_run(0, x, w, b, y, p)));
+        else ok = e && conv_run(e, x, w, b, res, y);
+        if (!ok) kb_defer_failure(KILN_ERR_UNSUPPORTED, "conv2d: oneDNN did not run a convolution of bf16 activations");
         return;
     }
     if (p->up2) {
@@ -426,7 +449,9 @@ kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t
  * fixed order, so the loop vectorizes without reassociation). Channels
  * last: one pass of per-channel shifted sums over chunks of GN_CHUNK
  * positions, the chunks' sums combined in order (the same bits whatever
- * the thread count). */
+ * the thread count); x may be bf16 rows there (a convolution's, kg_plan_bf16),
+ * each chunk widened to f32 into its thread's buffer first, so both forms
+ * run the same sums on the same values. */
 KK_CLONES static void gn_moments(const float *x, int64_t n, double *mean, double *var) {
     double s[8] = {0}, t = 0;
     int64_t i = 0;
@@ -488,31 +513,49 @@ KK_CLONES static void gn_rows_apply(const float *x, float *y, int64_t rows, int6
     }
 }
 
+KK_CLONES static void widen_bf16(const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = f32_of(x[i]);
+}
+
+/* chunk k's rows of batch entry xb [S,C] (f32, or bf16 rows when tb) as
+ * f32: in place, or widened into this thread's GN_CHUNK x C part of tb */
+static const float *gn_chunk(const void *xb, float *tb, int64_t k, int64_t S, int64_t C) {
+    int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
+    if (!tb) return (const float *)xb + r0 * C;
+    float *buf = tb + (size_t)omp_get_thread_num() * GN_CHUNK * (size_t)C;
+    widen_bf16((const uint16_t *)xb + r0 * C, buf, nr * C);
+    return buf;
+}
+
 /* The channels-last moments of batch entry xb [S,C] in one pass: each
- * chunk's shifted per-channel sums into part [chunks][2][C], then per group
- * g the mean[g] and the variance var[g] (Chan et al.'s combination of the
- * chunks' shifted sums, in double) */
-static void gn_nhwc_moments(const float *xb, int64_t S, int64_t C, int64_t G, double *part, double *mean, double *var) {
+ * chunk's shifted per-channel sums into part [chunks][2][C] (the shift, the
+ * chunk's first row, into shift [chunks][C]), then per group g the mean[g]
+ * and the variance var[g] (Chan et al.'s combination of the chunks' shifted
+ * sums, in double) */
+static void gn_nhwc_moments(const void *xb, float *tb, int64_t S, int64_t C, int64_t G, double *part, float *shift,
+                            double *mean, double *var) {
     int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
 #pragma omp parallel for schedule(static) if (C * S > (1 << 16))
     for (int64_t k = 0; k < nch; k++) {
         double *p = part + k * 2 * C;
         int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
+        const float *rows = gn_chunk(xb, tb, k, S, C);
         memset(p, 0, sizeof(double) * 2 * (size_t)C);
-        gn_rows_sum(xb + r0 * C, nr, C, xb + r0 * C, p, p + C);
+        memcpy(shift + k * C, rows, sizeof(float) * (size_t)C);
+        gn_rows_sum(rows, nr, C, rows, p, p + C);
     }
     double N = (double)(cg * S > 0 ? cg * S : 1);
     for (int64_t g = 0; g < G; g++) {
         double t = 0, m2 = 0;
         for (int64_t k = 0; k < nch; k++) {
             double nk = (double)(S - k * GN_CHUNK < GN_CHUNK ? S - k * GN_CHUNK : GN_CHUNK);
-            for (int64_t c = g * cg; c < (g + 1) * cg; c++) t += part[k * 2 * C + c] + nk * xb[k * GN_CHUNK * C + c];
+            for (int64_t c = g * cg; c < (g + 1) * cg; c++) t += part[k * 2 * C + c] + nk * shift[k * C + c];
         }
         double m = t / N;
         for (int64_t k = 0; k < nch; k++) {
             double nk = (double)(S - k * GN_CHUNK < GN_CHUNK ? S - k * GN_CHUNK : GN_CHUNK);
             for (int64_t c = g * cg; c < (g + 1) * cg; c++) {
-                double dk = (double)xb[k * GN_CHUNK * C + c] - m, s1 = part[k * 2 * C + c], s2 = part[k * 2 * C + C + c];
+                double dk = (double)shift[k * C + c] - m, s1 = part[k * 2 * C + c], s2 = part[k * 2 * C + C + c];
                 m2 += s2 + 2 * dk * s1 + nk * dk * dk;
             }
         }
@@ -541,24 +584,28 @@ static void gn_rows_apply_bf16(const float *x, uint16_t *y, int64_t rows, int64_
         }
 }
 
-static void gn_nhwc(const float *x, const float *w, const float *b, void *y, int64_t B, int64_t C, int64_t S,
-                    int64_t G, float eps, int silu, int y_bf16) {
+static void gn_nhwc(const void *x, const float *w, const float *b, void *y, int64_t B, int64_t C, int64_t S,
+                    int64_t G, float eps, int silu, int x_bf16, int y_bf16) {
     int64_t nch = (S + GN_CHUNK - 1) / GN_CHUNK, cg = C / G;
     double *part = malloc(sizeof(double) * (size_t)(2 * nch * C + 2 * G) + 1);
-    float *f = malloc(sizeof(float) * 3 * (size_t)C + 1);
-    if (!part || !f) {
+    float *f = malloc(sizeof(float) * (size_t)(3 + nch) * (size_t)C + 1);
+    /* bf16 rows in: a chunk's f32 rows per thread */
+    float *tb = x_bf16 ? kb_alloc_aligned(sizeof(float) * (size_t)omp_get_max_threads() * GN_CHUNK * (size_t)C) : NULL;
+    if (!part || !f || (x_bf16 && !tb)) {
         free(part);
         free(f);
+        kb_free_aligned(tb);
         kb_defer_failure(KILN_ERR_NOMEM, "group_norm: out of memory");
         return;
     }
     double *mean = part + 2 * nch * C, *var = mean + G;
-    float *mf = f, *a = f + C, *cc = f + 2 * C;
+    float *mf = f, *a = f + C, *cc = f + 2 * C, *shift = f + 3 * C;
+    size_t xe = x_bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int64_t bb = 0; bb < B; bb++) {
-        const float *xb = x + bb * S * C;
+        const void *xb = (const char *)x + (size_t)(bb * S * C) * xe;
         float *yb = y_bf16 ? NULL : (float *)y + bb * S * C;
         uint16_t *yh = y_bf16 ? (uint16_t *)y + bb * S * C : NULL;
-        gn_nhwc_moments(xb, S, C, G, part, mean, var);
+        gn_nhwc_moments(xb, tb, S, C, G, part, shift, mean, var);
         for (int64_t c = 0; c < C; c++) {
             double inv = 1.0 / sqrt(var[c / cg] + (double)eps);
             mf[c] = (float)mean[c / cg];
@@ -568,22 +615,24 @@ static void gn_nhwc(const float *x, const float *w, const float *b, void *y, int
 #pragma omp parallel for schedule(static) if (C * S > (1 << 16))
         for (int64_t k = 0; k < nch; k++) {
             int64_t r0 = k * GN_CHUNK, nr = S - r0 < GN_CHUNK ? S - r0 : GN_CHUNK;
-            if (yh) gn_rows_apply_bf16(xb + r0 * C, yh + r0 * C, nr, C, mf, a, cc, silu);
-            else gn_rows_apply(xb + r0 * C, yb + r0 * C, nr, C, mf, a, cc, silu);
+            const float *rows = gn_chunk(xb, tb, k, S, C);
+            if (yh) gn_rows_apply_bf16(rows, yh + r0 * C, nr, C, mf, a, cc, silu);
+            else gn_rows_apply(rows, yb + r0 * C, nr, C, mf, a, cc, silu);
         }
     }
     free(part);
     free(f);
+    kb_free_aligned(tb);
 }
 
 void kk_fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                        int64_t G, float eps, int silu, int nhwc, int y_bf16) {
+                        int64_t G, float eps, int silu, int nhwc, int x_bf16, int y_bf16) {
     if (nhwc) {
-        gn_nhwc(x, w, b, y, B, C, S, G, eps, silu, y_bf16);
+        gn_nhwc(x, w, b, y, B, C, S, G, eps, silu, x_bf16, y_bf16);
         return;
     }
-    if (y_bf16) {
-        kb_defer_failure(KILN_ERR_UNSUPPORTED, "group_norm: bf16 output is channels last only");
+    if (x_bf16 || y_bf16) {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "group_norm: bf16 rows are channels last only");
         return;
     }
     int64_t cg = C / G, n = cg * S;

@@ -14,6 +14,6 @@ void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, con
 int kk_fast_conv_bf16_io(const kk_weight *w);
 /* group_norm slot: x [B,C,S] (nhwc: [B,S,C]) over G groups, statistics in double */
 void kk_fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
-                        int64_t G, float eps, int silu, int nhwc, int y_bf16);
+                        int64_t G, float eps, int silu, int nhwc, int x_bf16, int y_bf16);
 
 #endif

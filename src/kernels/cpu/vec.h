@@ -51,4 +51,7 @@ static inline uint16_t bf16_of(float f) {
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
 }
 
+/* bf16 bits widened to the f32 they stand for (exact) */
+static inline float f32_of(uint16_t h) { return bits_f((uint32_t)h << 16); }
+
 #endif
