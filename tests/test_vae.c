@@ -493,9 +493,33 @@ TEST(vae_four_blocks_seeded) {
     test_rmrf(dir);
 }
 
+/* In a bf16 model the convolutions that read the latent or the image stay
+ * f32 (ka_spec.keep_f32: neither is rounded to bf16 first), and only those;
+ * every convolution weight is packed (ka_spec.conv) */
+TEST(vae_spec_keeps_input_convs_f32) {
+    vae_config c = vae_config_defaults(); /* with both quant convs */
+    c.n_blocks = 2, c.block_out_channels[0] = 32, c.block_out_channels[1] = 64;
+    ka_spec *s = NULL;
+    size_t n = 0;
+    CHECK_OK(vae_weight_spec(&c, &s, &n));
+    static const char *f32[] = {"encoder.conv_in.weight", "decoder.conv_in.weight", "post_quant_conv.weight"};
+    int kept = 0, convs = 0;
+    for (size_t i = 0; i < n; i++) {
+        int want = 0;
+        for (size_t k = 0; k < sizeof f32 / sizeof *f32; k++) want |= !strcmp(s[i].name, f32[k]);
+        CHECK_MSG(s[i].keep_f32 == want, "%s: keep_f32 %d, wanted %d", s[i].name, s[i].keep_f32, want);
+        CHECK_MSG(!want || s[i].conv, "%s is kept f32 but not a convolution", s[i].name);
+        kept += s[i].keep_f32;
+        convs += s[i].conv;
+    }
+    CHECK(kept == 3 && convs > 10);
+    free(s);
+}
+
 int main(void) {
     test_tmpdir(g_pkg_dir, sizeof g_pkg_dir, "vae-packages");
     RUN(vae_config_refusals);
+    RUN(vae_spec_keeps_input_convs_f32);
     RUN(vae_refuses_bad_latents);
     RUN(vae_decode_every_path);
     RUN(vae_decode_through_the_cache);

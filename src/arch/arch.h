@@ -37,7 +37,8 @@ typedef struct ka_spec {
     int split;  /* KA_SPLIT_*, the rule tensor parallel applies (ka_shard_spec) */
     int block;  /* FSDP: the block it belongs to, gathered before the block runs; -1: none */
     int keep_f32; /* a linear whose GEMM stays f32 in a bf16 model: bf16 rounding of it would go,
-                   * unscaled, into a softmax's exponent (T5's q and k) */
+                   * unscaled, into a softmax's exponent (T5's q and k); with conv, a convolution
+                   * likewise (the VAE's that read the latent: it is not rounded to bf16) */
     int conv;     /* the W [Cout,Cin,kh,kw] of a 2-D convolution: packed at conversion in the fast
                    * convolution's layout (kk_fast_conv_layout), in the compute dtype (f32 with keep_f32) */
     int up2;      /* with conv: the W [Cout,Cin,3,3] of a conv after a nearest 2x upsample, stored in its

@@ -28,10 +28,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define LAYOUT_VERSION 5 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts;
+#define LAYOUT_VERSION 6 /* bump when the conversion changes what a cache holds (2: AMX s8 and bf16 layouts;
                           * 3: linears a family keeps f32 in bf16 models, T5's q and k; 4: convolution
                           * weights packed for the fast convolution, ka_spec.conv; 5: the decoder's upsample
-                          * convolutions in their sub-pixel form, ka_spec.up2) */
+                          * convolutions in their sub-pixel form, ka_spec.up2; 6: the VAE's convolutions
+                          * of the latent and the image kept f32, ka_spec.keep_f32) */
 
 /* ---- loaded models: the documented process-wide registry ----------------------- */
 
