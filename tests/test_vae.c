@@ -493,6 +493,25 @@ TEST(vae_four_blocks_seeded) {
     test_rmrf(dir);
 }
 
+/* A config's numbers come back from its JSON exactly (fuzz_family_config
+ * found a scaling_factor of 8.9e75 that cJSON's own printing, 15 digits,
+ * turned into another double), in the fewest digits that do */
+TEST(vae_config_round_trips_exactly) {
+    vae_config c, back;
+    CHECK_OK(vae_config_parse("{\"_class_name\": \"AutoencoderKL\", \"scaling_factor\": 8888888888888888888888888888888888888888888888888888888888888888888888888881.5305, "
+                              "\"shift_factor\": 0.1159}",
+                              &c));
+    char *j = vae_config_to_json(&c);
+    CHECK(j && strstr(j, "8.888888888888888e+75") && strstr(j, "0.1159")); /* 16 digits do */
+    CHECK_OK(vae_config_parse(j, &back));
+    CHECK(!memcmp(&c, &back, sizeof c));
+    free(j);
+    c = vae_config_defaults();
+    j = vae_config_to_json(&c);
+    CHECK(j && strstr(j, "0.18215,"));
+    free(j);
+}
+
 /* In a bf16 model the convolutions that read the latent or the image stay
  * f32 (ka_spec.keep_f32: neither is rounded to bf16 first), and only those;
  * every convolution weight is packed (ka_spec.conv) */
@@ -520,6 +539,7 @@ int main(void) {
     test_tmpdir(g_pkg_dir, sizeof g_pkg_dir, "vae-packages");
     RUN(vae_config_refusals);
     RUN(vae_spec_keeps_input_convs_f32);
+    RUN(vae_config_round_trips_exactly);
     RUN(vae_refuses_bad_latents);
     RUN(vae_decode_every_path);
     RUN(vae_decode_through_the_cache);

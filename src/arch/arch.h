@@ -167,5 +167,10 @@ kiln_status ka_json_bool(const cJSON *root, const char *key, int *out);
 int ka_json_lists_arch(const cJSON *root, const char *cls);
 /* a finite number (present, may be NULL: 0 when absent or null) */
 kiln_status ka_json_num(const cJSON *root, const char *key, double *out, int *present);
+/* add key: v to o in the fewest digits that parse back to v exactly (cJSON's
+ * own printing keeps 15 where its loose comparison calls them equal, so a
+ * large value came back another double); null where v is not finite.
+ * NULL when out of memory. */
+cJSON *ka_json_add_num(cJSON *o, const char *key, double v);
 
 #endif

@@ -5,6 +5,8 @@
 #include "base/base.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 kiln_status ka_json_object(const char *json, cJSON **root) {
@@ -63,4 +65,14 @@ kiln_status ka_json_num(const cJSON *root, const char *key, double *out, int *pr
     *out = v->valuedouble;
     if (present) *present = 1;
     return KILN_OK;
+}
+
+cJSON *ka_json_add_num(cJSON *o, const char *key, double v) {
+    if (!isfinite(v)) return cJSON_AddNullToObject(o, key);
+    char buf[32];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return cJSON_AddRawToObject(o, key, buf);
 }

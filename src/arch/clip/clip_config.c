@@ -145,7 +145,7 @@ char *clip_config_to_json(const clip_config *c) {
     cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddStringToObject(o, "hidden_act", c->hidden_act == CLIP_ACT_GELU ? "gelu" : "quick_gelu");
-    cJSON_AddNumberToObject(o, "layer_norm_eps", c->layer_norm_eps);
+    ka_json_add_num(o, "layer_norm_eps", c->layer_norm_eps);
     cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);
     cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
     cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);

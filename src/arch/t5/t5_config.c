@@ -166,7 +166,7 @@ char *t5_config_to_json(const t5_config *c) {
     cJSON_AddNumberToObject(o, "num_heads", c->num_heads);
     cJSON_AddNumberToObject(o, "relative_attention_num_buckets", c->num_buckets);
     cJSON_AddNumberToObject(o, "relative_attention_max_distance", c->max_distance);
-    cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->eps);
+    ka_json_add_num(o, "layer_norm_epsilon", c->eps);
     char ff[32];
     /* "gated-gelu" is transformers' spelling of gated gelu_new (a gated
      * exact gelu has no spelling, and parse never makes one) */

@@ -181,8 +181,8 @@ char *vae_config_to_json(const vae_config *c) {
     cJSON_AddNumberToObject(o, "layers_per_block", c->layers_per_block);
     cJSON_AddNumberToObject(o, "norm_num_groups", c->norm_num_groups);
     cJSON_AddNumberToObject(o, "sample_size", c->sample_size);
-    cJSON_AddNumberToObject(o, "scaling_factor", c->scaling_factor);
-    if (c->has_shift) cJSON_AddNumberToObject(o, "shift_factor", c->shift_factor);
+    ka_json_add_num(o, "scaling_factor", c->scaling_factor);
+    if (c->has_shift) ka_json_add_num(o, "shift_factor", c->shift_factor);
     else cJSON_AddNullToObject(o, "shift_factor");
     cJSON_AddBoolToObject(o, "mid_block_add_attention", c->mid_block_add_attention);
     cJSON_AddBoolToObject(o, "use_quant_conv", c->use_quant_conv);
