@@ -787,6 +787,13 @@ TEST(fast_conv_up2_matches_upsample_then_conv) {
             for (size_t k = 0; k < ny; k++) off += yh[k] != kt_f32_to_bf16(y1[k]);
             CHECK_MSG(!off, "geometry %zu: %zu of the %s up2's bf16 rows are not its f32 result rounded", i, off,
                       dt ? "bf16" : "f32");
+            /* an up2 reads f32 x only (its bands are pointers into x): bf16 rows in are refused */
+            kk_conv pb = pu;
+            pb.x_bf16 = 1;
+            unsigned long m1 = kb_deferred_mark();
+            be->conv2d(x, &pv, b, NULL, (float *)yh, &pb);
+            CHECK_FAILS(kb_deferred_since(m1), KILN_ERR_UNSUPPORTED, "bf16 activations");
+            mark = kb_deferred_mark(); /* (the refusal is a deferred failure: later checks start after it) */
             free(yh);
             kb_free_aligned(packed);
         }
