@@ -185,11 +185,27 @@ TEST(pipeline_info) {
 /* kiln cache build PIPELINE: every component under its key; a second run hits */
 TEST(pipeline_cache_build) {
     char *out = NULL;
-    int rc = run_kiln(&out, "cache build '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
+    /* kiln info PIPELINE says each component's cache state: none yet */
+    int rc = run_kiln(&out, "info '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
+    int uncached = 0;
+    for (const char *p = out; p && (p = strstr(p, ", not cached\n")); p++) uncached++;
+    CHECK_MSG(rc == 0 && strstr(out, "cache name:     sd3-pipeline-tiny-") && !strstr(out, "cached (") && uncached == 5,
+              "%s", out);
+    free(out);
+    rc = run_kiln(&out, "cache build '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
     CHECK_MSG(rc == 0 && strstr(out, "text_encoder_3  miss") && strstr(out, "vae             miss"), "%s", out);
     free(out);
     rc = run_kiln(&out, "cache build '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
     CHECK_MSG(rc == 0 && strstr(out, "transformer     hit") && !strstr(out, "miss"), "%s", out);
+    free(out);
+    /* now every component is cached, under its own key; under another name none is */
+    rc = run_kiln(&out, "info '%s' --cache-dir '%s/cache'", golden_path(CASE, NULL), g_dir);
+    int cached = 0;
+    for (const char *p = out; p && (p = strstr(p, ", cached (sd3-pipeline-tiny-")); p++) cached++;
+    CHECK_MSG(rc == 0 && cached == 5 && !strstr(out, "not cached") && strstr(out, "/text_encoder_3/mesh1x1_"), "%s", out);
+    free(out);
+    rc = run_kiln(&out, "info '%s' --cache-dir '%s/cache' --name other", golden_path(CASE, NULL), g_dir);
+    CHECK_MSG(rc == 0 && !strstr(out, "cached (") && strstr(out, "cache name:     other under"), "%s", out);
     free(out);
 }
 

@@ -11,11 +11,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_usage[] = "kiln info MODEL|PIPELINE|FILE [--config FILE] [--tokenizers DIR] [--cache-dir DIR]";
+static const char k_usage[] = "kiln info MODEL|PIPELINE|FILE [--config FILE] [--tokenizers DIR] [--cache-dir DIR] [--name NAME]";
+
+/* the caches of a component under the root: complete key folders of
+ * <name>/<component>/ whose manifest names source (a component folder, or
+ * an all-in-one file's prefix); *which the last one found */
+static int cached(const kcache_item *items, size_t n, const char *name, const char *component, const char *source,
+                  const char **which) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/%s/", name, component);
+    int k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].complete && !strncmp(items[i].rel, rel, strlen(rel)) && !strcmp(items[i].source, source)) {
+            *which = items[i].rel;
+            k++;
+        }
+    return k;
+}
 
 /* A pipeline folder: every component, from its config and file headers
  * alone (nothing converts: T5-XXL's 9.5 GB are only mapped). */
-static int info_pipeline(const char *dir) {
+static int info_pipeline(const char *dir, const cli_common *com) {
     static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
     char *index = kb_path_join(dir, "model_index.json"), *text = NULL;
     if (!index || kb_read_file(index, &text, NULL)) {
@@ -31,6 +47,17 @@ static int info_pipeline(const char *dir) {
     }
     free(text);
     free(index);
+    /* the cache state under the name kiln generate and kiln cache build
+     * would use (--name, else the one derived from the folder) */
+    char name[128];
+    cli_model_name(dir, name, sizeof name);
+    if (com->name) snprintf(name, sizeof name, "%s", com->name);
+    const char *root = kcache_root(com->cache_dir);
+    kcache_item *items = NULL;
+    size_t n_items = 0;
+    if (root && kcache_list(root, &items, &n_items)) n_items = 0;
+    printf("cache name:     %s%s%s\n", name, root ? " under " : " (no cache root: --cache-dir DIR or KILN_CACHE_DIR)",
+           root ? root : "");
     int64_t total = 0;
     for (size_t k = 0; k < sizeof comps / sizeof comps[0]; k++) {
         char *cd = kb_path_join(dir, comps[k]);
@@ -57,30 +84,22 @@ static int info_pipeline(const char *dir) {
                (double)params / 1e6, c->n);
         for (int t = 1; t < KILN_DTYPE_COUNT; t++)
             if (by[t]) printf(" %s x %lld", kiln_dtype_name((kiln_dtype)t), (long long)by[t]);
-        printf(", %s\n", kb_human_bytes((double)c->bytes_on_disk, size, sizeof size));
+        printf(", %s", kb_human_bytes((double)c->bytes_on_disk, size, sizeof size));
+        /* a component's caches name its folder's absolute path as their source */
+        char real[PATH_MAX];
+        const char *which = NULL;
+        int nc = root ? cached(items, n_items, name, comps[k], realpath(cd, real) ? real : cd, &which) : 0;
+        if (nc) printf(", cached (%s%s)\n", which, nc > 1 ? " and others" : "");
+        else printf(", %s\n", root ? "not cached" : "no cache root");
         total += c->bytes_on_disk;
         kc_close(c);
         free(cd);
     }
+    free(items);
     char size[32];
     printf("size on disk:   %s\n", kb_human_bytes((double)total, size, sizeof size));
     printf("kernels:        bf16: %s\n                f32: %s\n", kiln_kernels(KILN_BF16), kiln_kernels(KILN_F32));
     return 0;
-}
-
-/* the caches of a file's component under the root: key folders of
- * <name>/<component>/ made from this file's prefix (their manifest's source) */
-static int cached(const kcache_item *items, size_t n, const char *name, const char *component, const char *source,
-                  const char **which) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/%s/", name, component);
-    int k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (items[i].complete && !strncmp(items[i].rel, rel, strlen(rel)) && !strcmp(items[i].source, source)) {
-            *which = items[i].rel;
-            k++;
-        }
-    return k;
 }
 
 /* An all-in-one file: every component under its prefix, from the header
@@ -100,7 +119,8 @@ static int info_single_file(const char *file, const cli_common *com) {
     if (root && kcache_list(root, &items, &n_items)) n_items = 0;
     printf("all-in-one:     %s\n", file);
     printf("tokenizers:     %s\n", com->tokenizers ? com->tokenizers : "(none: kiln generate needs --tokenizers DIR)");
-    printf("cache name:     %s%s%s\n", name, root ? " under " : " (no cache root)", root ? root : "");
+    printf("cache name:     %s%s%s\n", name, root ? " under " : " (no cache root: --cache-dir DIR or KILN_CACHE_DIR)",
+           root ? root : "");
     int64_t total = 0;
     for (size_t k = 0; k < sizeof comps / sizeof comps[0]; k++) {
         const char *prefix = kp_component_prefix(comps[k]);
@@ -155,9 +175,12 @@ int cmd_info(int argc, char **argv) {
             printf("usage: %s\n\nPrints the architecture, parameter count, weight dtypes and size on "
                    "disk of MODEL\n(a diffusers folder or a single safetensors checkpoint).\n\n"
                    "  --config FILE   config.json for a single-file checkpoint whose heads cannot be inferred\n"
-                   "An all-in-one single file (SD3 with its text encoders and VAE) lists its components with\n"
-                   "sizes, dtypes, where their configs come from (--tokenizers DIR, else inferred) and their\n"
-                   "cache state under --cache-dir / KILN_CACHE_DIR.\n",
+                   "  --cache-dir DIR the cache root whose state is listed (default: KILN_CACHE_DIR)\n"
+                   "  --name NAME     the model name the caches are under (default: derived from PIPELINE)\n"
+                   "A pipeline folder, or an all-in-one single file (SD3 with its text encoders and VAE;\n"
+                   "--tokenizers DIR), lists its components with sizes, dtypes, their cache state under\n"
+                   "--cache-dir / KILN_CACHE_DIR and, for a single file, where their configs come from\n"
+                   "(--tokenizers DIR, else inferred).\n",
                    k_usage);
             return 0;
         }
@@ -179,7 +202,7 @@ int cmd_info(int argc, char **argv) {
     int pipeline = index && kb_is_file(index);
     free(index);
     if (pipeline) {
-        int rc = info_pipeline(model);
+        int rc = info_pipeline(model, &com);
         cli_common_finish(&com);
         return rc;
     }
