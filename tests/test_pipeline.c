@@ -359,6 +359,60 @@ TEST(pipeline_errors) {
     CHECK(access(png, F_OK) != 0); /* no error above left an image */
 }
 
+/* scheduler/scheduler_config.json: its shift is the default --shift (a
+ * copy with shift 2 gives, bitwise, the original with --shift 2), and a
+ * config kiln does not sample with is refused, naming the scheduler */
+TEST(scheduler_config) {
+    const char *pipe = golden_path(CASE, NULL);
+    char *dir = kb_strfmt("%s/sched", g_dir), *out = NULL, a[256], b[256], png[256];
+    snprintf(a, sizeof a, "%s/shift-config.safetensors", g_dir);
+    snprintf(b, sizeof b, "%s/shift-flag.safetensors", g_dir);
+    snprintf(png, sizeof png, "%s/sched.png", g_dir);
+    const char *cfg = "scheduler/scheduler_config.json";
+    CHECK(kiln_sh(&out, "cp -r '%s' '%s' && sed -i 's/\"shift\": 3.0/\"shift\": 2.0/' '%s/%s' && grep -c '\"shift\": 2.0' "
+                  "'%s/%s'", pipe, dir, dir, cfg, dir, cfg) == 0);
+    free(out);
+    int rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'",
+                      dir, golden_path(CASE, "io.safetensors"), a, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --shift 2 --noise '%s' --latents-output '%s' --output '%s'",
+                  pipe, golden_path(CASE, "io.safetensors"), b, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    CHECK(kiln_sh(&out, "cmp '%s' '%s'", a, b) == 0);
+    free(out);
+    /* and it differs from shift 3 (the test would pass on an ignored config otherwise) */
+    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'", pipe,
+                  golden_path(CASE, "io.safetensors"), b, png);
+    free(out);
+    CHECK(rc == 0 && kiln_sh(&out, "cmp -s '%s' '%s'", a, b) != 0);
+    free(out);
+    unlink(png); /* the good runs' image */
+    struct {
+        const char *from, *to, *msg;
+    } bad[] = {
+        {"\"shift\": 2.0", "\"shift\": 1e999", "shift inf must be a positive number"},
+        {"\"shift\": 1e999", "\"shift\": 0", "shift 0 must be a positive number"},
+        {"\"shift\": 0", "\"shift\": 3.0", NULL},
+        {"\"num_train_timesteps\": 1000", "\"num_train_timesteps\": 0", "num_train_timesteps 0 in 1..100000"},
+        {"\"num_train_timesteps\": 0", "\"num_train_timesteps\": 1000", NULL},
+        {"\"use_dynamic_shifting\": false", "\"use_dynamic_shifting\": true", "use_dynamic_shifting is true"},
+        {"\"use_dynamic_shifting\": true", "\"use_dynamic_shifting\": false", NULL},
+        {"FlowMatchEulerDiscreteScheduler", "DDIMScheduler", "scheduler: DDIMScheduler; kiln samples with "
+                                                            "FlowMatchEulerDiscreteScheduler"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(kiln_sh(&out, "sed -i 's/%s/%s/' '%s/%s' && grep -c '%s' '%s/%s'", bad[i].from, bad[i].to, dir, cfg, bad[i].to,
+                      dir, cfg) == 0);
+        free(out);
+        if (bad[i].msg)
+            CHECK_RUN_WITH(run_kiln, 1, bad[i].msg, "generate '%s' --prompt x --output '%s'", dir, png);
+    }
+    CHECK(access(png, F_OK) != 0); /* no refused config left an image */
+    free(dir);
+}
+
 int main(void) {
     kiln_set_log_level(KILN_LOG_ERROR);
     snprintf(g_dir, sizeof g_dir, "/tmp/kiln-pipeline-XXXXXX");
@@ -374,6 +428,7 @@ int main(void) {
     RUN(pipeline_compile_command);
     RUN(pipeline_api_limits);
     RUN(pipeline_errors);
+    RUN(scheduler_config);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
     free(out);

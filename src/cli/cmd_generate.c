@@ -61,7 +61,7 @@ static int help(void) {
            "  negative_prompt_embeds         [B, T, joint_attention_dim]   (needed when guidance > 1)\n"
            "  negative_pooled_prompt_embeds  [B, pooled_projection_dim]    (needed when guidance > 1)\n\n"
            "  --steps N        inference steps (default 28)\n"
-           "  --shift S        schedule shift (default 3.0, SD3's)\n"
+           "  --shift S        schedule shift (default: a pipeline's scheduler config's shift, else 3.0, SD3's)\n"
            "  --guidance G     guidance scale (default 7.0; <= 1 samples the prompt alone)\n"
            "  --latent HxW     latent size (default: the config's sample_size square; pixels / 8)\n"
            "  --seed N         seed of kiln's noise generator (default 0): image k starts from seed + k,\n"
@@ -167,6 +167,7 @@ int cmd_generate(int argc, char **argv) {
     cli_common com = cli_common_defaults();
     const char *model = NULL, *cond = NULL, *output = NULL, *noise = NULL, *vae_dir = NULL, *v;
     kiln_generate_opts o = kiln_generate_defaults();
+    int shift_set = 0; /* --shift given */
     int quiet = 0, hw_set = 0, seed_set = 0;
     pipe_args pa = {.ipp = 1, .msl = 256};
     for (int i = 1; i < argc; i++) {
@@ -227,6 +228,7 @@ int cmd_generate(int argc, char **argv) {
             o.steps = (int)l;
         } else if ((r = cli_opt("generate", argc, argv, &i, "--shift", &v))) {
             if (r < 0 || cli_parse_double("generate", "--shift", v, &o.shift)) return 2;
+            shift_set = 1;
             if (o.shift <= 0)
                 return cli_usage_error("generate", k_usage,
                                        "--shift %s: must be positive (it stretches the schedule toward high noise: "
@@ -260,6 +262,8 @@ int cmd_generate(int argc, char **argv) {
             return cli_usage_error("generate", k_usage, "a pipeline needs one of --prompt or --prompts-file");
         if (!output) return cli_usage_error("generate", k_usage, "--output is required");
         if (cli_check_output("generate", output)) return 1; /* before any work */
+        /* no --shift: the pipeline's scheduler config's (kiln_pipeline_opts.shift 0) */
+        if (!shift_set) o.shift = 0;
         int rc = cli_generate_pipeline(model, &com, &pa, &o, noise, output, quiet);
         cli_common_finish(&com);
         return rc;

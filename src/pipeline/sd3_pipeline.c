@@ -138,9 +138,9 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
                          "static shift", p->src.aux);
         if (cJSON_IsNumber(s)) p->shift = s->valuedouble;
         if (cJSON_IsNumber(n)) p->num_train_timesteps = n->valueint;
-        if (!st && (!(p->shift > 0) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
-            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift %g and num_train_timesteps %d must be positive", p->src.aux,
-                         p->shift, p->num_train_timesteps);
+        if (!st && (!(p->shift > 0) || !isfinite(p->shift) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
+            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift %g must be a positive number and num_train_timesteps %d in "
+                         "1..100000", p->src.aux, p->shift, p->num_train_timesteps);
         cJSON_Delete(sch);
     }
     if (!st) st = open_model(p, "transformer", &p->transformer);
