@@ -348,8 +348,8 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         rs.pr.last = kb_now();
         po.user = &rs;
         if (!quiet)
-            fprintf(stderr, "%s: %d image%s %dx%d, %d steps, guidance %g\n", cmd, B, B == 1 ? "" : "s", po.width,
-                    po.height, po.steps, po.guidance);
+            fprintf(stderr, "%s: %d image%s %dx%d, %d step%s, guidance %g\n", cmd, B, B == 1 ? "" : "s", po.width,
+                    po.height, po.steps, po.steps == 1 ? "" : "s", po.guidance);
         int64_t sh[4];
         free(lat);
         lat = NULL;
