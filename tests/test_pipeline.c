@@ -399,6 +399,12 @@ TEST(scheduler_config) {
         {"\"num_train_timesteps\": 0", "\"num_train_timesteps\": 1000", NULL},
         {"\"use_dynamic_shifting\": false", "\"use_dynamic_shifting\": true", "use_dynamic_shifting is true"},
         {"\"use_dynamic_shifting\": true", "\"use_dynamic_shifting\": false", NULL},
+        {"\"use_karras_sigmas\": false", "\"use_karras_sigmas\": true", "use_karras_sigmas is true"},
+        {"\"use_karras_sigmas\": true", "\"use_karras_sigmas\": false", NULL},
+        {"\"stochastic_sampling\": false", "\"stochastic_sampling\": true", "stochastic_sampling is true"},
+        {"\"stochastic_sampling\": true", "\"stochastic_sampling\": false", NULL},
+        {"\"shift_terminal\": null", "\"shift_terminal\": 0.02", "shift_terminal is set"},
+        {"\"shift_terminal\": 0.02", "\"shift_terminal\": null", NULL},
         {"FlowMatchEulerDiscreteScheduler", "DDIMScheduler", "scheduler: DDIMScheduler; kiln samples with "
                                                             "FlowMatchEulerDiscreteScheduler"},
     };

@@ -136,6 +136,18 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
         else if (cJSON_IsTrue(d))
             st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: use_dynamic_shifting is true; SD3 pipelines use a "
                          "static shift", p->src.aux);
+        /* the options that would make diffusers sample another schedule
+         * (or add noise each step): refused by name, never ignored */
+        static const char *const other[] = {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
+                                            "invert_sigmas", "stochastic_sampling"};
+        for (size_t i = 0; !st && i < sizeof other / sizeof other[0]; i++)
+            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sch, other[i])))
+                st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: %s is true; kiln samples SD3's schedule (a static "
+                             "shift, deterministic Euler steps), where it is false", p->src.aux, other[i]);
+        const cJSON *term = cJSON_GetObjectItemCaseSensitive(sch, "shift_terminal");
+        if (!st && term && !cJSON_IsNull(term))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: shift_terminal is set; kiln samples SD3's schedule, where "
+                         "it is null (no stretch of the last sigma)", p->src.aux);
         if (cJSON_IsNumber(s)) p->shift = s->valuedouble;
         if (cJSON_IsNumber(n)) p->num_train_timesteps = n->valueint;
         if (!st && (!(p->shift > 0) || !isfinite(p->shift) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
