@@ -338,6 +338,10 @@ TEST(pipeline_errors) {
     if (f) fclose(f);
     CHECK_RUN_WITH(run_kiln, 1, "holds no prompt", "generate '%s' --prompts-file '%s' --output '%s'", pipe, empty, png);
     CHECK_RUN_WITH(run_kiln, 1, "does not exist (checked before any work", "generate '%s' --prompt x --output /nonexistent-dir/x.png", pipe);
+    char jpg[256];
+    snprintf(jpg, sizeof jpg, "%s/e.jpg", g_dir);
+    CHECK_RUN_WITH(run_kiln, 1, "e.jpg: expected a file name ending in .png", "generate '%s' --prompt x --output '%s'", pipe, jpg);
+    CHECK(access(jpg, F_OK) != 0);
     /* another pipeline class, and components that do not fit each other */
     char *bad = kb_strfmt("%s/flux", g_dir), *out = NULL;
     CHECK(kiln_sh(&out, "mkdir -p '%s' && echo '{\"_class_name\": \"FluxPipeline\"}' > '%s/model_index.json'", bad, bad) == 0);

@@ -115,6 +115,9 @@ TEST(decode_cli) {
     CHECK_OK(kiln_tensors_write(tmp("four.safetensors"), 1, &t4));
     CHECK_RUN_WITH(run_kiln, 1, "have 4 channels; this VAE decodes 16", "decode '%s' --latents '%s' --output '%s'", pipe,
                    tmp("four.safetensors"), tmp("x.png"));
+    CHECK_RUN_WITH(run_kiln, 1, "x.jpg: expected a file name ending in .png", "decode '%s' --latents '%s' --output '%s'", pipe,
+                   io, tmp("x.jpg"));
+    CHECK(!kb_is_file(tmp("x.jpg")));
     CHECK_RUN_WITH(run_kiln, 1, "no tensor named nope", "decode '%s' --latents '%s' --key nope --output '%s'", pipe, io, tmp("x.png"));
     CHECK_RUN_WITH(run_kiln, 1, "does not exist (checked before any work", "decode '%s' --latents '%s' --output '%s'", pipe, io,
                    tmp("no/such/x.png"));

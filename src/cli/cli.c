@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 int cli_error(const char *cmd, const char *fmt, ...) {
@@ -305,6 +306,16 @@ char *cli_latents_path(const char *output) {
     size_t n = strlen(output);
     if ((size_t)stem_len(output) + 4 == n) return kb_strfmt("%.*s.safetensors", stem_len(output), output);
     return kb_strdup(output);
+}
+
+int cli_check_png_output(const char *cmd, const char *path) {
+    size_t n = strlen(path);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strlen(base) <= 4 || strcasecmp(path + n - 4, ".png"))
+        return cli_error(cmd, "--output %s: expected a file name ending in .png (kiln writes PNG images; several "
+                         "images are numbered: out.png gives out-0.png, out-1.png ...)", path);
+    return cli_check_output(cmd, path);
 }
 
 int cli_check_output(const char *cmd, const char *path) {

@@ -137,6 +137,8 @@ char *cli_latents_path(const char *output);
 /* --output's folder exists and is writable, and the path is no folder:
  * checked before any work. 0, or a message printed and 1. */
 int cli_check_output(const char *cmd, const char *path);
+/* cli_check_output for an image: the name must end in .png (any case) */
+int cli_check_png_output(const char *cmd, const char *path);
 /* Under a launcher that started several ranks (mpirun -np N) a command needs
  * a parallel mode, or every rank would repeat the whole job and write the
  * same files: INVALID_ARG saying so. cli_load_model calls it. */

@@ -70,7 +70,7 @@ int cmd_decode(int argc, char **argv) {
     if (!vae_path || !latents || !output)
         return cli_usage_error("decode", k_usage, "VAE_OR_PIPELINE, --latents and --output are required");
     /* every output checked before any work */
-    if (cli_check_output("decode", output) || (tout && cli_check_output("decode", tout))) return 1;
+    if (cli_check_png_output("decode", output) || (tout && cli_check_output("decode", tout))) return 1;
     int rc = 1;
     st_file *f = NULL;
     kiln_model *m = NULL;

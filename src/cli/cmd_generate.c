@@ -261,7 +261,7 @@ int cmd_generate(int argc, char **argv) {
         if (!pa.prompt == !pa.prompts_file)
             return cli_usage_error("generate", k_usage, "a pipeline needs one of --prompt or --prompts-file");
         if (!output) return cli_usage_error("generate", k_usage, "--output is required");
-        if (cli_check_output("generate", output)) return 1; /* before any work */
+        if (cli_check_png_output("generate", output)) return 1; /* before any work */
         /* no --shift: the pipeline's scheduler config's (kiln_pipeline_opts.shift 0) */
         if (!shift_set) o.shift = 0;
         int rc = cli_generate_pipeline(model, &com, &pa, &o, noise, output, quiet);
