@@ -328,6 +328,9 @@ TEST(pipeline_errors) {
     CHECK_RUN_WITH(run_kiln, 1, "width 50 px: must be a multiple of 4 (VAE factor 2 x patch 2)",
                    "generate '%s' --prompt x --width 50 --height 32 --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 1, "the nearest are 48 and 52", "generate '%s' --prompt x --width 50 --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 1, "height 100000 px: at most 96 for this transformer (pos_embed_max_size 24",
+                   "generate '%s' --prompt x --height 100000 --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 1, "width 2 px: at least 4", "generate '%s' --prompt x --width 2 --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "one of --prompt or --prompts-file", "generate '%s' --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "--steps", "generate '%s' --prompt x --steps 0 --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "--latent is for a transformer", "generate '%s' --prompt x --latent 16x16 --output '%s'",

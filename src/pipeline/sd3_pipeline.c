@@ -210,15 +210,18 @@ kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int wid
     const kiln_config *c = kiln_model_config(p->transformer);
     int f = p->vae_scale * c->patch_size, max = c->pos_embed_max_size * c->patch_size * p->vae_scale;
     int hw[2] = {height, width};
-    for (int k = 0; k < 2; k++)
-        if (hw[k] < f || hw[k] % f || hw[k] > max) {
-            int lo = hw[k] / f * f, hi = lo + f;
-            if (lo < f) lo = f;
-            if (hi > max) hi = max;
-            return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x patch %d) between %d and "
-                           "%d; the nearest are %d and %d", k ? "width" : "height", hw[k], f, p->vae_scale, c->patch_size,
-                           f, max, lo, hi);
-        }
+    for (int k = 0; k < 2; k++) {
+        const char *what = k ? "width" : "height";
+        if (hw[k] > max)
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: at most %d for this transformer (pos_embed_max_size %d x patch %d x "
+                           "VAE factor %d)", what, hw[k], max, c->pos_embed_max_size, c->patch_size, p->vae_scale);
+        if (hw[k] < f)
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: at least %d (VAE factor %d x patch %d)", what, hw[k], f,
+                           p->vae_scale, c->patch_size);
+        if (hw[k] % f) /* max is a multiple of f: both neighbours are in range */
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x patch %d); the nearest "
+                           "are %d and %d", what, hw[k], f, p->vae_scale, c->patch_size, hw[k] / f * f, hw[k] / f * f + f);
+    }
     if (lat_h) *lat_h = height / p->vae_scale;
     if (lat_w) *lat_w = width / p->vae_scale;
     return KILN_OK;
