@@ -472,8 +472,13 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
             return kb_fail(KILN_ERR_INVALID_ARG,
                            "the weight cache is required: there is no cache root (set KILN_CACHE_DIR, or "
                            "pass --cache-dir / kiln_load_opts.cache_root) and no source checkpoint to convert from");
-        kb_log(KILN_LOG_WARN, "no cache root: converting %s on every start; set KILN_CACHE_DIR to convert once "
-               "and map the result afterwards", o->source ? o->source : o->source_id);
+        /* the advice once a process (a pipeline would give it for each of
+         * its five components); each later conversion at the debug level */
+        static int warned;
+        int first = !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED);
+        kb_log(first ? KILN_LOG_WARN : KILN_LOG_DEBUG, "no cache root: converting %s on every start%s",
+               o->source ? o->source : o->source_id,
+               first ? "; set KILN_CACHE_DIR (or --cache-dir) to convert once and map the result afterwards" : "");
         uint64_t h = 0;
         if (o->source && (st = kcache_source_hash_path(o->source, o->config_path, &h))) return st;
         if (o->source) h = part_hash(o, h);
