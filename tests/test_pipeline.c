@@ -426,6 +426,31 @@ TEST(scheduler_config) {
     free(dir);
 }
 
+/* a prompt past what CLIP (77) or T5 (max_sequence_length) reads is cut
+ * off as in diffusers, with a warning naming the encoder; a short one none */
+TEST(long_prompt_warns) {
+    const char *pipe = golden_path(CASE, NULL);
+    char png[256], *out = NULL;
+    snprintf(png, sizeof png, "%s/long.png", g_dir);
+    char *longp = kb_strfmt("%s", "");
+    for (int i = 0; i < 60; i++) {
+        char *n = kb_strfmt("%sastronaut riding a horse ", longp);
+        free(longp);
+        longp = n;
+    }
+    int rc = kiln_sh(&out, "KILN_LOG=warn '%s' generate '%s' --prompt '%s' --steps 1 --output '%s' 2>&1", kiln_bin(), pipe,
+                     longp, png);
+    CHECK_MSG(rc == 0 && strstr(out, "the prompt \"astronaut riding a horse astronaut ridin...\" is ") &&
+                  strstr(out, " tokens; CLIP reads 77, the rest is cut off") &&
+                  strstr(out, " tokens; T5 (max_sequence_length) reads 256, the rest is cut off"),
+              "%s", out);
+    free(out);
+    rc = kiln_sh(&out, "KILN_LOG=warn '%s' generate '%s' --prompt 'a horse' --steps 1 --output '%s' 2>&1", kiln_bin(), pipe, png);
+    CHECK_MSG(rc == 0 && !strstr(out, "cut off"), "%s", out);
+    free(out);
+    free(longp);
+}
+
 int main(void) {
     kiln_set_log_level(KILN_LOG_ERROR);
     snprintf(g_dir, sizeof g_dir, "/tmp/kiln-pipeline-XXXXXX");
@@ -442,6 +467,7 @@ int main(void) {
     RUN(pipeline_api_limits);
     RUN(pipeline_errors);
     RUN(scheduler_config);
+    RUN(long_prompt_warns);
     char *out = NULL;
     if (kiln_sh(&out, "rm -rf '%s'", g_dir)) fprintf(stderr, "could not remove %s\n", g_dir);
     free(out);

@@ -121,15 +121,27 @@ kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir
 
 /* one encoder over n prompts: ids [n, len] through kiln_run; the outputs
  * asked for (names[k]) land in bufs[k] (malloc'd), their shapes in sh[k] */
+/* A prompt longer than an encoder reads is cut off, as in diffusers, which
+ * warns; so does this, naming the encoder (label) and the prompt's start */
+static void warn_truncated(const char *label, const char *prompt, int n_tokens, int len) {
+    int cut = 0;
+    while (prompt[cut] && cut < 40) cut++;
+    while (cut > 0 && prompt[cut] && ((unsigned char)prompt[cut] & 0xC0) == 0x80) cut--; /* a whole UTF-8 character */
+    kb_log(KILN_LOG_WARN, "the prompt \"%.*s%s\" is %d tokens; %s reads %d, the rest is cut off (as in diffusers)", cut,
+           prompt, prompt[cut] ? "..." : "", n_tokens, label, len);
+}
+
 static kiln_status encode_one(kiln_model *m, const kiln_tokenizer *tok, const char *const *prompts, int n, int len,
-                              int k_out, const char *const *names, float **bufs, int64_t (*sh)[3]) {
+                              const char *label, int k_out, const char *const *names, float **bufs, int64_t (*sh)[3]) {
     size_t cells = (size_t)n * (size_t)len;
     int64_t *ids = malloc(sizeof(int64_t) * cells);
     float *f = malloc(sizeof(float) * cells);
     kiln_status st = ids && f ? KILN_OK : KILN_ERR_NOMEM;
     for (int p = 0; p < n && !st; p++) {
-        st = kiln_tokenize(tok, prompts[p], len, ids + (size_t)p * (size_t)len, NULL, NULL);
+        int nt = 0;
+        st = kiln_tokenize(tok, prompts[p], len, ids + (size_t)p * (size_t)len, NULL, &nt);
         if (st) st = kb_wrap(st, "prompt %d", p);
+        else if (label && nt > len) warn_truncated(label, prompts[p], nt, len);
     }
     for (size_t i = 0; !st && i < cells; i++) f[i] = (float)ids[i]; /* ids < 2^24: exact */
     kiln_tensor in = {"input_ids", KILN_F32, 2, {n, len}, f};
@@ -195,11 +207,13 @@ kiln_status kiln_sd3_encode(kiln_sd3_text *t, const char *const *prompts, int n,
     int64_t sh[3][2][3];
     kiln_status st = KILN_OK;
     for (int i = 0; i < 2 && !st; i++) {
-        st = encode_one(t->enc[i], t->tok[i], prompts, n, CLIP_LEN, 2, clip_out, b[i], sh[i]);
+        /* CLIP-G reads the tokens CLIP-L does: one warning for both */
+        st = encode_one(t->enc[i], t->tok[i], prompts, n, CLIP_LEN, i ? NULL : "CLIP", 2, clip_out, b[i], sh[i]);
         if (st) st = kb_wrap(st, "%s", k_enc[i]);
     }
     if (!st && t->enc[2]) {
-        st = encode_one(t->enc[2], t->tok[2], prompts, n, max_sequence_length, 1, t5_out, b[2], sh[2]);
+        st = encode_one(t->enc[2], t->tok[2], prompts, n, max_sequence_length, "T5 (max_sequence_length)", 1, t5_out,
+                        b[2], sh[2]);
         if (st) st = kb_wrap(st, "text_encoder_3");
     }
     int64_t Dl = st ? 0 : sh[0][0][2], Dg = st ? 0 : sh[1][0][2], W = t->enc[2] && !st ? sh[2][0][2] : t->joint;
