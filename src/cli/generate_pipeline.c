@@ -6,6 +6,7 @@
  * component's shapes). */
 #include "base/base.h"
 #include "cli.h"
+#include "cache/cache.h"
 #include "format/png.h"
 #include "model/model.h"
 #include "pipeline/prompts.h"
@@ -438,10 +439,14 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
             free(rgb);
         }
     }
+    int px_w = s ? 0 : (int)sh[3] * kiln_pipeline_vae_scale(p), px_h = s ? 0 : (int)sh[2] * kiln_pipeline_vae_scale(p);
     free(lat);
     kiln_pipeline_free(p);
     if (s) return cli_fail(cmd, s);
-    printf("compiled %s for %d image%s a request (%s) in %.2f s: every component's packages are published\n", dir,
-           images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG", kb_now() - t0);
+    char *pkg = kcache_package_root(com->package_dir, kcache_root(com->cache_dir));
+    printf("compiled %s for %d image%s a request (%s) at %dx%d in %.2f s: every component's packages are published "
+           "under %s (kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG",
+           px_w, px_h, kb_now() - t0, pkg ? pkg : "the package folder");
+    free(pkg);
     return 0;
 }
