@@ -402,28 +402,22 @@ TEST(scheduler_config) {
     struct {
         const char *from, *to, *msg;
     } bad[] = {
-        {"\"shift\": 2.0", "\"shift\": 1e999", "shift inf must be a positive number"},
-        {"\"shift\": 1e999", "\"shift\": 0", "shift 0 must be a positive number"},
-        {"\"shift\": 0", "\"shift\": 3.0", NULL},
+        {"\"shift\": 3.0", "\"shift\": 1e999", "shift inf must be a positive number"},
+        {"\"shift\": 3.0", "\"shift\": 0", "shift 0 must be a positive number"},
         {"\"num_train_timesteps\": 1000", "\"num_train_timesteps\": 0", "num_train_timesteps 0 in 1..100000"},
-        {"\"num_train_timesteps\": 0", "\"num_train_timesteps\": 1000", NULL},
         {"\"use_dynamic_shifting\": false", "\"use_dynamic_shifting\": true", "use_dynamic_shifting is true"},
-        {"\"use_dynamic_shifting\": true", "\"use_dynamic_shifting\": false", NULL},
         {"\"use_karras_sigmas\": false", "\"use_karras_sigmas\": true", "use_karras_sigmas is true"},
-        {"\"use_karras_sigmas\": true", "\"use_karras_sigmas\": false", NULL},
         {"\"stochastic_sampling\": false", "\"stochastic_sampling\": true", "stochastic_sampling is true"},
-        {"\"stochastic_sampling\": true", "\"stochastic_sampling\": false", NULL},
         {"\"shift_terminal\": null", "\"shift_terminal\": 0.02", "shift_terminal is set"},
-        {"\"shift_terminal\": 0.02", "\"shift_terminal\": null", NULL},
         {"FlowMatchEulerDiscreteScheduler", "DDIMScheduler", "scheduler: DDIMScheduler; kiln samples with "
                                                             "FlowMatchEulerDiscreteScheduler"},
     };
+    /* each case one change to the case's own config */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        CHECK(kiln_sh(&out, "sed -i 's/%s/%s/' '%s/%s' && grep -c '%s' '%s/%s'", bad[i].from, bad[i].to, dir, cfg, bad[i].to,
-                      dir, cfg) == 0);
+        CHECK(kiln_sh(&out, "cp '%s/%s' '%s/%s' && sed -i 's/%s/%s/' '%s/%s' && grep -c '%s' '%s/%s'", pipe, cfg, dir, cfg,
+                      bad[i].from, bad[i].to, dir, cfg, bad[i].to, dir, cfg) == 0);
         free(out);
-        if (bad[i].msg)
-            CHECK_RUN_WITH(run_kiln, 1, bad[i].msg, "generate '%s' --prompt x --output '%s'", dir, png);
+        CHECK_RUN_WITH(run_kiln, 1, bad[i].msg, "generate '%s' --prompt x --output '%s'", dir, png);
     }
     CHECK(access(png, F_OK) != 0); /* no refused config left an image */
     free(dir);

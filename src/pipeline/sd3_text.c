@@ -119,8 +119,6 @@ kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir
     return KILN_OK;
 }
 
-/* one encoder over n prompts: ids [n, len] through kiln_run; the outputs
- * asked for (names[k]) land in bufs[k] (malloc'd), their shapes in sh[k] */
 /* A prompt longer than an encoder reads is cut off, as in diffusers, which
  * warns; so does this, naming the encoder (label) and the prompt's start */
 static void warn_truncated(const char *label, const char *prompt, int n_tokens, int len) {
@@ -131,6 +129,9 @@ static void warn_truncated(const char *label, const char *prompt, int n_tokens, 
            prompt, prompt[cut] ? "..." : "", n_tokens, label, len);
 }
 
+/* one encoder over n prompts: ids [n, len] through kiln_run; the outputs
+ * asked for (names[k]) land in bufs[k] (malloc'd), their shapes in sh[k];
+ * label names the encoder in a truncation warning (NULL: none) */
 static kiln_status encode_one(kiln_model *m, const kiln_tokenizer *tok, const char *const *prompts, int n, int len,
                               const char *label, int k_out, const char *const *names, float **bufs, int64_t (*sh)[3]) {
     size_t cells = (size_t)n * (size_t)len;
