@@ -370,10 +370,12 @@ TEST(pipeline_errors) {
 }
 
 /* scheduler/scheduler_config.json: its shift is the default --shift (a
- * copy with shift 2 gives, bitwise, the original with --shift 2), and a
+ * copy with shift 2 gives, bitwise, the original with --shift 2; one
+ * without shift the scheduler's default 1.0), and a
  * config kiln does not sample with is refused, naming the scheduler */
 TEST(scheduler_config) {
-    const char *pipe = golden_path(CASE, NULL);
+    char pipe[1024]; /* golden_path's buffers rotate: keep a copy */
+    snprintf(pipe, sizeof pipe, "%s", golden_path(CASE, NULL));
     char *dir = kb_strfmt("%s/sched", g_dir), *out = NULL, a[256], b[256], png[256];
     snprintf(a, sizeof a, "%s/shift-config.safetensors", g_dir);
     snprintf(b, sizeof b, "%s/shift-flag.safetensors", g_dir);
@@ -398,13 +400,30 @@ TEST(scheduler_config) {
     free(out);
     CHECK(rc == 0 && kiln_sh(&out, "cmp -s '%s' '%s'", a, b) != 0);
     free(out);
+    /* a config without shift: the scheduler class's default 1.0, as diffusers
+     * builds it (not SD3's 3.0, which only a missing config gets) */
+    CHECK(kiln_sh(&out, "cp '%s/%s' '%s/%s' && sed -i '/\"shift\": 3.0,/d' '%s/%s' && ! grep -q '\"shift\"' '%s/%s'", pipe,
+                  cfg, dir, cfg, dir, cfg, dir, cfg) == 0);
+    free(out);
+    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'", dir,
+                  golden_path(CASE, "io.safetensors"), a, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --shift 1 --noise '%s' --latents-output '%s' --output '%s'",
+                  pipe, golden_path(CASE, "io.safetensors"), b, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    CHECK(kiln_sh(&out, "cmp '%s' '%s'", a, b) == 0);
+    free(out);
     unlink(png); /* the good runs' image */
     struct {
         const char *from, *to, *msg;
     } bad[] = {
         {"\"shift\": 3.0", "\"shift\": 1e999", "shift inf must be a positive number"},
         {"\"shift\": 3.0", "\"shift\": 0", "shift 0 must be a positive number"},
+        {"\"shift\": 3.0", "\"shift\": \"3.0\"", "scheduler: shift must be a number"},
         {"\"num_train_timesteps\": 1000", "\"num_train_timesteps\": 0", "num_train_timesteps 0 in 1..100000"},
+        {"\"num_train_timesteps\": 1000", "\"num_train_timesteps\": 1000.5", "num_train_timesteps must be an integer"},
         {"\"use_dynamic_shifting\": false", "\"use_dynamic_shifting\": true", "use_dynamic_shifting is true"},
         {"\"use_karras_sigmas\": false", "\"use_karras_sigmas\": true", "use_karras_sigmas is true"},
         {"\"stochastic_sampling\": false", "\"stochastic_sampling\": true", "stochastic_sampling is true"},

@@ -9,11 +9,11 @@ static const struct {
     int (*run)(int, char **);
     const char *summary;
 } k_cmds[] = {
-    {"info", cmd_info, "architecture, parameter count, dtypes and size of a model"},
+    {"info", cmd_info, "a model's architecture, parameters, dtypes and size; a pipeline's components and cache state"},
     {"forward", cmd_forward, "one backbone call on tensors from a safetensors file"},
-    {"generate", cmd_generate, "flow-matching sampling with classifier-free guidance"},
-    {"cache", cmd_cache, "build, list, verify, remove and garbage-collect weight caches"},
-    {"compile", cmd_compile, "compile the backbone into a weightless package with dynamic dimensions"},
+    {"generate", cmd_generate, "prompt to PNG through a pipeline, or a transformer sampled on given conditioning (CFG)"},
+    {"cache", cmd_cache, "build (a model, or every pipeline component), list, verify, remove, garbage-collect caches"},
+    {"compile", cmd_compile, "a model into a weightless package with dynamic dimensions, or every pipeline component"},
     {"package", cmd_package, "list, verify and remove compiled packages"},
     {"quality", cmd_quality, "the quality gate of a quantized backbone: bf16 vs int8/fp8 on one sampler request"},
     {"encode", cmd_encode, "a pipeline's prompt conditioning (SD3 encode_prompt: CLIP-L, CLIP-G, T5) for kiln generate"},
@@ -21,20 +21,22 @@ static const struct {
     {"encode-image", cmd_encode_image, "a PNG to the pipeline's latents through the VAE's encoder"},
     {"tokenize", cmd_tokenize, "token ids of a prompt from a pipeline's CLIP / T5 tokenizers, padded as the pipeline pads"},
     {"make-model", cmd_make, "write a seeded model of any SD3 config (and inputs) for trials and benchmarks"},
-    {"demo", cmd_demo, "make an embedded tiny model, generate at two widths, show timings"},
+    {"demo", cmd_demo, "an embedded tiny model at two widths, then a tiny pipeline prompt to PNG, cold and warm"},
 };
 
 static void usage(FILE *f) {
     fprintf(f,
-            "kiln %s - fast cold starts for diffusion transformers (SD3 / SD3.5 MMDiT) on CPU\n\n"
+            "kiln %s - SD3 / SD3.5 from prompt to PNG on the CPU, with fast cold starts (weight cache, packages)\n\n"
             "usage: kiln COMMAND [options]   (kiln COMMAND --help for each)\n\ncommands:\n",
             KILN_VERSION);
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
-        fprintf(f, "  %-10s %s\n", k_cmds[i].name, k_cmds[i].summary);
+        fprintf(f, "  %-12s %s\n", k_cmds[i].name, k_cmds[i].summary);
     fprintf(f,
-            "\nMODEL is a diffusers model folder (config.json + diffusion_pytorch_model"
-            ".safetensors[.index.json])\nor a single safetensors checkpoint (diffusers or original "
-            "SD3 names).\n\nenvironment: KILN_THREADS (kernel threads), KILN_LOG "
+            "\nPIPELINE is a diffusers pipeline folder (model_index.json: StableDiffusion3Pipeline, SD3 / SD3.5)\n"
+            "or an all-in-one safetensors file with --tokenizers DIR. MODEL is one component: a diffusers model\n"
+            "folder (config.json + diffusion_pytorch_model.safetensors[.index.json]) or a single safetensors\n"
+            "checkpoint (diffusers or original SD3 names). docs/cli.md has every command and option.\n\n"
+            "environment: KILN_THREADS (kernel threads), KILN_LOG "
             "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root),\n             KILN_PACKAGE_DIR (compiled packages), KILN_EXEC (execution chain), KILN_CC (C compiler),\n             KILN_F16=0 (no fp16 kernels), KILN_ATTENTION=strips (no fused attention)\n");
 }
 

@@ -148,6 +148,13 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
         if (!st && term && !cJSON_IsNull(term))
             st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: shift_terminal is set; kiln samples SD3's schedule, where "
                          "it is null (no stretch of the last sigma)", p->src.aux);
+        /* a field the config leaves out takes FlowMatchEulerDiscreteScheduler's
+         * default, as diffusers builds it: shift 1.0, not SD3's 3.0 */
+        p->shift = 1.0;
+        if (!st && s && !cJSON_IsNumber(s))
+            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift must be a number", p->src.aux);
+        if (!st && n && (!cJSON_IsNumber(n) || n->valuedouble != floor(n->valuedouble)))
+            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: num_train_timesteps must be an integer", p->src.aux);
         if (cJSON_IsNumber(s)) p->shift = s->valuedouble;
         if (cJSON_IsNumber(n)) p->num_train_timesteps = n->valueint;
         if (!st && (!(p->shift > 0) || !isfinite(p->shift) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
