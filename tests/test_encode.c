@@ -7,6 +7,7 @@
 #include "cli_util.h"
 #include "golden_util.h"
 
+#include <string.h>
 #include <unistd.h>
 
 #define CASE "sd3-pipeline-tiny"
@@ -156,6 +157,27 @@ TEST(encode_then_generate) {
         free(img);
         free(rgb);
     }
+    /* and bitwise the latents of kiln generate PIPELINE: kiln encode batches
+     * the prompt and the negative prompt as the pipeline does */
+    char lat2[256];
+    snprintf(lat2, sizeof lat2, "%s/pipeline-latents.safetensors", g_dir);
+    rc = run_kiln(&out, "generate '%s' --prompt '" PROMPT "' --negative-prompt '" NEGATIVE "' --steps 4 --guidance 5 "
+                  "--dtype f32 --quiet --noise '%s' --latents-output '%s' --output '%s/pipeline.png'",
+                  pipe, golden_path(CASE, "io.safetensors"), lat2, g_dir);
+    CHECK_MSG(rc == 0, "generate PIPELINE: exit %d: %s", rc, out);
+    free(out);
+    st_file *pl = NULL;
+    CHECK_OK(st_open(lat2, &pl));
+    if (got && pl) {
+        size_t na = 0, nb = 0;
+        float *a = golden_tensor(got, "latents", &na), *b = golden_tensor(pl, "latents", &nb);
+        printf("  kiln encode + generate --cond against generate PIPELINE: %s\n", na == nb && na && !memcmp(a, b, sizeof(float) * na) ? "bitwise equal" : "differ");
+        CHECK_MSG(na == nb && na && !memcmp(a, b, sizeof(float) * na),
+                  "kiln encode + generate --cond and generate PIPELINE differ (%zu and %zu values)", na, nb);
+        free(a);
+        free(b);
+    }
+    st_close(pl);
     st_close(io);
     st_close(got);
     CHECK_RUN_WITH(run_kiln, 2, "--prompt or --prompts-file", "encode '%s' --output '%s'", pipe, cond);

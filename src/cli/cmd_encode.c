@@ -88,12 +88,31 @@ int cmd_encode(int argc, char **argv) {
     }
     float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
     int64_t pes[3], pps[2], nes[3], nps[2];
-    const char **negs = malloc(sizeof(char *) * (size_t)n);
+    /* the prompts and their negative prompts in one encoder batch, rows
+     * [prompts x ipp | negatives x ipp], as kiln generate PIPELINE encodes
+     * them (each encoder's weights read once); two batches only where one
+     * would pass kiln_sd3_encode's 1024 rows */
+    int one_batch = 2L * n * ipp <= 1024;
+    const char **all = malloc(sizeof(char *) * (size_t)(2 * n));
     double t0 = kb_now();
-    if (!negs) s = KILN_ERR_NOMEM;
-    for (int k = 0; negs && k < n; k++) negs[k] = neg;
-    if (!s) s = kiln_sd3_encode(t, prompts, n, (int)ipp, (int)msl, &pe, pes, &pp, pps);
-    if (!s) s = kiln_sd3_encode(t, negs, n, (int)ipp, (int)msl, &ne, nes, &np, nps);
+    if (!all) s = KILN_ERR_NOMEM;
+    for (int k = 0; all && k < n; k++) {
+        all[k] = prompts[k];
+        all[n + k] = neg;
+    }
+    if (!s && one_batch) {
+        s = kiln_sd3_encode(t, all, 2 * n, (int)ipp, (int)msl, &pe, pes, &pp, pps);
+        if (!s) { /* the second half: views into pe / pp, not freed apart */
+            pes[0] = pps[0] = nes[0] = nps[0] = (int64_t)n * ipp;
+            memcpy(nes + 1, pes + 1, sizeof(int64_t) * 2);
+            nps[1] = pps[1];
+            ne = pe + (size_t)(pes[0] * pes[1] * pes[2]);
+            np = pp + (size_t)(pps[0] * pps[1]);
+        }
+    } else if (!s) {
+        s = kiln_sd3_encode(t, all, n, (int)ipp, (int)msl, &pe, pes, &pp, pps);
+        if (!s) s = kiln_sd3_encode(t, all + n, n, (int)ipp, (int)msl, &ne, nes, &np, nps);
+    }
     if (!s) {
         kiln_tensor w[4] = {{"prompt_embeds", KILN_F32, 3, {pes[0], pes[1], pes[2]}, pe},
                             {"pooled_prompt_embeds", KILN_F32, 2, {pps[0], pps[1]}, pp},
@@ -108,11 +127,13 @@ int cmd_encode(int argc, char **argv) {
                 (long long)pps[1], (kb_now() - t0) * 1e3, output);
         rc = 0;
     }
-    free(negs);
+    free(all);
     free(pe);
     free(pp);
-    free(ne);
-    free(np);
+    if (!one_batch) {
+        free(ne);
+        free(np);
+    }
     kiln_sd3_text_free(t);
 done:
     free(lines);
