@@ -565,6 +565,12 @@ KILN_API kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipelin
  * the latent size it gives. */
 KILN_API kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *latent_h,
                                               int *latent_w);
+/* The same from the pipeline's configs alone, before anything loads (a
+ * first run converts every component, minutes for a real pipeline): path
+ * and tokenizers_dir as kiln_pipeline_open_file takes them, a dimension
+ * <= 0 not checked. KILN_OK too where the configs cannot tell (then
+ * kiln_pipeline_open_file says what is wrong with them). */
+KILN_API kiln_status kiln_pipeline_check_size_early(const char *path, const char *tokenizers_dir, int height, int width);
 KILN_API int kiln_pipeline_vae_scale(const kiln_pipeline *p);
 /* The components (owned by the pipeline; the VAE is NULL without vae/). */
 KILN_API kiln_model *kiln_pipeline_transformer(kiln_pipeline *p);

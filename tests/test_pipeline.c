@@ -364,6 +364,21 @@ TEST(pipeline_errors) {
     free(out);
     CHECK_RUN_WITH(run_kiln, 1, "transformer", "generate '%s' --prompt x --output '%s'", bad, png);
     free(bad);
+    /* a size is checked from the configs before any component loads (a
+     * first run converts them all): a copy whose weights are all empty
+     * files gives the size error, and only a good size reaches the weights */
+    bad = kb_strfmt("%s/noweights", g_dir);
+    CHECK(kiln_sh(&out, "cp -r '%s' '%s' && for f in '%s'/*/*.safetensors; do : > \"$f\"; done", pipe, bad, bad) == 0);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 1, "width 50 px: must be a multiple of 4", "generate '%s' --prompt x --width 50 --output '%s'",
+                   bad, png);
+    CHECK_RUN_WITH(run_kiln, 1, "transformer", "generate '%s' --prompt x --width 48 --output '%s'", bad, png);
+    CHECK_RUN_WITH(run_kiln, 1, "width 50 px: must be a multiple of 4", "compile '%s' --width 50 --height 32", bad);
+    CHECK_FAILS(kiln_pipeline_check_size_early(bad, NULL, 100000, 0), KILN_ERR_SHAPE, "height 100000 px: at most 96");
+    CHECK_OK(kiln_pipeline_check_size_early(bad, NULL, 32, 48));
+    CHECK_OK(kiln_pipeline_check_size_early(bad, NULL, 0, 0));
+    CHECK_OK(kiln_pipeline_check_size_early("/nonexistent-pipeline", NULL, 50, 50)); /* open's error to give */
+    free(bad);
     CHECK_RUN_WITH(run_kiln, 1, "--memory", "generate '%s' --prompt x --memory 12Q --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "--micro-batch", "generate '%s' --prompt x --micro-batch 0 --output '%s'", pipe, png);
     CHECK(access(png, F_OK) != 0); /* no error above left an image */

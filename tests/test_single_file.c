@@ -408,6 +408,10 @@ TEST(generate_inferred) {
                      golden_path(PIPELINE_CASE, "transformer"), g_tok);
     CHECK(rc == 0);
     free(out);
+    /* a size from the file's configs (the VAE's inferred) before anything loads */
+    CHECK_FAILS(kiln_pipeline_check_size_early(g_file, g_tok, 50, 32), KILN_ERR_SHAPE,
+                "height 50 px: must be a multiple of 4 (VAE factor 2 x patch 2)");
+    CHECK_OK(kiln_pipeline_check_size_early(g_file, g_tok, 32, 48));
     rc = run_kiln(&out, "generate '%s' --tokenizers '%s' " PIPELINE_ARGS " --noise '%s' --latents-output '%s' "
                   "--output '%s'", g_file, g_tok, golden_path(PIPELINE_CASE, "io.safetensors"), lat, png);
     CHECK_MSG(rc == 0, "exit %d: %s", rc, out);

@@ -214,6 +214,13 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     run_state rs = {{kb_now(), kb_now(), quiet || kiln_dist_rank()}, 0, {0}, {0}, {0}, NULL, 0, 0};
     double t0 = kb_now();
     kiln_status s = cli_check_ranks(com);
+    /* the sizes asked for, from the configs, before a first run converts
+     * every component (again, with the defaults, once it is open) */
+    for (int r = 0; r < n && !s; r++)
+        if ((s = kiln_pipeline_check_size_early(dir, com->tokenizers, reqs[r].height, reqs[r].width))) {
+            rc = pa->prompts_file ? cli_fail(cmd, kb_wrap(s, "%s line %d", pa->prompts_file, reqs[r].line)) : cli_fail(cmd, s);
+            goto done;
+        }
     if (!s) s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p); /* a folder, or an all-in-one file */
     if (s) {
         rc = cli_fail(cmd, s);
@@ -414,7 +421,8 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
     float *lat = NULL;
     int64_t sh[4];
     double t0 = kb_now();
-    kiln_status s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p);
+    kiln_status s = kiln_pipeline_check_size_early(dir, com->tokenizers, height, width); /* before any conversion */
+    if (!s) s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p);
     if (!s) {
         /* one step of a request compiles every shape the request runs: text
          * encoders, the transformer's CFG batch, the decoder */

@@ -61,6 +61,10 @@ kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_l
  * of width 64; T5 heads from relative_attention_bias; the VAE SD3's
  * AutoencoderKL; the transformer the SD3 family's inference. Malloc'd. */
 kiln_status kp_part_config(const char *file, const char *component, const char *aux, char **json, int *inferred);
+/* A component's config before anything loads (malloc'd text, *json NULL
+ * when there is none): <component>/config.json of the folder (of the aux
+ * folder for a file), else for a file the one kp_part_config infers. */
+kiln_status kp_component_config(const kp_source *s, const char *component, char **json);
 /* A file of the source's aux folder (model_index.json, scheduler/...) as a
  * malloc'd path; NULL when there is no aux folder (or out of memory). */
 char *kp_aux_path(const kp_source *s, const char *rel);

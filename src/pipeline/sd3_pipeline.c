@@ -69,16 +69,25 @@ static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_mode
 }
 
 /* an integer of a model's config JSON (dflt when absent) */
-static int config_int(const kiln_model *m, const char *key, int dflt, int *n_items) {
+static int config_int(const kiln_model *m, const char *key, int dflt) {
     char *js = kiln_model_config_json(m);
     cJSON *j = cJSON_Parse(js ? js : "");
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     int r = dflt;
     if (cJSON_IsNumber(v)) r = v->valueint;
-    if (n_items) *n_items = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
     cJSON_Delete(j);
     free(js);
     return r;
+}
+
+/* the VAE factor of a VAE config (as diffusers' pipeline: 2^(blocks - 1);
+ * 8 without one) */
+static int scale_of(const char *js) {
+    cJSON *j = cJSON_Parse(js ? js : "");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "block_out_channels");
+    int blocks = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    cJSON_Delete(j);
+    return blocks > 0 && blocks <= 8 ? 1 << (blocks - 1) : 8; /* VAE_MAX_BLOCKS: a validated config has at most 8 */
 }
 
 kiln_status kiln_pipeline_open(const char *dir, const kiln_load_opts *base, kiln_pipeline **out) {
@@ -181,11 +190,11 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
                      "pooled_projection_dim %d", dir, (long long)pw, tc->pooled_projection_dim);
     p->vae_scale = 8;
     if (!st && kp_has_component(&p->src, "vae")) {
-        int blocks = 0;
         if (!(st = open_model(p, "vae", &p->vae))) {
-            int lc = config_int(p->vae, "latent_channels", 4, NULL);
-            config_int(p->vae, "block_out_channels", 0, &blocks);
-            p->vae_scale = blocks > 0 ? 1 << (blocks - 1) : 8;
+            int lc = config_int(p->vae, "latent_channels", 4);
+            char *js = kiln_model_config_json(p->vae);
+            p->vae_scale = scale_of(js);
+            free(js);
             if (lc != tc->in_channels || lc != tc->out_channels)
                 st = kb_fail(KILN_ERR_CONFIG, "%s: the VAE has %d latent channels, the transformer takes %d in and "
                              "gives %d out", dir, lc, tc->in_channels, tc->out_channels);
@@ -213,25 +222,74 @@ int kiln_pipeline_vae_scale(const kiln_pipeline *p) { return p ? p->vae_scale : 
 kiln_model *kiln_pipeline_transformer(kiln_pipeline *p) { return p ? p->transformer : NULL; }
 kiln_model *kiln_pipeline_vae(kiln_pipeline *p) { return p ? p->vae : NULL; }
 
-kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *lat_h, int *lat_w) {
-    const kiln_config *c = kiln_model_config(p->transformer);
-    int f = p->vae_scale * c->patch_size, max = c->pos_embed_max_size * c->patch_size * p->vae_scale;
+/* height x width against the transformer's patch and position table and
+ * the VAE's factor (a dimension <= 0 is not checked) */
+static kiln_status check_size(const kiln_config *c, int vae_scale, int height, int width) {
+    int f = vae_scale * c->patch_size, max = c->pos_embed_max_size * c->patch_size * vae_scale;
     int hw[2] = {height, width};
     for (int k = 0; k < 2; k++) {
         const char *what = k ? "width" : "height";
+        if (hw[k] <= 0) continue;
         if (hw[k] > max)
             return kb_fail(KILN_ERR_SHAPE, "%s %d px: at most %d for this transformer (pos_embed_max_size %d x patch %d x "
-                           "VAE factor %d)", what, hw[k], max, c->pos_embed_max_size, c->patch_size, p->vae_scale);
+                           "VAE factor %d)", what, hw[k], max, c->pos_embed_max_size, c->patch_size, vae_scale);
         if (hw[k] < f)
-            return kb_fail(KILN_ERR_SHAPE, "%s %d px: at least %d (VAE factor %d x patch %d)", what, hw[k], f,
-                           p->vae_scale, c->patch_size);
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: at least %d (VAE factor %d x patch %d)", what, hw[k], f, vae_scale,
+                           c->patch_size);
         if (hw[k] % f) /* max is a multiple of f: both neighbours are in range */
             return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x patch %d); the nearest "
-                           "are %d and %d", what, hw[k], f, p->vae_scale, c->patch_size, hw[k] / f * f, hw[k] / f * f + f);
+                           "are %d and %d", what, hw[k], f, vae_scale, c->patch_size, hw[k] / f * f, hw[k] / f * f + f);
     }
+    return KILN_OK;
+}
+
+kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *lat_h, int *lat_w) {
+    if (height <= 0 || width <= 0)
+        return kb_fail(KILN_ERR_SHAPE, "%d x %d px: a size is positive", width, height);
+    kiln_status st = check_size(kiln_model_config(p->transformer), p->vae_scale, height, width);
+    if (st) return st;
     if (lat_h) *lat_h = height / p->vae_scale;
     if (lat_w) *lat_w = width / p->vae_scale;
     return KILN_OK;
+}
+
+/* a component's config parsed and validated by its family, back as the
+ * family's JSON (every default filled in); NULL when there is none or it
+ * does not parse or validate */
+static char *component_json(const kp_source *src, const char *component, const ka_arch **a, void **cfg) {
+    char *text = NULL, *js = NULL;
+    *a = NULL;
+    *cfg = NULL;
+    if (!kp_component_config(src, component, &text) && text && !km_config_parse(text, NULL, a, cfg) && *a &&
+        !(*a)->config_validate(*cfg)) /* every field in range (patch >= 1, ...) before it is used */
+        js = (*a)->config_to_json(*cfg);
+    free(text);
+    return js;
+}
+
+kiln_status kiln_pipeline_check_size_early(const char *path, const char *tokenizers_dir, int height, int width) {
+    if (!path) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_check_size_early: a path is required");
+    kp_source src;
+    if (kp_source_init(path, tokenizers_dir, &src)) {
+        kb_clear_error(); /* kiln_pipeline_open_file says what is wrong with it */
+        return KILN_OK;
+    }
+    void *tcfg = NULL, *vcfg = NULL;
+    const ka_arch *ta = NULL, *va = NULL;
+    int has_vae = kp_has_component(&src, "vae");
+    char *tjs = component_json(&src, "transformer", &ta, &tcfg), *vjs = has_vae ? component_json(&src, "vae", &va, &vcfg) : NULL;
+    kiln_status st = KILN_OK;
+    /* only an SD3 transformer config says its patch and table (anything
+     * else is kiln_pipeline_open_file's error to give) */
+    if (tjs && ta == ka_find("sd3") && (!has_vae || vjs))
+        st = check_size((const kiln_config *)tcfg, scale_of(vjs), height, width);
+    else
+        kb_clear_error();
+    free(tjs);
+    free(vjs);
+    free(tcfg);
+    free(vcfg);
+    return st;
 }
 
 /* low_memory: 1 releases the text encoders after encoding, -1 never, 0

@@ -42,10 +42,9 @@ void kiln_sd3_text_free(kiln_sd3_text *t) {
 /* transformer/config.json's joint_attention_dim (SD3's default without one;
  * an all-in-one file: its tokenizers folder's, or the transformer's inferred) */
 static int joint_dim(const kp_source *src) {
-    char *path = kp_aux_path(src, "transformer/config.json"), *text = NULL;
+    char *text = NULL;
     int d = SD3_JOINT_DEFAULT;
-    if (path && kb_is_file(path)) kb_read_file(path, &text, NULL);
-    else if (src->file && kp_part_config(src->file, "transformer", src->aux, &text, NULL)) text = NULL;
+    if (kp_component_config(src, "transformer", &text)) text = NULL;
     if (text) {
         cJSON *j = cJSON_Parse(text);
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "joint_attention_dim");
@@ -53,7 +52,6 @@ static int joint_dim(const kp_source *src) {
         cJSON_Delete(j);
     }
     kb_clear_error();
-    free(path);
     free(text);
     return d;
 }

@@ -200,6 +200,18 @@ kiln_status kp_part_config(const char *file, const char *component, const char *
     return st;
 }
 
+kiln_status kp_component_config(const kp_source *s, const char *component, char **json) {
+    *json = NULL;
+    char rel[64];
+    snprintf(rel, sizeof rel, "%s/config.json", component);
+    char *path = kp_aux_path(s, rel);
+    kiln_status st = KILN_OK;
+    if (path && kb_is_file(path)) st = kb_read_file(path, json, NULL);
+    else if (s->file && kp_has_component(s, component)) st = kp_part_config(s->file, component, s->aux, json, NULL);
+    free(path);
+    return st;
+}
+
 /* no weight cache (base NULL): converted in memory, as kiln_model_open does */
 static kiln_status open_uncached(const char *file, int i, const char *json, const char *label, kiln_model **out) {
     km_compute cp;
