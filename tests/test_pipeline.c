@@ -388,6 +388,22 @@ TEST(pipeline_errors) {
  * copy with shift 2 gives, bitwise, the original with --shift 2; one
  * without shift the scheduler's default 1.0), and a
  * config kiln does not sample with is refused, naming the scheduler */
+/* the reference run of pipeline dir (a changed scheduler config) gives,
+ * bitwise, the one of pipe with --shift shift (latents in a and b) */
+static void same_as_shift(const char *dir, const char *pipe, const char *shift, const char *a, const char *b, const char *png) {
+    char *out = NULL;
+    int rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'",
+                      dir, golden_path(CASE, "io.safetensors"), a, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --shift %s --noise '%s' --latents-output '%s' --output '%s'",
+                  pipe, shift, golden_path(CASE, "io.safetensors"), b, png);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    CHECK_MSG(kiln_sh(&out, "cmp '%s' '%s'", a, b) == 0, "the config's run and --shift %s differ", shift);
+    free(out);
+}
+
 TEST(scheduler_config) {
     char pipe[1024]; /* golden_path's buffers rotate: keep a copy */
     snprintf(pipe, sizeof pipe, "%s", golden_path(CASE, NULL));
@@ -399,18 +415,9 @@ TEST(scheduler_config) {
     CHECK(kiln_sh(&out, "cp -r '%s' '%s' && sed -i 's/\"shift\": 3.0/\"shift\": 2.0/' '%s/%s' && grep -c '\"shift\": 2.0' "
                   "'%s/%s'", pipe, dir, dir, cfg, dir, cfg) == 0);
     free(out);
-    int rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'",
-                      dir, golden_path(CASE, "io.safetensors"), a, png);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
-    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --shift 2 --noise '%s' --latents-output '%s' --output '%s'",
-                  pipe, golden_path(CASE, "io.safetensors"), b, png);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
-    CHECK(kiln_sh(&out, "cmp '%s' '%s'", a, b) == 0);
-    free(out);
+    same_as_shift(dir, pipe, "2", a, b, png);
     /* and it differs from shift 3 (the test would pass on an ignored config otherwise) */
-    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'", pipe,
+    int rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'", pipe,
                   golden_path(CASE, "io.safetensors"), b, png);
     free(out);
     CHECK(rc == 0 && kiln_sh(&out, "cmp -s '%s' '%s'", a, b) != 0);
@@ -420,16 +427,7 @@ TEST(scheduler_config) {
     CHECK(kiln_sh(&out, "cp '%s/%s' '%s/%s' && sed -i '/\"shift\": 3.0,/d' '%s/%s' && ! grep -q '\"shift\"' '%s/%s'", pipe,
                   cfg, dir, cfg, dir, cfg, dir, cfg) == 0);
     free(out);
-    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --noise '%s' --latents-output '%s' --output '%s'", dir,
-                  golden_path(CASE, "io.safetensors"), a, png);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
-    rc = run_kiln(&out, "generate '%s' " PIPELINE_ARGS " --reference --shift 1 --noise '%s' --latents-output '%s' --output '%s'",
-                  pipe, golden_path(CASE, "io.safetensors"), b, png);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
-    CHECK(kiln_sh(&out, "cmp '%s' '%s'", a, b) == 0);
-    free(out);
+    same_as_shift(dir, pipe, "1", a, b, png);
     unlink(png); /* the good runs' image */
     struct {
         const char *from, *to, *msg;
