@@ -245,7 +245,7 @@ static kiln_status check_size(const kiln_config *c, int vae_scale, int height, i
 
 kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *lat_h, int *lat_w) {
     if (height <= 0 || width <= 0)
-        return kb_fail(KILN_ERR_SHAPE, "%d x %d px: a size is positive", width, height);
+        return kb_fail(KILN_ERR_SHAPE, "%d x %d px (width x height): both must be positive", width, height);
     kiln_status st = check_size(kiln_model_config(p->transformer), p->vae_scale, height, width);
     if (st) return st;
     if (lat_h) *lat_h = height / p->vae_scale;
