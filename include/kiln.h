@@ -612,6 +612,16 @@ KILN_API kiln_config kiln_config_demo(void);
  * The folder is created if needed; each file is written atomically. */
 KILN_API kiln_status kiln_write_seeded_model(const char *dir, const kiln_config *cfg, uint64_t seed,
                                     kiln_dtype dtype);
+/* The same for a config.json of any family kiln knows (the one that claims
+ * it: SD3Transformer2DModel, CLIPTextModelWithProjection, T5EncoderModel,
+ * AutoencoderKL, ...), written as that family's config; *family (may be
+ * NULL) its name ("sd3", "clip", "t5", ...). */
+/* The family that claims a config.json (the one kiln_model_open would open
+ * it as: "sd3", "clip", "t5", "vae-decoder", ...); NULL when none does
+ * (kiln_last_error names its class). */
+KILN_API const char *kiln_config_family(const char *config_json);
+KILN_API kiln_status kiln_write_seeded_model_json(const char *dir, const char *config_json, uint64_t seed,
+                                                  kiln_dtype dtype, const char **family);
 
 /* ---- tensor files and images ------------------------------------------ */
 

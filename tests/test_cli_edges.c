@@ -175,6 +175,37 @@ TEST(gate_names_force) {
     free(o);
 }
 
+/* make-model writes any family's config as that family (it wrote every
+ * config as an SD3 transformer, silently): each component of the tiny
+ * pipeline seeded from its config makes a pipeline that generates */
+TEST(make_model_any_family) {
+    const char *pipe = golden_path("sd3-pipeline-tiny", NULL);
+    static const char *const comp[5] = {"text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae"};
+    static const char *const fam[5] = {"clip", "clip", "t5", "sd3", "vae-decoder"};
+    char *o = NULL;
+    CHECK(run(&o, "mkdir -p %s/seeded && cp -r %s/model_index.json %s/scheduler %s/tokenizer %s/tokenizer_2 %s/tokenizer_3 "
+              "%s/seeded/", g_dir, pipe, pipe, pipe, pipe, pipe, g_dir) == 0);
+    free(o);
+    for (int k = 0; k < 5; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "(%s, F32 weights, seed 3)", fam[k]);
+        CHECK_RUN(0, want, "$K make-model %s/seeded/%s --config %s/%s/config.json --weights f32 --seed 3", g_dir, comp[k],
+                  pipe, comp[k]);
+        snprintf(want, sizeof want, "family:         %s", fam[k]);
+        CHECK_RUN(0, want, "$K info %s/seeded/%s", g_dir, comp[k]);
+    }
+    CHECK_RUN(0, "image 0 ->", "$K generate %s/seeded --prompt 'a cat' --steps 1 --output %s/seeded.png", g_dir, g_dir);
+    CHECK_RUN(2, "--inputs and --cond are for an SD3 transformer's config", "$K make-model %s/x --config %s/vae/config.json "
+              "--cond %s/x.safetensors", g_dir, pipe, g_dir);
+    CHECK(run(&o, "echo '{\"_class_name\": \"FluxTransformer2DModel\"}' > %s/flux.json", g_dir) == 0);
+    free(o);
+    CHECK_RUN(1, "FluxTransformer2DModel, which no model family of kiln runs", "$K make-model %s/x --config %s/flux.json",
+              g_dir, g_dir);
+    char x[600];
+    snprintf(x, sizeof x, "%s/x", g_dir);
+    CHECK(!kb_is_dir(x)); /* nothing written for the refused ones */
+}
+
 int main(void) {
     setup();
     RUN(preview_names);
@@ -185,6 +216,7 @@ int main(void) {
     RUN(mpirun_needs_a_parallel_mode);
     RUN(demo_next_and_package_notes);
     RUN(gate_names_force);
+    RUN(make_model_any_family);
     test_rmrf(g_dir);
     return TEST_SUMMARY();
 }

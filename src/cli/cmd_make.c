@@ -1,5 +1,6 @@
-/* cmd_make.c - kiln make-model: a seeded model of any SD3 config (and
- * matching inputs), for benchmarks, tests and trying kiln without weights. */
+/* cmd_make.c - kiln make-model: a seeded model of any family's config (and
+ * for SD3 matching inputs), for benchmarks, tests and trying kiln without
+ * weights. */
 #include "base/base.h"
 #include "cli.h"
 #include "arch/sd3/sd3.h"
@@ -13,9 +14,11 @@ static const char k_usage[] =
 
 static int help(void) {
     printf("usage: %s\n\n"
-           "Writes a diffusers model folder DIR with seeded random weights for the architecture in\n"
-           "--config (a diffusers config.json; --demo: the demo's tiny model) and diffusers' sin-cos\n"
-           "position table. With --inputs, also writes a `kiln forward` inputs file (hidden_states,\n"
+           "Writes a model folder DIR (config.json + diffusion_pytorch_model.safetensors) with seeded\n"
+           "random weights for the architecture in --config, a config.json of any family kiln runs:\n"
+           "SD3Transformer2DModel (with diffusers' sin-cos position table), CLIPTextModelWithProjection,\n"
+           "T5EncoderModel, AutoencoderKL (its decoder); --demo: the demo's tiny SD3 model. For an SD3\n"
+           "config, with --inputs, also writes a `kiln forward` inputs file (hidden_states,\n"
            "encoder_hidden_states, pooled_projections, timestep) of the given latent size, context\n"
            "length and batch. With --cond, a `kiln generate` conditioning file (prompt_embeds,\n"
            "pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds) of T tokens.\n",
@@ -86,19 +89,28 @@ int cmd_make(int argc, char **argv) {
     }
     if (!dir || (!config && !demo)) return cli_usage_error("make-model", k_usage, "DIR and --config (or --demo) are required");
     kiln_config c = kiln_config_demo();
-    if (config) {
-        char *json;
-        kiln_status s = kb_read_file(config, &json, NULL);
+    kiln_status s = KILN_OK;
+    const char *family = "sd3";
+    if (config) { /* any family's config: the one that claims it writes it */
+        char *json = NULL;
+        s = kb_read_file(config, &json, NULL);
         if (!s) {
-            s = sd3_config_parse(json, &c);
+            const char *f = kiln_config_family(json);
+            int sd3 = f && !strcmp(f, "sd3");
+            if (f && !sd3 && (inputs || cond)) {
+                free(json);
+                return cli_usage_error("make-model", k_usage, "--inputs and --cond are for an SD3 transformer's config; %s "
+                                       "is another model's", config);
+            }
+            if (sd3) s = sd3_config_parse(json, &c); /* the SD3 fields --inputs and --cond size */
+            if (!s) s = kiln_write_seeded_model_json(dir, json, seed, wdt, &family);
             if (s) s = kb_wrap(s, "%s", config);
         }
         free(json);
-        if (s) return cli_fail("make-model", s);
-    }
-    kiln_status s = kiln_write_seeded_model(dir, &c, seed, wdt);
+    } else
+        s = kiln_write_seeded_model(dir, &c, seed, wdt);
     if (s) return cli_fail("make-model", s);
-    printf("model: %s (%s weights, seed %llu)\n", dir, kiln_dtype_name(wdt), (unsigned long long)seed);
+    printf("model: %s (%s, %s weights, seed %llu)\n", dir, family, kiln_dtype_name(wdt), (unsigned long long)seed);
     if (inputs) {
         if (!H) H = W = c.sample_size;
         if ((s = sd3_check_latent(&c, H, W)) || (s = write_inputs(inputs, &c, (int)B, H, W, (int)T, seed)))

@@ -20,7 +20,7 @@ static const struct {
     {"decode", cmd_decode, "latents to PNG images through a VAE (tiled when memory is short)"},
     {"encode-image", cmd_encode_image, "a PNG to the pipeline's latents through the VAE's encoder"},
     {"tokenize", cmd_tokenize, "token ids of a prompt from a pipeline's CLIP / T5 tokenizers, padded as the pipeline pads"},
-    {"make-model", cmd_make, "write a seeded model of any SD3 config (and inputs) for trials and benchmarks"},
+    {"make-model", cmd_make, "write a seeded model of any config kiln runs (SD3, CLIP, T5, VAE) for trials and benchmarks"},
     {"demo", cmd_demo, "an embedded tiny model at two widths, then a tiny pipeline prompt to PNG, cold and warm"},
 };
 

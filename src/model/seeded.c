@@ -86,3 +86,21 @@ done:
     free(cfg_path);
     return st;
 }
+
+kiln_status kiln_write_seeded_model_json(const char *dir, const char *config_json, uint64_t seed, kiln_dtype dtype,
+                                         const char **family) {
+    if (family) *family = NULL;
+    if (!dir || !config_json) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_write_seeded_model_json: dir and config are required");
+    const ka_arch *a = NULL;
+    void *cfg = NULL;
+    kiln_status st = km_config_parse(config_json, NULL, &a, &cfg); /* the family that claims it */
+    if (!st) st = km_write_seeded(a, cfg, dir, seed, dtype);
+    if (!st && family) *family = a->name;
+    free(cfg);
+    return st;
+}
+
+const char *kiln_config_family(const char *config_json) {
+    const ka_arch *a = config_json ? ka_for_config(config_json) : NULL;
+    return a ? a->name : NULL;
+}
