@@ -127,6 +127,33 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
              !dnnl_primitive_attr_create(&attr) &&
              !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     ok = ok && !dnnl_primitive_desc_create(&pd, &cd, attr, kk_dnnl_engine(), NULL);
+    /* oneDNN 2.6's AMX brgconv reads past a buffer of its own when it builds
+     * the kernels of a 3x3 convolution with channel counts that are not
+     * multiples of 32 (tiny test VAEs; a SEGV in dnnl_primitive_create under
+     * ASan about one test_vae_tiled run in 8 with two threads): the next
+     * implementation for those (real models' channels are multiples of 32) */
+    const char *first = "";
+    if (ok && bf16 && (p->Cin % 32 || p->Cout % 32) && !dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &first) &&
+        !strcmp(first, "brgconv:avx512_core_amx_bf16")) {
+        dnnl_primitive_desc_iterator_t it = NULL;
+        dnnl_primitive_desc_t alt = NULL;
+        if (!dnnl_primitive_desc_iterator_create(&it, &cd, attr, kk_dnnl_engine(), NULL)) {
+            while (!alt && dnnl_primitive_desc_iterator_next(it) == dnnl_success) {
+                dnnl_primitive_desc_t c = dnnl_primitive_desc_iterator_fetch(it);
+                const char *impl = "";
+                if (c && !dnnl_primitive_desc_query(c, dnnl_query_impl_info_str, 0, &impl) &&
+                    strncmp(impl, "brgconv:avx512_core_amx", 23))
+                    alt = c;
+                else if (c)
+                    dnnl_primitive_desc_destroy(c);
+            }
+            dnnl_primitive_desc_iterator_destroy(it);
+        }
+        if (alt) {
+            dnnl_primitive_desc_destroy(pd);
+            pd = alt;
+        }
+    }
     /* a residual as the primitive's post-op add (src1 in our layout of y)
      * where oneDNN runs it in the same implementation writing y as it is
      * (brgconv f32 does; bf16 brgconv in oneDNN 2.6 falls back to gemm:jit
