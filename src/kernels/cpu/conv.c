@@ -128,7 +128,7 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
              !dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     ok = ok && !dnnl_primitive_desc_create(&pd, &cd, attr, kk_dnnl_engine(), NULL);
     /* oneDNN 2.6's AMX brgconv reads past a buffer of its own when it builds
-     * the kernels of a 3x3 convolution with channel counts that are not
+     * the kernels of a convolution with channel counts that are not
      * multiples of 32 (tiny test VAEs; a SEGV in dnnl_primitive_create under
      * ASan about one test_vae_tiled run in 8 with two threads): the next
      * implementation for those (real models' channels are multiples of 32) */
