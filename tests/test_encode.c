@@ -180,6 +180,28 @@ TEST(encode_then_generate) {
     st_close(pl);
     st_close(io);
     st_close(got);
+    /* past 1024 rows (2 x 513 images) the prompts and the negatives go as two
+     * batches: the same rows as the one batch gives */
+    char big[256];
+    snprintf(big, sizeof big, "%s/big.safetensors", g_dir);
+    CHECK_RUN_WITH(run_kiln, 0, "prompt_embeds [513, 333, 96]", "encode '%s' --prompt '" PROMPT "' --negative-prompt '"
+                   NEGATIVE "' --images-per-prompt 513 --dtype f32 --output '%s'", pipe, big);
+    st_file *one = NULL, *two = NULL;
+    CHECK_OK(st_open(cond, &one));
+    CHECK_OK(st_open(big, &two));
+    static const char *const names[4] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
+                                         "negative_pooled_prompt_embeds"};
+    for (int k = 0; one && two && k < 4; k++) {
+        size_t na = 0, nb = 0;
+        float *a = golden_tensor(one, names[k], &na), *b = golden_tensor(two, names[k], &nb);
+        int same = nb == 513 * na;
+        for (size_t r = 0; same && r < 513; r++) same = !memcmp(a, b + r * na, sizeof(float) * na);
+        CHECK_MSG(same, "%s: the two-batch rows differ from the one-batch row", names[k]);
+        free(a);
+        free(b);
+    }
+    st_close(one);
+    st_close(two);
     CHECK_RUN_WITH(run_kiln, 2, "--prompt or --prompts-file", "encode '%s' --output '%s'", pipe, cond);
     CHECK_RUN_WITH(run_kiln, 2, "--images-per-prompt", "encode '%s' --prompt x --images-per-prompt 0 --output '%s'", pipe,
                    cond);

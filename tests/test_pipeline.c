@@ -321,6 +321,11 @@ TEST(pipeline_api_limits) {
     o.max_batch = -1;
     CHECK_FAILS(kiln_pipeline_generate(p, &o, &lat, sh), KILN_ERR_INVALID_ARG, "max_batch -1");
     CHECK(lat == NULL);
+    CHECK_FAILS(kiln_pipeline_check_size(p, 0, 32, NULL, NULL), KILN_ERR_SHAPE, "32 x 0 px (width x height): both must be positive");
+    CHECK_FAILS(kiln_pipeline_check_size(p, 32, -4, NULL, NULL), KILN_ERR_SHAPE, "both must be positive");
+    int lh = 0, lw = 0;
+    CHECK_OK(kiln_pipeline_check_size(p, 32, 48, &lh, &lw));
+    CHECK(lh == 16 && lw == 24);
     kiln_pipeline_free(p);
 }
 

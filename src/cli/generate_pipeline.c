@@ -216,11 +216,14 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     kiln_status s = cli_check_ranks(com);
     /* the sizes asked for, from the configs, before a first run converts
      * every component (again, with the defaults, once it is open) */
-    for (int r = 0; r < n && !s; r++)
-        if ((s = kiln_pipeline_check_size_early(dir, com->tokenizers, reqs[r].height, reqs[r].width))) {
+    for (int r = 0; r < n && !s; r++) {
+        int seen = 0; /* each size once: it reads the configs (a file's tensor headers) */
+        for (int q = 0; q < r && !seen; q++) seen = reqs[q].height == reqs[r].height && reqs[q].width == reqs[r].width;
+        if (!seen && (s = kiln_pipeline_check_size_early(dir, com->tokenizers, reqs[r].height, reqs[r].width))) {
             rc = pa->prompts_file ? cli_fail(cmd, kb_wrap(s, "%s line %d", pa->prompts_file, reqs[r].line)) : cli_fail(cmd, s);
             goto done;
         }
+    }
     if (!s) s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p); /* a folder, or an all-in-one file */
     if (s) {
         rc = cli_fail(cmd, s);

@@ -253,18 +253,19 @@ kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int wid
     return KILN_OK;
 }
 
-/* a component's config parsed and validated by its family, back as the
- * family's JSON (every default filled in); NULL when there is none or it
- * does not parse or validate */
-static char *component_json(const kp_source *src, const char *component, const ka_arch **a, void **cfg) {
-    char *text = NULL, *js = NULL;
+/* a component's config parsed and validated by its family (malloc'd, its
+ * family in *a); NULL when there is none or it does not parse or validate */
+static void *component_cfg(const kp_source *src, const char *component, const ka_arch **a) {
+    char *text = NULL;
+    void *cfg = NULL;
     *a = NULL;
-    *cfg = NULL;
-    if (!kp_component_config(src, component, &text) && text && !km_config_parse(text, NULL, a, cfg) && *a &&
-        !(*a)->config_validate(*cfg)) /* every field in range (patch >= 1, ...) before it is used */
-        js = (*a)->config_to_json(*cfg);
+    if (!kp_component_config(src, component, &text) && text && !km_config_parse(text, NULL, a, &cfg) &&
+        (*a)->config_validate(cfg)) { /* every field in range (patch >= 1, ...) before it is used */
+        free(cfg);
+        cfg = NULL;
+    }
     free(text);
-    return js;
+    return cfg;
 }
 
 kiln_status kiln_pipeline_check_size_early(const char *path, const char *tokenizers_dir, int height, int width) {
@@ -274,18 +275,17 @@ kiln_status kiln_pipeline_check_size_early(const char *path, const char *tokeniz
         kb_clear_error(); /* kiln_pipeline_open_file says what is wrong with it */
         return KILN_OK;
     }
-    void *tcfg = NULL, *vcfg = NULL;
     const ka_arch *ta = NULL, *va = NULL;
     int has_vae = kp_has_component(&src, "vae");
-    char *tjs = component_json(&src, "transformer", &ta, &tcfg), *vjs = has_vae ? component_json(&src, "vae", &va, &vcfg) : NULL;
+    void *tcfg = component_cfg(&src, "transformer", &ta), *vcfg = has_vae ? component_cfg(&src, "vae", &va) : NULL;
+    char *vjs = vcfg ? va->config_to_json(vcfg) : NULL; /* block_out_channels, every default filled in */
     kiln_status st = KILN_OK;
     /* only an SD3 transformer config says its patch and table (anything
      * else is kiln_pipeline_open_file's error to give) */
-    if (tjs && ta == ka_find("sd3") && (!has_vae || vjs))
+    if (tcfg && ta == ka_find("sd3") && (!has_vae || vjs))
         st = check_size((const kiln_config *)tcfg, scale_of(vjs), height, width);
     else
         kb_clear_error();
-    free(tjs);
     free(vjs);
     free(tcfg);
     free(vcfg);

@@ -134,8 +134,10 @@ static const conv_entry *get_conv_band(const kk_conv *p, int64_t pad_t, int bf16
      * implementation for those. Real VAEs have 128 channels and more (their
      * conv_out, 128 -> 3, keeps brgconv: never seen to fail) */
     const char *first = "";
-    if (ok && bf16 && p->Cin < 64 && p->Cout < 64 && (p->Cin % 32 || p->Cout % 32) && !dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &first) &&
+    int small_odd = p->Cin < 64 && p->Cout < 64 && (p->Cin % 32 || p->Cout % 32);
+    if (ok && bf16 && small_odd && !dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &first) &&
         !strcmp(first, "brgconv:avx512_core_amx_bf16")) {
+        /* the iterator starts at the implementation pd holds (that one): from the next on */
         dnnl_primitive_desc_iterator_t it = NULL;
         dnnl_primitive_desc_t alt = NULL;
         if (!dnnl_primitive_desc_iterator_create(&it, &cd, attr, kk_dnnl_engine(), NULL)) {
