@@ -809,6 +809,14 @@ KILN_API int kiln_get_threads(void);
  * part of the cache key, for bf16); a static string. */
 KILN_API const char *kiln_kernels(kiln_dtype dt);
 
+/* The CPU class whose kernels run (docs/PERFORMANCE.md): "avx2", "avx512",
+ * "avx512_bf16", "avx512_fp16" or "amx" ("sse41" below AVX2 + FMA + F16C);
+ * with hardware 0, this machine's capped by the environment variable
+ * KILN_MAX_ISA (one of those names: the kernels a lower class runs, oneDNN's
+ * included) or ONEDNN_MAX_CPU_ISA, read once per process; with hardware 1,
+ * the machine's own. A static string. */
+KILN_API const char *kiln_cpu_class(int hardware);
+
 /* The timing ledger: per category seconds and counts, printed at exit with
  * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */
 KILN_API void kiln_timings_print(void *file /* FILE* */);

@@ -72,6 +72,39 @@ static inline int test_skip(const char *why) {
     return TEST_SKIPPED;
 }
 
+/* A test run for a lower CPU class (CMakeLists.txt's <test>_<class>
+ * variants set KILN_TEST_CLASS and KILN_MAX_ISA to the class): skipped,
+ * before main, on a machine below that class (its kernels cannot run here)
+ * and on one of exactly that class (the test without the suffix ran it). */
+__attribute__((constructor)) static void test_class_gate(void) {
+    static const char *const order[] = {"sse41", "avx2", "avx512", "avx512_bf16", "avx512_fp16", "amx"};
+    const char *want = getenv("KILN_TEST_CLASS");
+    if (!want || !*want) return;
+    const char *hw = kiln_cpu_class(1);
+    int w = -1, h = -1;
+    for (int i = 0; i < 6; i++) {
+        if (!strcmp(want, order[i])) w = i;
+        if (!strcmp(hw, order[i])) h = i;
+    }
+    if (w < 0) {
+        fprintf(stderr, "KILN_TEST_CLASS=%s is not a CPU class\n", want);
+        exit(2);
+    }
+    if (w > h) {
+        fprintf(stderr, "SKIPPED: class %s is above this CPU's (%s): its kernels cannot run here\n", want, hw);
+        exit(77);
+    }
+    if (w == h) {
+        fprintf(stderr, "SKIPPED: class %s is this CPU's own: the test without the suffix ran it\n", want);
+        exit(77);
+    }
+    fprintf(stderr, "running as CPU class %s (this CPU's is %s)\n", kiln_cpu_class(0), hw);
+    if (strcmp(kiln_cpu_class(0), want)) {
+        fprintf(stderr, "KILN_MAX_ISA=%s did not cap the class to %s\n", getenv("KILN_MAX_ISA"), want);
+        exit(1);
+    }
+}
+
 /* Test data folder (tests/data), set by CTest through KILN_TEST_DATA. */
 static inline const char *test_data_dir(void) {
     const char *d = getenv("KILN_TEST_DATA");

@@ -191,16 +191,16 @@ TEST(cache_commands) {
 }
 
 /* int8 on a CPU whose int8 products would saturate (no AVX-512 VNNI, no AMX:
- * simulated by capping oneDNN's ISA) is refused with the reason, not run */
+ * the avx2 class, KILN_MAX_ISA=avx2) is refused with the reason, not run */
 TEST(int8_needs_vnni) {
     const char *model = golden_path("sd3-tiny", NULL);
     char io[1100], dir[600];
     snprintf(io, sizeof io, "%s/io.safetensors", model);
     test_tmpdir(dir, sizeof dir, "cli-int8");
-    setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+    setenv("KILN_MAX_ISA", "avx2", 1);
     CHECK_RUN(1, "--quant int8 needs a CPU with AVX-512 VNNI or AMX-INT8",
               "forward %s --inputs %s --output %s/o.safetensors --quant int8", model, io, dir);
-    unsetenv("ONEDNN_MAX_CPU_ISA");
+    unsetenv("KILN_MAX_ISA");
     test_rmrf(dir);
 }
 

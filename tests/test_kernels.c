@@ -9,6 +9,7 @@
 #include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/gemm_f16.h"
+#include "kernels/cpu/gemm_avx2.h"
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "test.h"
@@ -723,6 +724,101 @@ TEST(attention_segments_go_blocked_to_the_gemms) {
     kb_free_aligned(t.w);
 }
 
+/* A row's result does not depend on what else is in its batch, nor on the
+ * threads (what lets a server batch strangers' requests): each fast linear
+ * of rows R, against the same rows computed one at a time, as a prefix of
+ * the batch and on one thread; each attention of a batch of 3 against each
+ * entry alone. Bitwise, on whatever class this runs (KILN_MAX_ISA: every
+ * class the machine can emulate, CMakeLists.txt). */
+static int same_bits(const float *a, const float *b, size_t n) { return !memcmp(a, b, sizeof(float) * n); }
+
+static void check_linear_rows(kiln_dtype dt, int64_t R, int64_t K, int64_t M, int act) {
+    const kk_backend *fast = kk_fast(dt);
+    if (!fast) return;
+    float *x = rnd(61, (size_t)(R * K), 1), *w = rnd(62, (size_t)(M * K), 1.0f / sqrtf((float)K)), *b = rnd(63, (size_t)M, 0.1f);
+    float *y = rnd(64, (size_t)(R * M), 0), *y1 = rnd(65, (size_t)(R * M), 0);
+    char layout[40];
+    size_t bytes;
+    CHECK_OK(kk_fast_layout(M, K, dt, layout, &bytes));
+    void *packed = kb_alloc_aligned(bytes);
+    CHECK_OK(kk_fast_pack(w, M, K, dt, packed));
+    kk_weight wf = {M, K, NULL, packed, dt, NULL};
+    fast->linear(x, &wf, b, y, R, act);
+    int same = 1;
+    int64_t picks[4] = {0, 1, R / 2, R - 1};
+    for (int i = 0; i < 4; i++) { /* one row alone */
+        fast->linear(x + picks[i] * K, &wf, b, y1, 1, act);
+        same &= same_bits(y1, y + picks[i] * M, (size_t)M);
+    }
+    int64_t prefix[3] = {2, 7, R - 3};
+    for (int i = 0; i < 3; i++) /* the first rows as a batch of their own */
+        if (prefix[i] > 0 && prefix[i] < R) {
+            fast->linear(x, &wf, b, y1, prefix[i], act);
+            same &= same_bits(y1, y, (size_t)(prefix[i] * M));
+        }
+    int threads = kiln_get_threads();
+    kiln_set_threads(1);
+    fast->linear(x, &wf, b, y1, R, act);
+    kiln_set_threads(threads);
+    same &= same_bits(y1, y, (size_t)(R * M));
+    CHECK_MSG(same, "linear %s (%s) rows %lld K %lld M %lld act %d: a row's bits depend on its batch or the threads",
+              kiln_dtype_name(dt), layout, (long long)R, (long long)K, (long long)M, act);
+    kb_free_aligned(x);
+    kb_free_aligned(w);
+    kb_free_aligned(b);
+    kb_free_aligned(y);
+    kb_free_aligned(y1);
+    kb_free_aligned(packed);
+}
+
+TEST(rows_do_not_depend_on_their_batch) {
+    kiln_dtype dts[2] = {KILN_F32, KILN_BF16};
+    int64_t shapes[][3] = {{77, 96, 130}, {154, 48, 192}, {40, 1601, 70}, {333, 256, 96}, {13, 3100, 33}};
+    for (int d = 0; d < 2; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int act = 0; act < 2; act++) check_linear_rows(dts[d], shapes[s][0], shapes[s][1], shapes[s][2], act);
+    /* attention, joint attention and the text encoders' attention: a batch of 3 against each entry alone */
+    for (int d = 0; d < 2; d++) {
+        const kk_backend *be = kk_fast(dts[d]);
+        if (!be) continue;
+        int64_t B = 3, Na = 77, Nb = 29, H = 2, Dh = 64, D = H * Dh, N = Na + Nb;
+        float *q = rnd(71, (size_t)(B * N * D), 1), *k = rnd(72, (size_t)(B * N * D), 1), *v = rnd(73, (size_t)(B * N * D), 1);
+        float *o = rnd(74, (size_t)(B * N * D), 0), *o1 = rnd(75, (size_t)(N * D), 0);
+        int same = 1;
+        be->attention(q, k, v, o, B, N, N, H, Dh);
+        for (int64_t e = 0; e < B; e++) {
+            be->attention(q + e * N * D, k + e * N * D, v + e * N * D, o1, 1, N, N, H, Dh);
+            same &= same_bits(o1, o + e * N * D, (size_t)(N * D));
+        }
+        CHECK_MSG(same, "attention %s: an entry's bits depend on its batch", kiln_dtype_name(dts[d]));
+        /* joint: segment a [B, Na, D], segment b [B, Nb, D] */
+        const float *qa = q, *ka = k, *va = v, *qb = q + B * Na * D, *kb = k + B * Na * D, *vb = v + B * Na * D;
+        be->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+        same = 1;
+        for (int64_t e = 0; e < B; e++) {
+            be->attention_joint(qa + e * Na * D, ka + e * Na * D, va + e * Na * D, qb + e * Nb * D, kb + e * Nb * D,
+                                vb + e * Nb * D, o1, 1, Na, Nb, H, Dh);
+            same &= same_bits(o1, o + e * N * D, (size_t)(N * D)); /* o [B, Na + Nb, D] */
+        }
+        CHECK_MSG(same, "joint attention %s: an entry's bits depend on its batch", kiln_dtype_name(dts[d]));
+        int64_t bs[4] = {1, H, N, N};
+        float *bias = rnd(76, (size_t)(H * N * N), 1);
+        be->attention_ex(q, k, v, bias, bs, o, B, N, N, H, Dh, 0.125f, 1);
+        same = 1;
+        for (int64_t e = 0; e < B; e++) {
+            be->attention_ex(q + e * N * D, k + e * N * D, v + e * N * D, bias, bs, o1, 1, N, N, H, Dh, 0.125f, 1);
+            same &= same_bits(o1, o + e * N * D, (size_t)(N * D));
+        }
+        CHECK_MSG(same, "attention_ex %s: an entry's bits depend on its batch", kiln_dtype_name(dts[d]));
+        kb_free_aligned(q);
+        kb_free_aligned(k);
+        kb_free_aligned(v);
+        kb_free_aligned(o);
+        kb_free_aligned(o1);
+        kb_free_aligned(bias);
+    }
+}
+
 TEST(packed_layouts_are_stable) {
     /* the same shape and dtype always gives the same layout name and size */
     char a[40], b[40];
@@ -731,7 +827,23 @@ TEST(packed_layouts_are_stable) {
     CHECK_OK(kk_fast_layout(64, 96, KILN_F32, a, &na));
     CHECK_OK(kk_fast_layout(64, 96, KILN_F32, b, &nb));
     CHECK(!strcmp(a, b) && na == nb && na >= 64 * 96 * 4);
-    CHECK(!strncmp(a, "dnnl-", 5));
+    /* f32: kiln's AVX2 GEMM's panels on the avx2 class (gemm_avx2.c), exact both ways; else oneDNN's */
+    if (kk_cpu_class() == KK_CLASS_AVX2) {
+        CHECK(!strcmp(a, "f32p16") && na == kk_avx2_packed_bytes(64, 96) && strstr(kk_fast_isa(), "-f32p16"));
+        CHECK(strstr(kiln_kernels(KILN_F32), "AVX2 f32 GEMM") != NULL);
+        float *w = rnd(53, 17 * 45, 1), *back = rnd(54, 17 * 45, 0);
+        size_t n17;
+        CHECK_OK(kk_fast_layout(17, 45, KILN_F32, b, &n17));
+        void *p = kb_alloc_aligned(n17);
+        CHECK_OK(kk_fast_pack(w, 17, 45, KILN_F32, p));
+        CHECK_OK(kk_fast_unpack(&(kk_weight){17, 45, NULL, p, KILN_F32, NULL}, back));
+        CHECK(n17 == 32 * 45 * 4 && !memcmp(w, back, sizeof(float) * 17 * 45));
+        kb_free_aligned(p);
+        kb_free_aligned(w);
+        kb_free_aligned(back);
+    } else {
+        CHECK(!strncmp(a, "dnnl-", 5));
+    }
     /* bf16: kiln's AMX layout where the CPU has AMX (N and K padded to 32),
      * and unpacking gives back exactly the weights rounded to bf16 */
     if (!kk_fast(KILN_BF16)) return;
@@ -1141,6 +1253,7 @@ int main(int argc, char **argv) {
     RUN(an_add_folds_into_the_linear);
     RUN(attention_segments_go_blocked_to_the_gemms);
     RUN(packed_layouts_are_stable);
+    RUN(rows_do_not_depend_on_their_batch);
     RUN(quant_linear_matches_dequantized_reference);
     RUN(quant_layouts);
     return TEST_SUMMARY();

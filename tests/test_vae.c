@@ -12,6 +12,7 @@
 #include "base/base.h"
 #include "compile/compile.h"
 #include "golden_util.h"
+#include "kernels/kernels.h"
 
 #define CASE "vae-sd3-tiny"
 
@@ -138,7 +139,11 @@ TEST(vae_decode_through_the_cache) {
             kiln_model *m = NULL;
             CHECK_OK(kiln_load_model(&o, &m));
             if (!m) continue;
-            const char *want = pass ? "hit" : "miss";
+            /* a bf16 request on a CPU with no bf16 GEMM (the avx2 and avx512
+             * classes) computes in f32 on the f32 weights (docs/cache.md):
+             * the f32 load before published exactly that cache */
+            int f32_instead = dts[k] == KILN_BF16 && !kk_fast(KILN_BF16);
+            const char *want = pass || f32_instead ? "hit" : "miss";
             CHECK_MSG(!strcmp(kiln_model_origin(m), want), "%s load %d: origin %s, not %s", kiln_dtype_name(dts[k]), pass,
                       kiln_model_origin(m), want);
             CHECK(strstr(kiln_model_cache_path(m), "/vae") != NULL);
@@ -504,7 +509,13 @@ TEST(vae_config_round_trips_exactly) {
     char *j = vae_config_to_json(&c);
     CHECK(j && strstr(j, "8.888888888888888e+75") && strstr(j, "0.1159")); /* 16 digits do */
     CHECK_OK(vae_config_parse(j, &back));
-    CHECK(!memcmp(&c, &back, sizeof c));
+    /* field by field, not memcmp: the struct's padding is whatever the stack
+     * held (it differed on a Zen 3); the JSON names every field */
+    char *j2 = vae_config_to_json(&back);
+    CHECK(j && j2 && !strcmp(j, j2));
+    CHECK(!memcmp(&c.scaling_factor, &back.scaling_factor, sizeof(double)) &&
+          !memcmp(&c.shift_factor, &back.shift_factor, sizeof(double)) && c.has_shift == back.has_shift);
+    free(j2);
     free(j);
     c = vae_config_defaults();
     j = vae_config_to_json(&c);

@@ -1,7 +1,9 @@
 /* main.c - the kiln command: dispatch to subcommands. */
 #include "cli.h"
+#include "kernels/kernels.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -37,7 +39,7 @@ static void usage(FILE *f) {
             "folder (config.json + diffusion_pytorch_model.safetensors[.index.json]) or a single safetensors\n"
             "checkpoint (diffusers or original SD3 names). docs/cli.md has every command and option.\n\n"
             "environment: KILN_THREADS (kernel threads), KILN_LOG "
-            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root),\n             KILN_PACKAGE_DIR (compiled packages), KILN_EXEC (execution chain), KILN_CC (C compiler),\n             KILN_F16=0 (no fp16 kernels), KILN_ATTENTION=strips (no fused attention)\n");
+            "(quiet|error|warn|info|debug),\n             KILN_TIMINGS=1 (print the timing ledger at exit), KILN_CACHE_DIR (weight cache root),\n             KILN_PACKAGE_DIR (compiled packages), KILN_EXEC (execution chain), KILN_CC (C compiler),\n             KILN_F16=0 (no fp16 kernels), KILN_ATTENTION=strips (no fused attention),\n             KILN_MAX_ISA=avx2|avx512|avx512_bf16|avx512_fp16|amx (run a lower CPU class's kernels)\n");
 }
 
 int main(int argc, char **argv) {
@@ -52,8 +54,15 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (kk_cpu_cap_error()) {
+        fprintf(stderr, "kiln: KILN_MAX_ISA=%s %s\n", getenv("KILN_MAX_ISA"), kk_cpu_cap_error());
+        return 2;
+    }
     if (!strcmp(argv[1], "--version")) {
-        printf("kiln %s\n", KILN_VERSION);
+        kk_class c = kk_cpu_class(), hw = kk_cpu_hw_class();
+        printf("kiln %s\nCPU class %s", KILN_VERSION, kk_class_name(c));
+        if (c != hw) printf(" (this CPU's is %s; capped by KILN_MAX_ISA or ONEDNN_MAX_CPU_ISA)", kk_class_name(hw));
+        printf("\n");
         return 0;
     }
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)

@@ -308,6 +308,30 @@ kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40],
  * e.g. "amx-dnnl2.6-amx32" or "avx512bf16-dnnl2.6-f16p64" (part of the
  * weight cache key). */
 const char *kk_fast_isa(void);
+/* The CPU classes of docs/PERFORMANCE.md, weakest first. A machine's class
+ * comes from cpuid; KILN_MAX_ISA (one of the names below, from avx2) caps
+ * it, so that a machine runs exactly the kernels a lower class runs, oneDNN's
+ * included (capped through dnnl_set_max_cpu_isa before its first use);
+ * ONEDNN_MAX_CPU_ISA lowers it too. */
+typedef enum {
+    KK_CLASS_BASE,        /* "sse41": below AVX2 + FMA + F16C: the reference kernels' class */
+    KK_CLASS_AVX2,        /* "avx2": AVX2, FMA, F16C (AMD Zen 1-3, Intel before Skylake-SP) */
+    KK_CLASS_AVX512,      /* "avx512": AVX-512 F/BW/VL/DQ without BF16 (Skylake-SP, Ice Lake) */
+    KK_CLASS_AVX512_BF16, /* "avx512_bf16": and AVX512-BF16 and VNNI (AMD Zen 4/5) */
+    KK_CLASS_AVX512_FP16, /* "avx512_fp16": and AVX512-FP16 (a Sapphire Rapids with AMX hidden) */
+    KK_CLASS_AMX,         /* "amx": and AMX-BF16/INT8 tiles (Sapphire Rapids and later) */
+    KK_CLASS_COUNT
+} kk_class;
+/* This process's class: the hardware's, capped by KILN_MAX_ISA (an unknown
+ * value caps nothing; kk_cpu_cap_error says so) and ONEDNN_MAX_CPU_ISA. */
+kk_class kk_cpu_class(void);
+/* The hardware's class, uncapped. */
+kk_class kk_cpu_hw_class(void);
+/* A class's name ("avx2", ...), and a name's class (-1: not one). */
+const char *kk_class_name(kk_class c);
+int kk_class_parse(const char *name);
+/* NULL, or a message when KILN_MAX_ISA is set to something that is not a class. */
+const char *kk_cpu_cap_error(void);
 /* Whether this machine has a CPU feature named by a kk_fast_isa tag
  * ("avx2", "avx512", "avx512vnni", "avx512bf16", "amx"); 0 for names it
  * does not know. */

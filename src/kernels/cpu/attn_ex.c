@@ -16,6 +16,7 @@
  * Nk scores, RQ rows at a time), and P V with 4 x 4 accumulators of 16
  * lanes, summed in blocks of 16 keys. */
 #include "kernels/cpu/attn_ex.h"
+#include "kernels/cpu/cpu.h"
 #include "base/base.h"
 #include "kernels/kernels.h"
 
@@ -220,10 +221,7 @@ EX_FN static void ex_task(const ex_args *a, int64_t b, int64_t h, int64_t i0, in
 int kk_attention_ex_avx512(const void *q, const void *k, const void *v, int bf16, const float *bias,
                            const int64_t bs[4], float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh,
                            float scale, int causal) {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
-        return 0;
+    if (!kk_avx512_ready()) return 0;
     if (B <= 0 || Nq <= 0 || H <= 0 || Dh <= 0) return 1;
     if (Nk <= 0) { /* no keys: every row gives 0, as the reference */
         memset(o, 0, sizeof(float) * (size_t)(B * Nq * H * Dh));

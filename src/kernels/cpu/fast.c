@@ -1,6 +1,7 @@
 /* fast.c - the fast CPU backend: GEMMs on weights packed once at conversion
  * (bf16, int8 and fp8 on kiln's AMX GEMM, gemm_amx.c, where the CPU has AMX;
- * oneDNN's matmul for f32 and on CPUs without AMX), attention (the fused
+ * f32 on kiln's AVX2 GEMM, gemm_avx2.c, on the avx2 class; oneDNN's matmul
+ * for f32 and on CPUs without AMX otherwise), attention (the fused
  * kernels: AMX, attn_amx.c, else fp16, attn_f16.c, for head size 64; else
  * AVX512-BF16, attn_bf16.c, for multiples of 64; else oneDNN matmuls per
  * strip), and fused
@@ -19,6 +20,7 @@
 #include "kernels/cpu/attn_f16.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/gemm_avx2.h"
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/cpu/vec.h"
@@ -44,6 +46,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void init_engine(void) {
+    kk_cpu_class(); /* KILN_MAX_ISA reaches oneDNN before its first use */
     if (dnnl_engine_create(&g_eng, dnnl_cpu, 0) != dnnl_success) return;
     g_ok = 1;
 }
@@ -320,6 +323,10 @@ static int amx_i8(kiln_dtype dt) { return dt == KILN_I8 && engine() && kk_amx_re
  * fp16 rate) */
 static int f16_bf16(kiln_dtype dt) { return dt == KILN_BF16 && engine() && !kk_amx_ready() && kk_f16_ready(); }
 
+/* f32 weights take kiln's AVX2 GEMM on the avx2 class (gemm_avx2.c: there
+ * oneDNN's f32 matmul gives a row other bits in another batch) */
+static int avx2_f32(kiln_dtype dt) { return dt == KILN_F32 && engine() && kk_cpu_class() == KK_CLASS_AVX2; }
+
 /* 1 where the AMX GEMM reads and writes KK_FMT_BLOCKED activations itself
  * for w in every call (linear_io and linear_gate_add): bf16 weights */
 static int fast_blocked_io(const kk_weight *w) {
@@ -382,6 +389,11 @@ kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40],
     if (f16_bf16(dt)) {
         snprintf(layout, 40, "f16p64");
         *bytes = kk_f16_packed_bytes(M, K);
+        return KILN_OK;
+    }
+    if (avx2_f32(dt)) {
+        snprintf(layout, 40, "f32p16");
+        *bytes = kk_avx2_packed_bytes(M, K);
         return KILN_OK;
     }
     dnnl_memory_desc_t md;
@@ -448,6 +460,10 @@ kiln_status kk_fast_pack(const float *w, int64_t M, int64_t K, kiln_dtype dt, vo
         kk_f16_pack(w, M, K, out);
         return KILN_OK;
     }
+    if (avx2_f32(dt)) {
+        kk_avx2_pack(w, M, K, out);
+        return KILN_OK;
+    }
     dnnl_memory_desc_t dst, src;
     size_t qb;
     if (!layout_md(M, K, dt, &dst, &qb) || !plain_md(M, K, dnnl_f32, 0, &src))
@@ -468,6 +484,10 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
     }
     if (f16_bf16(w->packed_dtype)) {
         kk_f16_unpack(w->packed, w->M, w->K, out);
+        return KILN_OK;
+    }
+    if (avx2_f32(w->packed_dtype)) {
+        kk_avx2_unpack(w->packed, w->M, w->K, out);
         return KILN_OK;
     }
     dnnl_memory_desc_t src, dst;
@@ -808,6 +828,10 @@ static void fast_linear_io(kiln_dtype dt, const void *x, int x_fmt, const kk_wei
         f16_linear(x, x_fmt, w->packed, w->M, w->K, &e, y, y_fmt, rows);
         return;
     }
+    if (avx2_f32(dt)) { /* x and y f32 here: the checks above */
+        kk_avx2_linear(x, w->packed, w->M, w->K, b, act, y, rows, gemm_threads(dt));
+        return;
+    }
     const void *src = x;
     if (dt == KILN_BF16 && !x_bf16) {
         uint16_t *xb = scratch_must(0, sizeof(uint16_t) * (size_t)(rows * w->K));
@@ -877,12 +901,8 @@ KK_CLONES static void silu_chunk(const float *x, float *y, int64_t n) {
 }
 
 KK_CLONES static void gelu_chunk(const float *x, float *y, int64_t n) {
-    const float c = 0.7978845608f;
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i], u = c * (v + 0.044715f * v * v * v);
-        y[i] = 0.5f * v * (2.0f - 2.0f / (exp_f(2.0f * u) + 1.0f));
-    }
+    for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh_f(x[i]);
 }
 
 static void fast_silu(const float *x, float *y, int64_t n) {
@@ -1395,7 +1415,7 @@ static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf1
 const kk_backend *kk_fast(kiln_dtype dt) {
     if (!engine()) return NULL;
     if (dt == KILN_F32) return &k_fast_f32;
-    if (dt == KILN_BF16) return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16 ? &k_fast_bf16 : NULL;
+    if (dt == KILN_BF16) return kk_bf16_ready() ? &k_fast_bf16 : NULL;
     return NULL;
 }
 
@@ -1408,7 +1428,7 @@ const char *kk_fast_isa(void) {
     /* bf16 and fp8 weights in kiln's AMX layout where it runs (amx32); bf16 ones in
      * the fp16 GEMM's (f16p64) where that runs; else oneDNN's */
     snprintf(name, sizeof name, "%s-dnnl%d.%d%s", tag, v->major, v->minor,
-             kk_amx_ready() ? "-amx32" : kk_f16_ready() ? "-f16p64" : "");
+             kk_amx_ready() ? "-amx32" : kk_f16_ready() ? "-f16p64" : avx2_f32(KILN_F32) ? "-f32p16" : "");
     return name;
 }
 
@@ -1417,6 +1437,7 @@ const char *kiln_kernels(kiln_dtype dt) {
     char *out = name[dt == KILN_BF16];
     const char *what;
     if (!kk_fast(dt)) what = "the reference kernels (no fast backend for this dtype on this machine)";
+    else if (dt != KILN_BF16 && avx2_f32(dt)) what = "kiln's AVX2 f32 GEMM, kiln's fused elementwise kernels";
     else if (dt != KILN_BF16) what = "oneDNN's f32 matmul, kiln's fused elementwise kernels";
     else if (kk_amx_ready()) what = "kiln's AMX GEMM and attention (AMX-BF16 tiles)";
     else if (kk_f16_ready()) what = "kiln's fp16 GEMM and attention (AVX512-FP16, no AMX)";

@@ -43,6 +43,14 @@ static inline float exp_f(float x) {
     return p * bits_f((uint32_t)((int32_t)n + 127) << 23);
 }
 
+/* tanh-GELU of v: 0.5 v (1 + tanh(u)), u = sqrt(2/pi) (v + 0.044715 v^3),
+ * tanh(u) = 1 - 2 / (e^2u + 1); the fast backends' f32 GELU (fast.c's
+ * elementwise one and the avx2 GEMM's epilogue: the same bits) */
+static inline float gelu_tanh_f(float v) {
+    float u = 0.7978845608f * (v + 0.044715f * v * v * v);
+    return 0.5f * v * (2.0f - 2.0f / (exp_f(2.0f * u) + 1.0f));
+}
+
 /* round to nearest even; NaN stays NaN (quiet) - branch-free kt_f32_to_bf16 */
 static inline uint16_t bf16_of(float f) {
     uint32_t u = f_bits(f);
