@@ -1,9 +1,13 @@
 /* kernel_bench.c - kiln's fast kernels against oneDNN's own matmul on the
  * same shapes, side by side in one run (SD3-medium blocks).
  *
- *   bench_kernels [--runs N] [--tokens N] [--encoder]
+ *   bench_kernels [--runs N] [--tokens N] [--encoder | --f32]
  *
  * --encoder: only the text encoders' GEMMs and the peaks.
+ * --f32: kiln's f32 linear against a bare oneDNN f32 matmul (packed
+ * weights, bias) on the SD3 and text-encoder shapes, and the f32 FMA peak
+ * of the vectors this class has (ymm on the avx2 class: run it under
+ * KILN_MAX_ISA=avx2 on a bigger CPU to see that class's kernels).
  *
  * GEMM: kiln's linear (f32 activations in, bf16 conversion, packed weights,
  * bias) against a bare oneDNN bf16 matmul whose source is already bf16.
@@ -119,6 +123,32 @@ __attribute__((target("avx512f"))) static double avx512_f32_once(void) {
     return (double)nt * (double)VEC_ITERS * 16 * 32 / (kb_now() - t0) / 1e9;
 }
 
+/* VFMADD231PS ymm: 8 lanes x 2 flop; 12 accumulators (ymm0-11) as the
+ * avx2 GEMM's micro-kernel keeps */
+#define ACC12Y(op) \
+    op " %[b], %[a], %%ymm0\n\t" op " %[b], %[a], %%ymm1\n\t" op " %[b], %[a], %%ymm2\n\t" \
+    op " %[b], %[a], %%ymm3\n\t" op " %[b], %[a], %%ymm4\n\t" op " %[b], %[a], %%ymm5\n\t" \
+    op " %[b], %[a], %%ymm6\n\t" op " %[b], %[a], %%ymm7\n\t" op " %[b], %[a], %%ymm8\n\t" \
+    op " %[b], %[a], %%ymm9\n\t" op " %[b], %[a], %%ymm10\n\t" op " %[b], %[a], %%ymm11\n\t"
+
+__attribute__((target("avx2,fma"))) static double avx2_f32_once(void) {
+    int nt = 1;
+    double t0 = kb_now();
+#pragma omp parallel
+    {
+        __m256 a = _mm256_set1_ps(1e-3f), b = _mm256_set1_ps(2e-3f);
+        long n = VEC_ITERS;
+        __asm__ volatile("1:\n\t" ACC12Y("vfmadd231ps") "dec %[n]\n\tjnz 1b"
+                         : [n] "+r"(n)
+                         : [a] "x"(a), [b] "x"(b)
+                         : "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10",
+                           "ymm11", "cc");
+#pragma omp single
+        nt = omp_get_num_threads();
+    }
+    return (double)nt * (double)VEC_ITERS * 12 * 16 / (kb_now() - t0) / 1e9;
+}
+
 /* the best of VEC_TRIALS short bursts (~10 ms each): other tenants take the
  * CPUs for whole time slices, so a long loop measures their share; the
  * best burst is the machine's rate */
@@ -151,14 +181,14 @@ typedef struct onednn_mm {
     dnnl_exec_arg_t args[4];
 } onednn_mm;
 
-static int onednn_open(onednn_mm *o, int64_t M, int64_t K, int64_t N) {
+static int onednn_open_dt(onednn_mm *o, int64_t M, int64_t K, int64_t N, dnnl_data_type_t dt) {
     memset(o, 0, sizeof *o);
     dnnl_engine_create(&o->eng, dnnl_cpu, 0);
     dnnl_stream_create(&o->st, o->eng, dnnl_stream_default_flags);
     dnnl_memory_desc_t a, b, c, bias;
     dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N}, dbias = {1, N};
-    dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, dnnl_ab);
-    dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&a, 2, da, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&b, 2, db, dt, dnnl_format_tag_any);
     dnnl_memory_desc_init_by_tag(&c, 2, dc, dnnl_f32, dnnl_ab);
     dnnl_memory_desc_init_by_tag(&bias, 2, dbias, dnnl_f32, dnnl_ab);
     dnnl_matmul_desc_t md;
@@ -184,6 +214,8 @@ static int onednn_open(onednn_mm *o, int64_t M, int64_t K, int64_t N) {
     for (int i = 0; i < 4; i++) o->args[i] = (dnnl_exec_arg_t){argk[i], o->mem[i]};
     return 1;
 }
+
+static int onednn_open(onednn_mm *o, int64_t M, int64_t K, int64_t N) { return onednn_open_dt(o, M, K, N, dnnl_bf16); }
 
 static double onednn_run_ms(onednn_mm *o) {
     double t0 = kb_now();
@@ -214,7 +246,7 @@ typedef struct kiln_lin {
  * model, which the bf16 backend runs in f32) */
 static int kiln_open_dt(kiln_lin *l, int64_t M, int64_t K, int64_t N, kiln_dtype wdt) {
     memset(l, 0, sizeof *l);
-    l->be = kk_fast(KILN_BF16);
+    l->be = kk_fast(KILN_BF16) ? kk_fast(KILN_BF16) : kk_fast(KILN_F32);
     char layout[40];
     size_t bytes;
     if (!l->be || kk_fast_layout(N, K, wdt, layout, &bytes)) return 0;
@@ -370,20 +402,62 @@ static void encoder_gemms(int runs) {
     }
 }
 
+/* f32: kiln's linear (the avx2 GEMM on that class, else oneDNN's f32
+ * matmul through kiln) against a bare oneDNN f32 matmul, in turn */
+static void f32_gemms(int runs) {
+    printf("f32 GEMMs (CPU class %s), %d threads; %d runs of each, oneDNN and kiln in turn; medians, and the "
+           "median of the per-run ratios\n\n", kiln_cpu_class(0), kiln_get_threads(), runs);
+    printf("| M x K x N | oneDNN f32 matmul ms | GFLOP/s | kiln f32 linear ms | GFLOP/s | kiln / oneDNN throughput |\n");
+    printf("|---|---|---|---|---|---|\n");
+    int64_t shapes[][3] = {{1024, 1536, 1536}, {1024, 1536, 6144}, {1024, 6144, 1536}, {333, 1536, 1536},
+                           {2048, 1536, 1536}, {1, 1536, 9216},   {256, 4096, 4096},  {256, 4096, 10240},
+                           {77, 1280, 1280},   {77, 1280, 5120}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t M = shapes[i][0], K = shapes[i][1], N = shapes[i][2];
+        double fl = 2.0 * (double)M * (double)K * (double)N, d, kt;
+        onednn_mm o;
+        kiln_lin l;
+        int have_o = onednn_open_dt(&o, M, K, N, dnnl_f32), have_l = have_o && kiln_open_dt(&l, M, K, N, KILN_F32);
+        if (have_l) l.be = kk_fast(KILN_F32);
+        if (!have_l || !l.be) {
+            printf("| %lldx%lldx%lld | (cannot create) |\n", (long long)M, (long long)K, (long long)N);
+            onednn_close(&o);
+            if (have_o) kiln_close(&l);
+            continue;
+        }
+        double ratio = paired(onednn_run, &o, kiln_layer_run, &l, runs, &d, &kt);
+        printf("| %lldx%lldx%lld | %.2f | %.0f | %.2f | %.0f | %.0f%% |\n", (long long)M, (long long)K, (long long)N, d,
+               fl / d / 1e6, kt, fl / kt / 1e6, 100.0 * ratio);
+        onednn_close(&o);
+        kiln_close(&l);
+    }
+    if (kk_cpu_has("avx512"))
+        printf("\nf32 FMA peak (zmm, registers only, 16 accumulators, %d threads, best of %d bursts): %.0f GFLOP/s\n",
+               kiln_get_threads(), VEC_TRIALS, best_of(avx512_f32_once));
+    else
+        printf("\nf32 FMA peak (ymm, registers only, 12 accumulators, %d threads, best of %d bursts): %.0f GFLOP/s\n",
+               kiln_get_threads(), VEC_TRIALS, best_of(avx2_f32_once));
+}
+
 int main(int argc, char **argv) {
     int runs = 7;
     int64_t tokens = 4096;
-    int encoder_only = 0;
+    int encoder_only = 0, f32 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--encoder")) encoder_only = 1;
+        else if (!strcmp(argv[i], "--f32")) f32 = 1;
         else {
-            fprintf(stderr, "usage: bench_kernels [--runs N] [--tokens N] [--encoder]\n");
+            fprintf(stderr, "usage: bench_kernels [--runs N] [--tokens N] [--encoder | --f32]\n");
             return 2;
         }
     }
     if (runs < 1 || runs > 64) runs = 7;
+    if (f32) {
+        f32_gemms(runs);
+        return 0;
+    }
     if (!kk_fast(KILN_BF16)) {
         printf("no bf16 fast backend on this machine (needs AVX-512 BF16 or AMX)\n");
         return 0;

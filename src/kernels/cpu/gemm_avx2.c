@@ -38,7 +38,7 @@
 #define MR 6   /* rows per tile */
 #define NR 16  /* outputs per panel */
 #define KC 256 /* inputs per block */
-#define MB 16  /* row tiles per work item */
+#define MB 32  /* row tiles per work item */
 
 static int64_t panels(int64_t N) { return (N + NR - 1) / NR; }
 
