@@ -11,5 +11,5 @@ cat > "$DIR/config.json" <<JSON
 JSON
 [ -f "$DIR/model/config.json" ] || $KILN make-model "$DIR/model" --config "$DIR/config.json" --weights bf16 >/dev/null
 IN="$DIR/in-${LATENT}-${CONTEXT}.safetensors"
-[ -f "$IN" ] || $KILN make-model "$DIR/model" --config "$DIR/config.json" --weights bf16 \
+[ -f "$IN" ] || $KILN make-model "$DIR/model" --force --config "$DIR/config.json" --weights bf16 \
    --inputs "$IN" --latent ${LATENT}x${LATENT} --context $CONTEXT >/dev/null

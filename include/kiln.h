@@ -94,6 +94,9 @@ KILN_API const char *kiln_quant_name(kiln_quant q); /* "none", "int8", "fp8" */
  * SD3, every linear of the transformer blocks except the modulations;
  * embedders, norm_out and proj_out stay bf16. */
 KILN_API const char *kiln_family_quant_layers(const char *family); /* NULL: no such family */
+/* What a family ("sd3", "clip", "t5", "vae-decoder", ...) is, for people:
+ * "SD3 / SD3.5 MMDiT (SD3Transformer2DModel)"; NULL: no such family. */
+KILN_API const char *kiln_family_title(const char *family);
 
 typedef struct kiln_model kiln_model;
 

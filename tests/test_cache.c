@@ -461,9 +461,9 @@ TEST(list_and_gc) {
     free(v);
     int removed;
     int64_t freed;
-    CHECK_OK(kcache_gc(root, 1 << 30, &removed, &freed));
+    CHECK_OK(kcache_gc(root, 1 << 30, &removed, &freed, NULL, NULL));
     CHECK(removed == 0);
-    CHECK_OK(kcache_gc(root, 0, &removed, &freed));
+    CHECK_OK(kcache_gc(root, 0, &removed, &freed, NULL, NULL));
     CHECK(removed == 2 && freed > 0);
     CHECK_OK(kcache_list(root, &v, &n));
     CHECK(n == 0);

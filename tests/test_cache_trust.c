@@ -510,7 +510,7 @@ TEST(cache_commands_leave_packages_alone) {
     free(p);
     int removed;
     int64_t freed;
-    CHECK_OK(kcache_gc(root, 0, &removed, &freed));
+    CHECK_OK(kcache_gc(root, 0, &removed, &freed, NULL, NULL));
     CHECK(removed == 1);
     CHECK(sh("'%s' cache gc --max-size 0 --cache-dir '%s' >/dev/null 2>&1", bin(), root) == 0);
     CHECK(sh("'%s' cache rm --all --cache-dir '%s' >/dev/null 2>&1", bin(), root) == 0);

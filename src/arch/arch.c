@@ -137,6 +137,11 @@ kiln_status ka_check_inputs(const ka_arch *a, const void *cfg, const int64_t (*i
     return KILN_OK;
 }
 
+const char *kiln_family_title(const char *family) {
+    const ka_arch *a = ka_find(family);
+    return a ? a->title : NULL;
+}
+
 const char *kiln_family_quant_layers(const char *family) {
     const ka_arch *a = ka_find(family);
     return a ? (a->quant_layers ? a->quant_layers : "") : NULL;

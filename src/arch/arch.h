@@ -64,6 +64,8 @@ typedef struct ka_arch {
     const char *name;      /* "sd3": the family's name in package folders, caches, `kiln info` */
     const char *title;     /* what it is, for people: "SD3 / SD3.5 MMDiT (SD3Transformer2DModel)" */
     const char *component; /* its diffusers subfolder ("transformer") */
+    const char *weights_file; /* the file its library saves: NULL diffusers' diffusion_pytorch_model.safetensors,
+                               * "model.safetensors" for transformers' models */
     size_t config_size;
 
     /* ---- config: parse (missing keys take the reference's defaults),

@@ -168,18 +168,25 @@ typedef struct kcache_item {
     int64_t bytes;       /* all files */
     double last_used;    /* seconds since the epoch (folder mtime, touched on hits) */
     int complete;        /* has a manifest */
+    int interrupted;     /* a staging folder (<key>.staging.PID.N) whose build died: nobody holds the key's lock */
     char source[1024];   /* the source its manifest names ("" when unknown) */
 } kcache_item;
 
 /* Every weight-cache key folder under root (sorted by rel): those holding a
  * kiln-cache manifest (itself, or in its host_coords_* / shard_* folders),
- * and manifest-less folders named like a key (<prefix>_c<12 hex>: an
- * interrupted build). Anything else, such as a compiled package (a
+ * manifest-less folders named like a key (<prefix>_c<12 hex>: an
+ * interrupted build), and the staging folders of builds that died (a
+ * SIGINT, a kill, a crash: interrupted set; a live build holds the key's
+ * lock, and its staging is not listed). Anything else, such as a compiled package (a
  * "kiln-package" manifest, <root>/packages), is not a cache: never listed,
  * verified or removed. */
 kiln_status kcache_list(const char *root, kcache_item **out, size_t *n);
-/* Remove least recently used caches until the total is at most max_bytes. */
-kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed);
+/* Remove the staging of dead builds, then least recently used caches until
+ * the total is at most max_bytes; on_removed (may be NULL) hears each. */
+kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed,
+                      void (*on_removed)(void *user, const kcache_item *it), void *user);
+/* The bytes of every file under dir (what `kiln cache ls` counts). */
+int64_t kcache_dir_bytes(const char *dir);
 /* Mark a key folder used now (for gc). */
 void kcache_touch(const char *dir);
 

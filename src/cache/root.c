@@ -3,10 +3,13 @@
 #include "cache/cache.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 const char *kcache_root(const char *given) {
     if (given && *given) return given;
@@ -20,6 +23,28 @@ char *kcache_package_root(const char *given, const char *cache_root) {
     if (env && *env) return kb_strdup(env);
     const char *root = kcache_root(cache_root);
     return root ? kb_path_join(root, "packages") : NULL;
+}
+
+/* <key>.staging.<pid>.<n>: a build's folder before its rename into place */
+static int staging_name(const char *name) {
+    const char *p = strstr(name, ".staging.");
+    return p && p > name && !strstr(name, ".trash.") && !strstr(name, ".lock");
+}
+
+/* 1 when nobody holds the lock of the key whose staging folder this is
+ * (group/<key>.lock, flock: released when its holder dies, so a build that
+ * was killed holds nothing); a live build holds it from lock to publish */
+static int staging_dead(const char *group, const char *name) {
+    const char *p = strstr(name, ".staging.");
+    char *lock = kb_strfmt("%s/%.*s.lock", group, (int)(p - name), name);
+    if (!lock) return 0;
+    int fd = open(lock, O_RDONLY | O_CLOEXEC), dead = 1;
+    if (fd >= 0) {
+        dead = flock(fd, LOCK_EX | LOCK_NB) == 0;
+        close(fd); /* releases it */
+    }
+    free(lock);
+    return dead;
 }
 
 static int skip(const char *name) {
@@ -92,7 +117,7 @@ typedef struct {
     size_t n, cap;
 } items;
 
-static kiln_status add_item(items *it, const char *root, const char *m, const char *c, const char *k) {
+static kiln_status add_item(items *it, const char *root, const char *m, const char *c, const char *k, int staging) {
     if (it->n == it->cap) {
         size_t cap = it->cap ? it->cap * 2 : 32;
         kcache_item *nv = realloc(it->v, cap * sizeof *nv);
@@ -106,27 +131,29 @@ static kiln_status add_item(items *it, const char *root, const char *m, const ch
     snprintf(x->dir, sizeof x->dir, "%s/%s", root, x->rel);
     struct stat st;
     if (lstat(x->dir, &st) != 0 || !S_ISDIR(st.st_mode)) return KILN_OK;
-    int kind = classify(x->dir, 0, x->source, sizeof x->source);
-    if (kind < 0 || (kind == 0 && !key_like(k))) return KILN_OK; /* not a weight cache: not ours */
+    int kind = staging ? 0 : classify(x->dir, 0, x->source, sizeof x->source);
+    if (!staging && (kind < 0 || (kind == 0 && !key_like(k)))) return KILN_OK; /* not a weight cache: not ours */
+    x->interrupted = staging;
     t_bytes = 0;
     t_complete = 0;
     nftw(x->dir, size_cb, 16, FTW_PHYS);
     x->bytes = t_bytes;
-    x->complete = t_complete;
+    x->complete = t_complete && !staging;
     x->last_used = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
     it->n++;
     return KILN_OK;
 }
 
-/* names of the sub-folders of dir, sorted */
-static char **subdirs(const char *dir, size_t *n) {
+/* names of the sub-folders of dir, sorted; with staging, only the
+ * staging folders of dead builds (staging_name, staging_dead) */
+static char **subdirs_of(const char *dir, size_t *n, int staging) {
     DIR *d = opendir(dir);
     *n = 0;
     if (!d) return NULL;
     char **v = NULL;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (skip(e->d_name)) continue;
+        if (staging ? !staging_name(e->d_name) || !staging_dead(dir, e->d_name) : skip(e->d_name)) continue;
         char *p = kb_path_join(dir, e->d_name);
         int ok = p && kb_is_dir(p);
         free(p);
@@ -145,6 +172,8 @@ static char **subdirs(const char *dir, size_t *n) {
         }
     return v;
 }
+
+static char **subdirs(const char *dir, size_t *n) { return subdirs_of(dir, n, 0); }
 
 static void free_names(char **v, size_t n) {
     for (size_t i = 0; i < n; i++) free(v[i]);
@@ -169,7 +198,10 @@ kiln_status kcache_list(const char *root, kcache_item **out, size_t *n) {
         for (size_t j = 0; md && j < nc && !s; j++) {
             char *cd = kb_path_join(md, comps[j]);
             char **keys = cd ? subdirs(cd, &nk) : NULL;
-            for (size_t k = 0; cd && k < nk && !s; k++) s = add_item(&it, root, models[i], comps[j], keys[k]);
+            for (size_t k = 0; cd && k < nk && !s; k++) s = add_item(&it, root, models[i], comps[j], keys[k], 0);
+            if (cd) free_names(keys, nk);
+            keys = cd ? subdirs_of(cd, &nk, 1) : NULL;
+            for (size_t k = 0; cd && k < nk && !s; k++) s = add_item(&it, root, models[i], comps[j], keys[k], 1);
             if (cd) free_names(keys, nk);
             free(cd);
         }
@@ -186,12 +218,22 @@ kiln_status kcache_list(const char *root, kcache_item **out, size_t *n) {
     return KILN_OK;
 }
 
+/* dead builds' staging first (never of use), then least recently used */
 static int by_last_used(const void *a, const void *b) {
-    double x = ((const kcache_item *)a)->last_used, y = ((const kcache_item *)b)->last_used;
+    const kcache_item *p = a, *q = b;
+    if (p->interrupted != q->interrupted) return p->interrupted ? -1 : 1;
+    double x = p->last_used, y = q->last_used;
     return x < y ? -1 : x > y;
 }
 
-kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed) {
+int64_t kcache_dir_bytes(const char *dir) {
+    t_bytes = 0;
+    nftw(dir, size_cb, 16, FTW_PHYS);
+    return t_bytes;
+}
+
+kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t *freed,
+                      void (*on_removed)(void *user, const kcache_item *it), void *user) {
     kcache_item *v;
     size_t n;
     *removed = 0;
@@ -201,8 +243,9 @@ kiln_status kcache_gc(const char *root, int64_t max_bytes, int *removed, int64_t
     int64_t total = 0;
     for (size_t i = 0; i < n; i++) total += v[i].bytes;
     qsort(v, n, sizeof *v, by_last_used);
-    for (size_t i = 0; i < n && total > max_bytes && !s; i++) {
+    for (size_t i = 0; i < n && (total > max_bytes || v[i].interrupted) && !s; i++) {
         if ((s = kcache_remove(v[i].dir))) break;
+        if (on_removed) on_removed(user, &v[i]);
         total -= v[i].bytes;
         *freed += v[i].bytes;
         ++*removed;

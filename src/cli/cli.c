@@ -460,6 +460,38 @@ kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **
     return st;
 }
 
+/* the family a model's config.json (or --config) names; NULL when there is
+ * none to read or no family claims it (the load then says what is wrong) */
+static const char *config_family(const char *model, const cli_common *c) {
+    char *path = c->config ? kb_strdup(c->config) : model && kb_is_dir(model) ? kb_path_join(model, "config.json") : NULL;
+    char *json = NULL;
+    const char *f = NULL;
+    if (path && kb_is_file(path) && !kb_read_file(path, &json, NULL)) f = kiln_config_family(json);
+    kb_clear_error();
+    free(path);
+    free(json);
+    return f;
+}
+
+static kiln_status wrong_family(const char *model, const char *got, const char *family, const char *needs) {
+    const char *t = kiln_family_title(got);
+    return kb_fail(KILN_ERR_INVALID_ARG, "%s is a %s model (%s); this command needs %s (family %s)", model, got,
+                   t ? t : "?", needs, family);
+}
+
+kiln_status cli_load_model_of(const char *model, const cli_common *c, const char *family, const char *needs,
+                              kiln_model **out) {
+    const char *f = config_family(model, c);
+    if (f && strcmp(f, family)) return wrong_family(model, f, family, needs); /* before any conversion */
+    kiln_status st = cli_load_model(model, c, out);
+    if (!st && strcmp(kiln_model_family(*out), family)) {
+        st = wrong_family(model, kiln_model_family(*out), family, needs);
+        kiln_model_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 /* seeded conditioning under diffusers' pipeline names */
 kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T, uint64_t seed) {
     size_t ne = (size_t)T * (size_t)c->joint_attention_dim, np = (size_t)c->pooled_projection_dim;
@@ -482,30 +514,6 @@ kiln_status cli_write_seeded_cond(const char *path, const kiln_config *c, int T,
     kiln_status s = st_write(path, t, 4, NULL, 0);
     free(buf);
     return s;
-}
-
-/* the lines of a prompts file (a trailing newline ends the last one) */
-int cli_read_lines(const char *cmd, const char *path, char **text, char ***lines, int *n) {
-    size_t len;
-    if (kb_read_file(path, text, &len)) return cli_fail(cmd, KILN_ERR_IO);
-    int cap = 16;
-    *n = 0;
-    *lines = malloc(sizeof(char *) * (size_t)cap);
-    for (char *p = *text; *lines && p && *p;) {
-        char *e = strchr(p, '\n');
-        if (e) *e = 0;
-        if (e && e > p && e[-1] == '\r') e[-1] = 0;
-        if (*n == cap) {
-            char **g = realloc(*lines, sizeof(char *) * (size_t)(cap *= 2));
-            if (!g) break;
-            *lines = g;
-        }
-        (*lines)[(*n)++] = p;
-        p = e ? e + 1 : NULL;
-    }
-    if (!*lines) return cli_error(cmd, "out of memory");
-    if (!*n) return cli_error(cmd, "%s holds no prompt (one per line)", path);
-    return 0;
 }
 
 void cli_step_progress(void *user, int step, int steps, double sigma, const float *latent) {

@@ -23,10 +23,25 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
 int cmd_encode_image(int argc, char **argv);
-/* The lines of a prompts file: *text the file (malloc'd, lines point into
- * it), *lines malloc'd; 0, or the exit code after printing why (an empty
- * file is an error). */
-int cli_read_lines(const char *cmd, const char *path, char **text, char ***lines, int *n);
+
+/* A run's output files, all or none (outputs.c): each written to tmp[i]
+ * (beside final[i], a hidden name), renamed into place by commit once all
+ * are written; a SIGINT, SIGTERM or SIGHUP before then removes them. final
+ * and tmp are kiln_image_path(output, i, n) and (tmp_base, i, n), so a call
+ * that writes n images from one path takes tmp_base. */
+typedef struct cli_outputs {
+    int n;
+    char **final, **tmp;
+    char *tmp_base;
+} cli_outputs;
+/* 0, or -1 when out of memory (nothing to clean up) */
+int cli_outputs_begin(cli_outputs *o, const char *output, int n);
+/* rename every file into place (saying once, unless quiet, how many
+ * existing files were replaced); 0, or the exit code after printing why
+ * (then none of them is left) */
+int cli_outputs_commit(cli_outputs *o, const char *cmd, int quiet);
+/* remove what was written */
+void cli_outputs_abort(cli_outputs *o);
 
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -85,6 +100,11 @@ extern const char cli_common_help[];
 /* Open MODEL through the load flow: with a cache root, map or build the
  * cache; without one, convert (kiln_load_model prints a hint). */
 kiln_status cli_load_model(const char *model, const cli_common *c, kiln_model **out);
+/* cli_load_model for a command that runs one family (family: "sd3", ...;
+ * needs: what the command needs, in words): a model of another family is
+ * refused naming both, before it converts when its config.json says so. */
+kiln_status cli_load_model_of(const char *model, const cli_common *c, const char *family, const char *needs,
+                              kiln_model **out);
 /* The load options the common options say for MODEL (name: a buffer of cap
  * bytes the default cache name is written to; it must outlive the options). */
 kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap);

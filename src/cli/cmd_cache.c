@@ -22,7 +22,8 @@ static int help(void) {
            "  ls                every cache under the root: size, last use, key, source\n"
            "  verify [KEY...]   check every tensor's xxh3 (default: all caches); exit 1 if any is corrupt\n"
            "  rm KEY... | --all remove caches (KEY as printed by ls, or a folder path)\n"
-           "  gc --max-size SIZE  remove least recently used caches until the total fits (e.g. 20G, 500M)\n\n"
+           "  gc --max-size SIZE  remove what builds that died left (state interrupted), then least\n"
+           "                    recently used caches until the total fits (e.g. 20G, 500M); names each\n\n"
            "These act on weight caches only (manifests saying kiln-cache): compiled packages under the same\n"
            "root (<root>/packages) are never listed, verified or removed; see kiln package.\n"
            "The root is --cache-dir DIR or KILN_CACHE_DIR. Layout and load flow: docs/cache.md.\n\n%s",
@@ -77,10 +78,9 @@ static int build_pipeline(const char *dir, cli_common *com) {
             rc = cli_fail("cache build", kb_wrap(s, "%s", comps[k]));
         } else {
             char size[32];
-            kiln_model_info inf;
-            kiln_model_get_info(m, &inf);
             printf("%-15s %s: %s (%s, %.1f ms)\n", comps[k], kiln_model_origin(m), kiln_model_cache_path(m),
-                   kb_human_bytes((double)inf.bytes_on_disk, size, sizeof size), (kb_now() - t0) * 1e3);
+                   kb_human_bytes((double)kcache_dir_bytes(kiln_model_cache_path(m)), size, sizeof size),
+                   (kb_now() - t0) * 1e3);
         }
         kiln_model_free(m);
     }
@@ -96,12 +96,17 @@ static int do_build(const char *model, cli_common *com) {
     kiln_status s = cli_load_model(model, com, &m);
     if (s) return cli_fail("cache build", s);
     char size[32];
-    kiln_model_info inf;
-    kiln_model_get_info(m, &inf);
     printf("%s: %s (%s, %.1f ms)\n", kiln_model_origin(m), kiln_model_cache_path(m),
-           kb_human_bytes((double)inf.bytes_on_disk, size, sizeof size), (kb_now() - t0) * 1e3);
+           kb_human_bytes((double)kcache_dir_bytes(kiln_model_cache_path(m)), size, sizeof size), (kb_now() - t0) * 1e3);
     kiln_model_free(m);
     return 0;
+}
+
+static void gc_removed(void *user, const kcache_item *it) {
+    (void)user;
+    char size[32];
+    printf("removed %s (%s%s)\n", it->rel, kb_human_bytes((double)it->bytes, size, sizeof size),
+           it->interrupted ? ", a build that died" : it->complete ? "" : ", partial");
 }
 
 static int do_ls(const char *root) {
@@ -110,15 +115,16 @@ static int do_ls(const char *root) {
     kiln_status s = kcache_list(root, &v, &n);
     if (s) return cli_fail("cache ls", s);
     int64_t total = 0;
-    printf("%-10s  %-19s  %-8s  %s\n", "size", "last used", "state", "key (model/component/config)  <- source");
+    printf("%-10s  %-19s  %-11s  %s\n", "size", "last used", "state", "key (model/component/config)  <- source");
     for (size_t i = 0; i < n; i++) {
         char size[32], when[32];
         time_t t = (time_t)v[i].last_used;
         struct tm tm;
         localtime_r(&t, &tm);
         strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-        printf("%-10s  %-19s  %-8s  %s  <- %s\n", kb_human_bytes((double)v[i].bytes, size, sizeof size), when,
-               v[i].complete ? "complete" : "partial", v[i].rel, *v[i].source ? v[i].source : "(unknown)");
+        printf("%-10s  %-19s  %-11s  %s  <- %s\n", kb_human_bytes((double)v[i].bytes, size, sizeof size), when,
+               v[i].interrupted ? "interrupted" : v[i].complete ? "complete" : "partial", v[i].rel,
+               *v[i].source ? v[i].source : v[i].interrupted ? "(a build that died: kiln cache gc removes it)" : "(unknown)");
         total += v[i].bytes;
     }
     char size[32];
@@ -264,7 +270,7 @@ int cmd_cache(int argc, char **argv) {
         } else {
             int removed;
             int64_t freed;
-            kiln_status s = kcache_gc(root, max, &removed, &freed);
+            kiln_status s = kcache_gc(root, max, &removed, &freed, gc_removed, NULL);
             char fb[32];
             if (s) rc = cli_fail("cache gc", s);
             else printf("removed %d cache%s, freed %s\n", removed, removed == 1 ? "" : "s",

@@ -75,6 +75,7 @@ int cmd_decode(int argc, char **argv) {
     st_file *f = NULL;
     kiln_model *m = NULL;
     float *z = NULL, *sample = NULL;
+    cli_outputs outs = {0};
     kiln_status s = st_open(latents, &f);
     if (s) {
         rc = cli_fail("decode", s);
@@ -110,22 +111,23 @@ int cmd_decode(int argc, char **argv) {
     const char *base = strrchr(vae_path, '/');
     kiln_image_info info = {.model = base && base[1] ? base + 1 : vae_path};
     double t0 = kb_now();
-    if ((s = kiln_vae_write_png(m, z, shape, &vo, output, &info, sample, &plan))) {
+    /* every image or none (outputs.c): written under temporary names, renamed when all are */
+    if (cli_outputs_begin(&outs, output, (int)shape[0])) {
+        cli_error("decode", "out of memory");
+        goto done;
+    }
+    if ((s = kiln_vae_write_png(m, z, shape, &vo, outs.tmp_base, &info, sample, &plan))) {
         rc = cli_fail("decode", s);
         goto done;
     }
     if (tout) {
         kiln_tensor t = {"sample", KILN_F32, 4, {shape[0], 3, H, W}, sample};
-        if ((s = kiln_tensors_write(tout, 1, &t))) {
+        if ((s = kiln_tensors_write(tout, 1, &t))) { /* nothing half-written: the PNGs go too (done:) */
             rc = cli_fail("decode", s);
-            for (int64_t b = 0; b < shape[0]; b++) { /* nothing half-written: the PNGs go too */
-                char *p = kiln_image_path(output, b, shape[0]);
-                if (p) unlink(p);
-                free(p);
-            }
             goto done;
         }
     }
+    if (cli_outputs_commit(&outs, "decode", 0)) goto done;
     char tiles[96] = "untiled";
     if (plan.tiled) snprintf(tiles, sizeof tiles, "%d tiles of %d px", plan.tiles, plan.tile_size);
     char *first = kiln_image_path(output, 0, shape[0]);
@@ -136,6 +138,7 @@ int cmd_decode(int argc, char **argv) {
     free(first);
     rc = 0;
 done:
+    cli_outputs_abort(&outs);
     free(z);
     free(sample);
     kiln_model_free(m);

@@ -3,6 +3,7 @@
  * it, under its names; the file kiln generate takes with --cond. */
 #include "base/base.h"
 #include "cli.h"
+#include "pipeline/prompts.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,9 @@ static int help(void) {
            "An all-in-one single file (text_encoders.clip_l/clip_g/t5xxl.* inside) takes --tokenizers DIR\n"
            "(docs/cli.md).\n\n"
            "  --prompt TEXT              one prompt (UTF-8)\n"
-           "  --prompts-file FILE        one prompt per line (a batch)\n"
+           "  --prompts-file FILE        one prompt per line (a batch), or per line a JSON object as kiln\n"
+           "                             generate reads it: its prompt, negative_prompt and images_per_prompt\n"
+           "                             apply (seed, steps, guidance and size are generate's)\n"
            "  --negative-prompt TEXT     for classifier-free guidance (default \"\")\n"
            "  --images-per-prompt N      each prompt's rows repeated N times (default 1)\n"
            "  --max-sequence-length N    T5 tokens (default 256, at most 512)\n%s",
@@ -65,79 +68,104 @@ int cmd_encode(int argc, char **argv) {
     if (!pipe || !output || (!prompt) == (!pfile))
         return cli_usage_error("encode", k_usage, "PIPELINE, --output and one of --prompt or --prompts-file are required");
     if (cli_check_output("encode", output)) return 1; /* before any work */
-    char *text = NULL, **lines = NULL;
-    const char *one[1] = {prompt};
-    const char *const *prompts = one;
-    int n = 1, rc = 1;
+    /* the prompts file as kiln generate reads it (pipeline/prompts.h): each
+     * prompt with its own negative prompt and image count */
+    kp_prompt *reqs = NULL, one_req = {.prompt = (char *)prompt, .negative = NULL, .seed = -1};
+    int nreq = 1, rc = 1, sampler_keys = 0;
+    const char **all = NULL;
+    float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL, *rows[4] = {NULL, NULL, NULL, NULL};
+    kiln_sd3_text *t = NULL;
     if (pfile) {
-        if ((rc = cli_read_lines("encode", pfile, &text, &lines, &n))) goto done;
-        rc = 1;
-        prompts = (const char *const *)lines;
+        kiln_status ps = kp_prompts_read(pfile, &reqs, &nreq);
+        if (ps) {
+            rc = cli_fail("encode", ps);
+            goto done;
+        }
     }
-    if ((long)n * ipp > 1024) {
-        cli_error("encode", "%d prompts x %ld images per prompt: a batch of at most 1024", n, ipp);
-        goto done;
+    kp_prompt *q = pfile ? reqs : &one_req;
+    long n = 0; /* rows: images, over every prompt */
+    for (int r = 0; r < nreq; r++) {
+        n += q[r].images ? q[r].images : ipp;
+        sampler_keys |= q[r].seed >= 0 || q[r].steps || q[r].width || q[r].height || q[r].has_guidance;
+        if (n > 1024) {
+            cli_error("encode", "%s: more than 1024 rows (prompts x images per prompt) by prompt %d: at most 1024",
+                      pfile ? pfile : "--prompt", r + 1);
+            goto done;
+        }
     }
+    if (sampler_keys)
+        fprintf(stderr, "encode: %s: seed, steps, guidance, width and height are kiln generate's settings; encode "
+                "uses each line's prompt, negative_prompt and images_per_prompt\n", pfile);
     char name[128];
     kiln_load_opts o = cli_load_opts(pipe, &com, name, sizeof name);
-    kiln_sd3_text *t = NULL;
     kiln_status s = kiln_sd3_text_open_file(pipe, com.tokenizers, &o, &t); /* a folder, or an all-in-one file */
     if (s) {
         rc = cli_fail("encode", s);
         goto done;
     }
-    float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
     int64_t pes[3], pps[2], nes[3], nps[2];
-    /* the prompts and their negative prompts in one encoder batch, rows
-     * [prompts x ipp | negatives x ipp], as kiln generate PIPELINE encodes
-     * them (each encoder's weights read once); two batches only where one
-     * would pass kiln_sd3_encode's 1024 rows */
-    int one_batch = 2L * n * ipp <= 1024;
-    const char **all = malloc(sizeof(char *) * (size_t)(2 * n));
+    /* every prompt and negative prompt once, in one encoder batch [prompts |
+     * negatives] as kiln generate PIPELINE encodes them (each encoder's
+     * weights read once; two batches only past kiln_sd3_encode's 1024
+     * rows); then each prompt's row repeated for its images: a row does not
+     * depend on its batch, so these are the rows a batch of them gives */
+    int one_batch = 2 * nreq <= 1024;
     double t0 = kb_now();
-    if (!all) s = KILN_ERR_NOMEM;
-    for (int k = 0; all && k < n; k++) {
-        all[k] = prompts[k];
-        all[n + k] = neg;
+    if (!(all = malloc(sizeof(char *) * (size_t)(2 * nreq)))) s = kb_fail(KILN_ERR_NOMEM, "out of memory");
+    for (int k = 0; all && k < nreq; k++) {
+        all[k] = q[k].prompt;
+        all[nreq + k] = q[k].negative ? q[k].negative : neg;
     }
     if (!s && one_batch) {
-        s = kiln_sd3_encode(t, all, 2 * n, (int)ipp, (int)msl, &pe, pes, &pp, pps);
+        s = kiln_sd3_encode(t, all, 2 * nreq, 1, (int)msl, &pe, pes, &pp, pps);
         if (!s) { /* the second half: views into pe / pp, not freed apart */
-            pes[0] = pps[0] = nes[0] = nps[0] = (int64_t)n * ipp;
+            pes[0] = pps[0] = nes[0] = nps[0] = nreq;
             memcpy(nes + 1, pes + 1, sizeof(int64_t) * 2);
             nps[1] = pps[1];
             ne = pe + (size_t)(pes[0] * pes[1] * pes[2]);
             np = pp + (size_t)(pps[0] * pps[1]);
         }
     } else if (!s) {
-        s = kiln_sd3_encode(t, all, n, (int)ipp, (int)msl, &pe, pes, &pp, pps);
-        if (!s) s = kiln_sd3_encode(t, all + n, n, (int)ipp, (int)msl, &ne, nes, &np, nps);
+        s = kiln_sd3_encode(t, all, nreq, 1, (int)msl, &pe, pes, &pp, pps);
+        if (!s) s = kiln_sd3_encode(t, all + nreq, nreq, 1, (int)msl, &ne, nes, &np, nps);
+    }
+    size_t esz = s ? 0 : (size_t)(pes[1] * pes[2]), psz = s ? 0 : (size_t)pps[1];
+    const float *src[4] = {pe, pp, ne, np};
+    size_t per[4] = {esz, psz, esz, psz};
+    for (int k = 0; !s && k < 4; k++) {
+        if (!(rows[k] = malloc(sizeof(float) * per[k] * (size_t)n))) {
+            s = kb_fail(KILN_ERR_NOMEM, "out of memory for %ld rows", n);
+            break;
+        }
+        for (int r = 0, at = 0; r < nreq; r++)
+            for (long j = 0; j < (q[r].images ? q[r].images : ipp); j++, at++)
+                memcpy(rows[k] + (size_t)at * per[k], src[k] + (size_t)r * per[k], sizeof(float) * per[k]);
     }
     if (!s) {
-        kiln_tensor w[4] = {{"prompt_embeds", KILN_F32, 3, {pes[0], pes[1], pes[2]}, pe},
-                            {"pooled_prompt_embeds", KILN_F32, 2, {pps[0], pps[1]}, pp},
-                            {"negative_prompt_embeds", KILN_F32, 3, {nes[0], nes[1], nes[2]}, ne},
-                            {"negative_pooled_prompt_embeds", KILN_F32, 2, {nps[0], nps[1]}, np}};
+        kiln_tensor w[4] = {{"prompt_embeds", KILN_F32, 3, {n, pes[1], pes[2]}, rows[0]},
+                            {"pooled_prompt_embeds", KILN_F32, 2, {n, pps[1]}, rows[1]},
+                            {"negative_prompt_embeds", KILN_F32, 3, {n, nes[1], nes[2]}, rows[2]},
+                            {"negative_pooled_prompt_embeds", KILN_F32, 2, {n, nps[1]}, rows[3]}};
         s = kiln_tensors_write(output, 4, w);
     }
     if (s) rc = cli_fail("encode", s);
     else {
-        fprintf(stderr, "encode: %d prompt%s x %ld -> prompt_embeds [%lld, %lld, %lld], pooled [%lld, %lld] in %.1f ms -> %s\n",
-                n, n == 1 ? "" : "s", ipp, (long long)pes[0], (long long)pes[1], (long long)pes[2], (long long)pps[0],
+        fprintf(stderr, "encode: %d prompt%s, %ld row%s -> prompt_embeds [%ld, %lld, %lld], pooled [%ld, %lld] in %.1f ms -> %s\n",
+                nreq, nreq == 1 ? "" : "s", n, n == 1 ? "" : "s", n, (long long)pes[1], (long long)pes[2], n,
                 (long long)pps[1], (kb_now() - t0) * 1e3, output);
         rc = 0;
     }
-    free(all);
-    free(pe);
-    free(pp);
     if (!one_batch) {
         free(ne);
         free(np);
     }
-    kiln_sd3_text_free(t);
 done:
-    free(lines);
-    free(text);
+    free(all);
+    free(pe);
+    free(pp);
+    for (int k = 0; k < 4; k++) free(rows[k]);
+    kiln_sd3_text_free(t);
+    if (pfile) kp_prompts_free(reqs, nreq);
     cli_common_finish(&com);
     return rc;
 }

@@ -116,8 +116,8 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
     o->on_step = cli_step_progress;
     o->user = &p;
     if (!quiet)
-        fprintf(stderr, "%s: %d steps, latent %dx%d, %d image%s, guidance %g%s\n", cmd, o->steps, o->latent_h,
-                o->latent_w, N, N == 1 ? "" : "s", o->guidance, o->guidance > 1 ? " (CFG: uncond and cond rows)" : "");
+        fprintf(stderr, "%s: %d step%s, latent %dx%d, %d image%s, guidance %g%s\n", cmd, o->steps, o->steps == 1 ? "" : "s",
+                o->latent_h, o->latent_w, N, N == 1 ? "" : "s", o->guidance, o->guidance > 1 ? " (CFG: uncond and cond rows)" : "");
     s = kiln_generate(m, o, lat);
     if (s) { /* nothing written: neither the latents nor the preview */
         free(lat);
@@ -136,20 +136,31 @@ int cli_generate_run(const char *cmd, kiln_model *m, kiln_generate_opts *o, cons
         free(file);
         return cli_error(cmd, "out of memory");
     }
+    /* the images (or previews), every one or none (outputs.c) */
+    cli_outputs outs;
+    if (cli_outputs_begin(&outs, png, N)) {
+        free(lat);
+        free(png);
+        free(file);
+        return cli_error(cmd, "out of memory");
+    }
     s = cli_write_f32(file, "latents", lat, 4, shape);
     if (!s && vae) { /* --vae: the decoded images, one PNG per image, instead of the preview */
         kiln_vae_opts vo = kiln_vae_defaults();
         kiln_image_info info = {.steps = o->steps, .guidance = o->guidance, .has_seed = o->noise == NULL, .seed = o->seed,
                                 .sampler = "Euler (flow matching)"};
-        s = kiln_vae_write_png(vae, lat, shape, &vo, png, &info, NULL, NULL);
-        N = 0; /* no preview */
+        s = kiln_vae_write_png(vae, lat, shape, &vo, outs.tmp_base, &info, NULL, NULL);
     }
-    for (int k = 0; k < N && !s; k++) { /* a preview per image: x.png, or x-0.png, x-1.png ... */
-        char *pk = kiln_image_path(png, k, N);
-        s = pk ? kf_write_latent_png(pk, lat + (size_t)k * one, c->in_channels, o->latent_h, o->latent_w) : KILN_ERR_NOMEM;
-        free(pk);
-    }
+    for (int k = 0; k < N && !s && !vae; k++) /* a preview per image: x.png, or x-0.png, x-1.png ... */
+        s = kf_write_latent_png(outs.tmp[k], lat + (size_t)k * one, c->in_channels, o->latent_h, o->latent_w);
     free(lat);
+    if (s) {
+        cli_outputs_abort(&outs);
+    } else if (cli_outputs_commit(&outs, cmd, quiet)) {
+        free(png);
+        free(file);
+        return 1;
+    }
     if (!s && !quiet) {
         /* a step of the chain that was skipped (a package whose ranges miss
          * this shape, say) is worth a line: it costs time on every step */
@@ -290,7 +301,8 @@ int cmd_generate(int argc, char **argv) {
     float *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL, *nz = NULL;
     kiln_status s;
     if ((s = st_open(cond, &cf)) || (noise && (s = st_open(noise, &nf))) ||
-        (s = cli_load_model(model, &com, &m))) {
+        (s = cli_load_model_of(model, &com, "sd3", "an SD3 transformer (a pipeline's transformer/ folder, or give "
+                               "the pipeline folder and --prompt)", &m))) {
         rc = cli_fail("generate", s);
         goto done;
     }

@@ -5,25 +5,45 @@
 #include "cli.h"
 #include "arch/sd3/sd3.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char k_usage[] =
-    "kiln make-model DIR [--config FILE | --demo] [--weights bf16|f16|f32] [--seed N]\n"
+    "kiln make-model DIR [--config FILE | --demo] [--weights bf16|f16|f32] [--seed N] [--force]\n"
     "                     [--inputs FILE --latent HxW --context T --batch B] [--cond FILE --context T]";
 
 static int help(void) {
     printf("usage: %s\n\n"
-           "Writes a model folder DIR (config.json + diffusion_pytorch_model.safetensors) with seeded\n"
+           "Writes a model folder DIR (config.json + diffusion_pytorch_model.safetensors, or model.safetensors\n"
+           "for the transformers families CLIP and T5) with seeded\n"
            "random weights for the architecture in --config, a config.json of any family kiln runs:\n"
            "SD3Transformer2DModel (with diffusers' sin-cos position table), CLIPTextModelWithProjection,\n"
            "T5EncoderModel, AutoencoderKL (its decoder); --demo: the demo's tiny SD3 model. For an SD3\n"
            "config, with --inputs, also writes a `kiln forward` inputs file (hidden_states,\n"
            "encoder_hidden_states, pooled_projections, timestep) of the given latent size, context\n"
            "length and batch. With --cond, a `kiln generate` conditioning file (prompt_embeds,\n"
-           "pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds) of T tokens.\n",
+           "pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds) of T tokens.\n"
+           "DIR must be new or empty: a folder that holds anything is refused (a mistyped path would lose\n"
+           "a model), unless --force, which overwrites config.json and the weights file in it.\n",
            k_usage);
     return 0;
+}
+
+/* 1 (and the first entry's name in first) when dir holds anything */
+static int dir_holds(const char *dir, char *first, size_t cap) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int any = 0;
+    while (!any && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(first, cap, "%s", e->d_name);
+            any = 1;
+        }
+    closedir(d);
+    return any;
 }
 
 static kiln_status write_inputs(const char *path, const kiln_config *c, int B, int H, int W, int T, uint64_t seed) {
@@ -50,7 +70,7 @@ static kiln_status write_inputs(const char *path, const kiln_config *c, int B, i
 
 int cmd_make(int argc, char **argv) {
     const char *dir = NULL, *config = NULL, *inputs = NULL, *cond = NULL, *v;
-    int demo = 0, H = 0, W = 0;
+    int demo = 0, force = 0, H = 0, W = 0;
     long T = 77, B = 1;
     uint64_t seed = 1;
     kiln_dtype wdt = KILN_BF16;
@@ -59,6 +79,10 @@ int cmd_make(int argc, char **argv) {
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
         if (cli_flag(argv, i, "--demo")) {
             demo = 1;
+            continue;
+        }
+        if (cli_flag(argv, i, "--force")) {
+            force = 1;
             continue;
         }
         if ((r = cli_opt("make-model", argc, argv, &i, "--config", &config)) ||
@@ -88,6 +112,17 @@ int cmd_make(int argc, char **argv) {
         }
     }
     if (!dir || (!config && !demo)) return cli_usage_error("make-model", k_usage, "DIR and --config (or --demo) are required");
+    char first[256];
+    if (kb_is_file(dir)) return cli_error("make-model", "%s is a file; DIR is the folder the model is written to", dir);
+    if (!force && dir_holds(dir, first, sizeof first))
+        return cli_error("make-model", "%s is not empty (it holds %s): give a new or empty folder, or --force to "
+                         "overwrite its config.json and weights", dir, first);
+    if (force) /* the weights an earlier model left under another name would win over the new ones */
+        for (int k = 0; k < 2; k++) {
+            char *p = kb_path_join(dir, k ? "model.safetensors" : "diffusion_pytorch_model.safetensors");
+            if (p) unlink(p);
+            free(p);
+        }
     kiln_config c = kiln_config_demo();
     kiln_status s = KILN_OK;
     const char *family = "sd3";

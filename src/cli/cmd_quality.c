@@ -104,8 +104,9 @@ int cmd_quality(int argc, char **argv) {
     int rc = 1;
     cli_common base = com;
     base.quant = KILN_QUANT_NONE;
-    kiln_status s = cli_load_model(model, &base, &mb);
-    if (!s) s = cli_load_model(model, &com, &mq);
+    static const char needs[] = "an SD3 transformer (the backbone whose quantization it gates)";
+    kiln_status s = cli_load_model_of(model, &base, "sd3", needs, &mb);
+    if (!s) s = cli_load_model_of(model, &com, "sd3", needs, &mq);
     if (s) {
         rc = cli_fail("quality", s);
         goto done;

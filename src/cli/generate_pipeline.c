@@ -107,22 +107,19 @@ out:
 /* A batch's images decoded (tiled when memory is short) and written one PNG
  * each with what made it in its "parameters" text; without vae/ the
  * latents' false-colour preview. Every image decodes before a file is
- * written; written[] collects the paths (the caller removes them all when a
- * later batch fails). sample: the float decode, kept when not NULL. */
-static kiln_status write_images(kiln_pipeline *p, const pipe_args *pa, const image_job *jobs, int B, int total,
-                                int from_noise, const float *lat, const int64_t sh[4], const char *output,
-                                const char *model, char **written, float *sample, int quiet) {
+ * written, under its temporary name in outs (renamed into place when the
+ * whole run is written; removed when a later batch fails or a signal
+ * comes). sample: the float decode, kept when not NULL. */
+static kiln_status write_images(kiln_pipeline *p, const pipe_args *pa, const image_job *jobs, int B, int from_noise,
+                                const float *lat, const int64_t sh[4], const char *model, const cli_outputs *outs,
+                                float *sample, int quiet) {
     kiln_model *vae = kiln_pipeline_vae(p);
     size_t one = (size_t)(sh[1] * sh[2] * sh[3]);
     kiln_status s = KILN_OK;
     if (!vae) {
         fprintf(stderr, "generate: the pipeline has no vae/: writing the latents' preview instead of images\n");
-        for (int k = 0; k < B && !s; k++) {
-            int i = jobs[k].index;
-            s = (written[i] = kiln_image_path(output, i, total))
-                    ? kf_write_latent_png(written[i], lat + (size_t)k * one, (int)sh[1], (int)sh[2], (int)sh[3])
-                    : KILN_ERR_NOMEM;
-        }
+        for (int k = 0; k < B && !s; k++)
+            s = kf_write_latent_png(outs->tmp[jobs[k].index], lat + (size_t)k * one, (int)sh[1], (int)sh[2], (int)sh[3]);
         return s;
     }
     kiln_vae_opts vo = kiln_vae_defaults();
@@ -140,9 +137,8 @@ static kiln_status write_images(kiln_pipeline *p, const pipe_args *pa, const ima
         kiln_image_info info = {.prompt = q->prompt, .negative_prompt = g > 1 ? (q->negative ? q->negative : "") : NULL,
                                 .steps = q->steps, .guidance = g, .has_seed = !from_noise, .seed = jobs[k].seed,
                                 .sampler = "Euler (flow matching)", .model = model};
-        if (!(written[i] = kiln_image_path(output, i, total))) s = KILN_ERR_NOMEM;
-        else if (!(s = kiln_image_write_png(written[i], rgb + (size_t)k * (size_t)H * (size_t)W * 3, H, W, &info)) && !quiet)
-            fprintf(stderr, "generate: image %d -> %s\n", i, written[i]);
+        if (!(s = kiln_image_write_png(outs->tmp[i], rgb + (size_t)k * (size_t)H * (size_t)W * 3, H, W, &info)) && !quiet)
+            fprintf(stderr, "generate: image %d -> %s\n", i, outs->final[i]);
     }
     free(rgb);
     return s;
@@ -209,7 +205,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     st_file *nf = NULL;
     float *nz = NULL, *all = NULL, *lat = NULL, *noise = NULL, *img = NULL;
     image_job *jobs = NULL;
-    char **written = NULL;
+    cli_outputs outs = {0};
     const char **prompts = NULL, **negs = NULL;
     run_state rs = {{kb_now(), kb_now(), quiet || kiln_dist_rank()}, 0, {0}, {0}, {0}, NULL, 0, 0};
     double t0 = kb_now();
@@ -280,11 +276,10 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         }
     }
     jobs = calloc((size_t)total, sizeof *jobs);
-    written = calloc((size_t)total, sizeof *written);
     prompts = calloc((size_t)n, sizeof *prompts);
     negs = calloc((size_t)n, sizeof *negs);
     int *done_req = calloc((size_t)n, sizeof *done_req), *first = calloc((size_t)n, sizeof *first);
-    if (!jobs || !written || !prompts || !negs || !done_req || !first) {
+    if (!jobs || !prompts || !negs || !done_req || !first || cli_outputs_begin(&outs, output, total)) {
         free(done_req);
         free(first);
         rc = cli_error(cmd, "out of memory");
@@ -374,8 +369,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
             s = kb_fail(KILN_ERR_NOMEM, "out of memory for the decoded image");
             break;
         }
-        if ((s = write_images(p, pa, jobs, B, total, noise_file != NULL, lat, sh, output, model, written, img, quiet)))
-            break;
+        if ((s = write_images(p, pa, jobs, B, noise_file != NULL, lat, sh, model, &outs, img, quiet))) break;
         if (pa->tensor_out && (s = write_tensors(pa->tensor_out, &rs, q0->guidance > 1, lat, sh, img, ish))) break;
         tensors_written = pa->tensor_out != NULL;
     }
@@ -386,19 +380,18 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         s = cli_write_f32(pa->latents_out, "latents", all, 4, sh);
     }
     if (s) {
-        for (int k = 0; k < total; k++) /* nothing half-done: every image of the run or none */
-            if (written[k]) unlink(written[k]);
+        cli_outputs_abort(&outs); /* nothing half-done: every image of the run or none */
         if (tensors_written) unlink(pa->tensor_out); /* ours only: a file of an earlier run stays */
         rc = cli_fail(cmd, s);
         goto done;
     }
+    if (!kiln_dist_rank() && (rc = cli_outputs_commit(&outs, cmd, quiet))) goto done;
     if (!quiet && !kiln_dist_rank())
         fprintf(stderr, "%s: %.2f s in all (backbone: %s)\n", cmd, kb_now() - t0,
                 kiln_model_last_exec(kiln_pipeline_transformer(p)));
     rc = 0;
 done:
-    for (int k = 0; written && k < total; k++) free(written[k]);
-    free(written);
+    cli_outputs_abort(&outs); /* a run that failed before its images: nothing (after a commit: nothing left to do) */
     free(jobs);
     free(prompts);
     free(negs);

@@ -103,8 +103,8 @@ static kiln_status find_weights(const char *dir, char **out) {
         free(p);
     }
     return kb_fail(KILN_ERR_MISSING,
-                   "%s: no weights found (looked for diffusion_pytorch_model.safetensors and its "
-                   ".index.json)", dir);
+                   "%s: no weights found (looked for diffusers' diffusion_pytorch_model.safetensors and "
+                   "transformers' model.safetensors, each also as .index.json shards)", dir);
 }
 
 /* Name the raw tensors the diffusers way (a family's renamer maps original names),

@@ -66,7 +66,7 @@ kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, 
     }
     if (st) goto done;
     if ((st = kb_mkdir_p(dir))) goto done;
-    path = kb_path_join(dir, "diffusion_pytorch_model.safetensors");
+    path = kb_path_join(dir, a->weights_file ? a->weights_file : "diffusion_pytorch_model.safetensors");
     cfg_path = kb_path_join(dir, "config.json");
     cfg_json = a->config_to_json(cfg);
     if (!path || !cfg_path || !cfg_json) {

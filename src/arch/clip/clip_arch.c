@@ -139,6 +139,7 @@ const ka_arch ka_clip = {
     .name = "clip",
     .title = "CLIP text encoder (transformers CLIPTextModel, CLIPTextModelWithProjection)",
     .component = "text_encoder",
+    .weights_file = "model.safetensors",
     .config_size = sizeof(clip_config),
     .claims = claims,
     .config_parse = parse,

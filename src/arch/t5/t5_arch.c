@@ -158,6 +158,7 @@ const ka_arch ka_t5 = {
     .name = "t5",
     .title = "T5 encoder (transformers T5EncoderModel)",
     .component = "text_encoder_3",
+    .weights_file = "model.safetensors",
     .config_size = sizeof(t5_config),
     .claims = claims,
     .config_parse = parse,
