@@ -13,6 +13,11 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_CC ?= clang-14
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 20
+# V=1: every line of the build; else one line a build, its log's tail when it fails
+V ?= 0
+quiet_build = $(if $(filter 1,$(V)),cmake --build $(1) -j $(JOBS),\
+  echo "kiln: building $(1) (log: $(1)/build.log; V=1 shows it)" && \
+  cmake --build $(1) -j $(JOBS) -- --no-print-directory >$(1)/build.log 2>&1 || { tail -n 40 $(1)/build.log; exit 1; })
 
 .PHONY: all deps build demo test test-release test-asan asan check fuzz-build fuzz test-fuzz bench clean
 
@@ -23,7 +28,7 @@ deps:
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@$(call quiet_build,$(BUILD))
 
 demo: build
 	$(BUILD)/kiln demo --dir $(DEMO_DIR)
@@ -38,7 +43,7 @@ test-release: build
 
 asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@$(call quiet_build,$(ASAN_BUILD))
 
 test-asan: asan
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -47,7 +52,7 @@ test-asan: asan
 # libFuzzer harnesses: their own CMake project (clang, parser sources only)
 fuzz-build: deps
 	@cmake -S tests/fuzz -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=$(FUZZ_CC) >/dev/null
-	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@$(call quiet_build,$(FUZZ_BUILD))
 
 fuzz: fuzz-build
 	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)

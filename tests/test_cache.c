@@ -79,7 +79,7 @@ TEST(key_names) {
 }
 
 TEST(flow_without_cache_root) {
-    unsetenv("KILN_CACHE_DIR");
+    setenv("KILN_CACHE_DIR", "", 1); /* set and empty: no cache (unset: the default root) */
     kiln_model *m = NULL, *m2 = NULL;
     kiln_load_opts o = opts(NULL, NULL);
     CHECK_FAILS(kiln_load_model(&o, &m), KILN_ERR_INVALID_ARG, "KILN_CACHE_DIR");

@@ -60,7 +60,7 @@ TEST(forward_matches_golden) {
               golden_path("sd3-wide", NULL), golden_path("sd3-tiny", "io.safetensors"), dir);
     CHECK_RUN(1, "no tensor named hidden_states", "forward %s --inputs %s --output %s/x.safetensors",
               golden_path("sd3-tiny", NULL), golden_path("sd3-tiny", "diffusion_pytorch_model.safetensors"), dir);
-    CHECK_RUN(1, "header length", "forward %s --inputs %s --output %s/x.safetensors",
+    CHECK_RUN(1, "is not a safetensors file (it looks like JSON text", "forward %s --inputs %s --output %s/x.safetensors",
               golden_path("sd3-tiny", NULL), golden_path("sd3-tiny", "config.json"), dir);
     test_rmrf(dir);
 }

@@ -339,7 +339,9 @@ TEST(pipeline_errors) {
     CHECK_RUN_WITH(run_kiln, 1, "height 100000 px: at most 96 for this transformer (pos_embed_max_size 24",
                    "generate '%s' --prompt x --height 100000 --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 1, "width 2 px: at least 4", "generate '%s' --prompt x --width 2 --output '%s'", pipe, png);
-    CHECK_RUN_WITH(run_kiln, 2, "one of --prompt or --prompts-file", "generate '%s' --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "needs --prompt TEXT or --prompts-file FILE", "generate '%s' --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "give only one of --prompt and --prompts-file",
+                   "generate '%s' --prompt x --prompts-file x.txt --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "--steps", "generate '%s' --prompt x --steps 0 --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "--latent is for a transformer", "generate '%s' --prompt x --latent 16x16 --output '%s'",
                    pipe, png);
@@ -384,7 +386,7 @@ TEST(pipeline_errors) {
     CHECK_OK(kiln_pipeline_check_size_early(bad, NULL, 0, 0));
     CHECK_OK(kiln_pipeline_check_size_early("/nonexistent-pipeline", NULL, 50, 50)); /* open's error to give */
     free(bad);
-    CHECK_RUN_WITH(run_kiln, 1, "--memory", "generate '%s' --prompt x --memory 12Q --output '%s'", pipe, png);
+    CHECK_RUN_WITH(run_kiln, 2, "--memory 12Q: expected a positive number of bytes", "generate '%s' --prompt x --memory 12Q --output '%s'", pipe, png);
     CHECK_RUN_WITH(run_kiln, 2, "--micro-batch", "generate '%s' --prompt x --micro-batch 0 --output '%s'", pipe, png);
     CHECK(access(png, F_OK) != 0); /* no error above left an image */
 }

@@ -37,13 +37,17 @@ TEST(plain_and_json_lines) {
     CHECK_OK(kp_prompts_parse(longer, 3, "p.txt", &p, &n));
     CHECK(n == 1 && p && !strcmp(p[0].prompt, "ab"));
     kp_prompts_free(p, n);
+    /* brackets that begin a prompt are text when the line is not one JSON array */
+    CHECK_OK(PARSE("[cinematic] a cat\n[1, 2] and more\n", &p, &n));
+    CHECK(n == 2 && p && !strcmp(p[0].prompt, "[cinematic] a cat") && !strcmp(p[1].prompt, "[1, 2] and more"));
+    kp_prompts_free(p, n);
 
     /* the ends of the ranges; an escaped backslash before u0000 is text */
     CHECK_OK(PARSE("{\"prompt\": \"x\\\\u0000\", \"seed\": 9007199254740991, \"steps\": 10000, \"width\": 1048576, "
-                   "\"height\": 1, \"images_per_prompt\": 512, \"guidance\": -1e300}\n",
+                   "\"height\": 1, \"images_per_prompt\": 512, \"guidance\": 1e300}\n",
                    &p, &n));
     CHECK(n == 1 && p && !strcmp(p[0].prompt, "x\\u0000") && p[0].seed == 9007199254740991LL && p[0].steps == 10000);
-    CHECK(n == 1 && p && p[0].width == 1 << 20 && p[0].height == 1 && p[0].images == 512 && p[0].guidance == -1e300);
+    CHECK(n == 1 && p && p[0].width == 1 << 20 && p[0].height == 1 && p[0].images == 512 && p[0].guidance == 1e300);
     kp_prompts_free(p, n);
 }
 
@@ -69,6 +73,10 @@ TEST(bad_buffers) {
     BAD("{\"prompt\": \"a\", \"negative_prompt\": null}", "line 1: \"negative_prompt\" must be a string");
     BAD("{\"prompt\": \"a\", \"guidance\": \"4\"}", "line 1: \"guidance\" must be a number");
     BAD("{\"prompt\": \"a\", \"guidance\": 1e999}", "line 1: \"guidance\" must be a number");
+    BAD("{\"prompt\": \"a\", \"guidance\": -3}", "line 1: \"guidance\" must be a number, 0 or more");
+    /* a whole line of JSON array is a mistake, not a prompt (issue 41) */
+    BAD("a cat\n[\"a dog\", \"a bird\"]\n", "line 2: a JSON array; a line is a prompt, or one JSON object");
+    BAD("[1, 2] \t\r\n", "line 1: a JSON array");
     BAD("{\"prompt\": \"a\", \"steps\": 0}", "line 1: \"steps\" must be an integer from 1 to 10000");
     BAD("{\"prompt\": \"a\", \"steps\": 2.5}", "\"steps\" must be an integer from 1 to 10000");
     BAD("{\"prompt\": \"a\", \"seed\": -1}", "\"seed\" must be an integer from 0 to 9007199254740991");

@@ -154,8 +154,11 @@ kiln_status kcache_remove(const char *dir);
 
 /* ---- the whole cache root ------------------------------------------------- */
 
-/* The one rule for where caches live: the given root when set, else
- * $KILN_CACHE_DIR; NULL when neither is (no cache). */
+/* The one rule for where caches live (docs/cache.md): the given root when
+ * set, else $KILN_CACHE_DIR when set (set and empty: no cache, NULL), else
+ * $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln (NULL when neither variable
+ * is an absolute path). A root that is missing is created on the first
+ * publish; one that cannot be written is read, and misses convert in memory. */
 const char *kcache_root(const char *given);
 /* The one rule for where compiled packages live: the given folder when set,
  * else $KILN_PACKAGE_DIR, else <cache root>/packages (cache_root as

@@ -5,16 +5,31 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+static char g_default_root[4096];
+static pthread_once_t g_default_once = PTHREAD_ONCE_INIT;
+
+/* $XDG_CACHE_HOME/kiln (an absolute XDG_CACHE_HOME only, as the XDG spec
+ * says), else $HOME/.cache/kiln; "" when neither can be made */
+static void default_root(void) {
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && x[0] == '/') snprintf(g_default_root, sizeof g_default_root, "%s/kiln", x);
+    else if (h && h[0] == '/') snprintf(g_default_root, sizeof g_default_root, "%s/.cache/kiln", h);
+}
+
 const char *kcache_root(const char *given) {
     if (given && *given) return given;
     const char *env = getenv("KILN_CACHE_DIR");
-    return env && *env ? env : NULL;
+    if (env) return *env ? env : NULL; /* set and empty: no cache */
+    pthread_once(&g_default_once, default_root);
+    return g_default_root[0] ? g_default_root : NULL;
 }
 
 char *kcache_package_root(const char *given, const char *cache_root) {
@@ -183,7 +198,9 @@ static void free_names(char **v, size_t n) {
 kiln_status kcache_list(const char *root, kcache_item **out, size_t *n) {
     *out = NULL;
     *n = 0;
-    if (!kb_is_dir(root)) return kb_fail(KILN_ERR_CACHE_MISSING, "cache root %s does not exist", root);
+    struct stat rs;
+    if (stat(root, &rs) != 0) return KILN_OK; /* not made yet (the first publish makes it): no caches */
+    if (!S_ISDIR(rs.st_mode)) return kb_fail(KILN_ERR_IO, "cache root %s is not a folder", root);
     items it = {0};
     kiln_status s = KILN_OK;
     size_t nm, nc, nk;

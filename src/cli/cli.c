@@ -42,15 +42,34 @@ int cli_fail(const char *cmd, kiln_status s) {
 
 int cli_flag(char **argv, int i, const char *name) { return !strcmp(argv[i], name); }
 
+/* An option given twice is refused (the later would silently win), except
+ * those that take a list one value at a time. A process parses one command
+ * line, so the options seen are kept here. */
+static int seen_twice(const char *cmd, const char *name) {
+    static const char *seen[128];
+    static int nseen;
+    static const char *const repeatable[] = {"--dim"};
+    for (size_t k = 0; k < sizeof repeatable / sizeof *repeatable; k++)
+        if (!strcmp(name, repeatable[k])) return 0;
+    for (int k = 0; k < nseen; k++)
+        if (!strcmp(seen[k], name)) {
+            cli_error(cmd, "option %s is given twice: give it once", name);
+            return 1;
+        }
+    if (nseen < 128) seen[nseen++] = name;
+    return 0;
+}
+
 int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val) {
     const char *a = argv[*i];
     size_t n = strlen(name);
     if (strncmp(a, name, n)) return 0;
+    if (a[n] && a[n] != '=') return 0;
+    if (seen_twice(cmd, name)) return -1;
     if (a[n] == '=') {
         *val = a + n + 1;
         return 1;
     }
-    if (a[n]) return 0;
     if (*i + 1 >= argc) {
         cli_error(cmd, "option %s needs a value", name);
         return -1;
@@ -116,6 +135,7 @@ const char cli_common_help[] =
     "                      online core: more only makes the kernels wait on each other)\n"
     "  --timings           print the timing ledger at exit (or KILN_TIMINGS=1)\n"
     "  --log LEVEL         quiet, error, warn, info or debug (or KILN_LOG)\n"
+    "  --quiet             no progress lines and no warnings: errors only\n"
     "  --dtype bf16|f32    GEMM and attention precision (default bf16; f32 matches diffusers to 1e-5)\n"
     "  --reference         the reference kernels (plain loops, f32; the test oracle)\n"
     "  --quant SCHEME      none (default), int8 or fp8: quantize the model's block linear\n"
@@ -124,7 +144,8 @@ const char cli_common_help[] =
     "  --quant-layers P    which layers: comma-separated name patterns, '!' excludes (default:\n"
     "                      the model family's; `kiln info` shows them)\n"
     "weight cache (see docs/cache.md):\n"
-    "  --cache-dir DIR     cache root (default: KILN_CACHE_DIR; unset: convert every time)\n"
+    "  --cache-dir DIR     cache root (default: KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln or\n"
+    "                      ~/.cache/kiln; KILN_CACHE_DIR set empty: no cache, convert every time)\n"
     "  --name NAME         the model's folder in the cache (default: from MODEL)\n"
     "  --component NAME    the diffusers component (default: transformer)\n"
     "  --tokenizers DIR    an all-in-one single file's tokenizers, laid out as a diffusers pipeline\n"
@@ -231,6 +252,11 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
         c->timings = 1;
         return 1;
     }
+    if (cli_flag(argv, *i, "--quiet")) { /* errors only: no progress, no warnings (a later --log wins) */
+        c->quiet = 1;
+        kiln_set_log_level(KILN_LOG_ERROR);
+        return 1;
+    }
     return 0;
 }
 
@@ -315,6 +341,16 @@ int cli_check_png_output(const char *cmd, const char *path) {
     if (strlen(base) <= 4 || strcasecmp(path + n - 4, ".png"))
         return cli_error(cmd, "--output %s: expected a file name ending in .png (kiln writes PNG images; several "
                          "images are numbered: out.png gives out-0.png, out-1.png ...)", path);
+    return cli_check_output(cmd, path);
+}
+
+int cli_check_st_output(const char *cmd, const char *path) {
+    size_t n = strlen(path);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strlen(base) <= 12 || strcasecmp(path + n - 12, ".safetensors"))
+        return cli_error(cmd, "--output %s: expected a file name ending in .safetensors (kiln %s writes tensors "
+                         "in the safetensors format)", path, cmd);
     return cli_check_output(cmd, path);
 }
 

@@ -65,6 +65,7 @@ int cli_parse_hw(const char *cmd, const char *opt, const char *s, int *h, int *w
 typedef struct cli_common {
     const char *config;
     int timings;
+    int quiet; /* --quiet: errors only (the log level, and each command's progress lines) */
     /* the weight cache and its key */
     const char *cache_dir; /* --cache-dir, else $KILN_CACHE_DIR */
     const char *name;      /* --name: the model's cache folder (default: from MODEL) */
@@ -159,6 +160,8 @@ char *cli_latents_path(const char *output);
 int cli_check_output(const char *cmd, const char *path);
 /* cli_check_output for an image: the name must end in .png (any case) */
 int cli_check_png_output(const char *cmd, const char *path);
+/* the same for a safetensors output: a name ending in .safetensors */
+int cli_check_st_output(const char *cmd, const char *path);
 /* Under a launcher that started several ranks (mpirun -np N) a command needs
  * a parallel mode, or every rank would repeat the whole job and write the
  * same files: INVALID_ARG saying so. cli_load_model calls it. */

@@ -26,7 +26,8 @@ static int help(void) {
            "                    recently used caches until the total fits (e.g. 20G, 500M); names each\n\n"
            "These act on weight caches only (manifests saying kiln-cache): compiled packages under the same\n"
            "root (<root>/packages) are never listed, verified or removed; see kiln package.\n"
-           "The root is --cache-dir DIR or KILN_CACHE_DIR. Layout and load flow: docs/cache.md.\n\n%s",
+           "The root is --cache-dir DIR, else KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln or ~/.cache/kiln.\n"
+           "Layout and load flow: docs/cache.md.\n\n%s",
            k_usage, cli_common_help);
     return 0;
 }
@@ -67,6 +68,8 @@ static int build_pipeline(const char *dir, cli_common *com) {
     kiln_load_opts base = cli_load_opts(dir, com, name, sizeof name);
     kp_source src;
     kiln_status s = kp_source_init(dir, com->tokenizers, &src);
+    if (!s) s = kp_check_tokenizers(&src);
+    if (!s) s = kp_check_folder(&src, kp_sd3_parts); /* every file there before the first conversion */
     if (s) return cli_fail("cache build", s);
     int rc = 0;
     for (size_t k = 0; k < sizeof comps / sizeof comps[0] && !rc; k++) {
@@ -89,7 +92,8 @@ static int build_pipeline(const char *dir, cli_common *com) {
 
 static int do_build(const char *model, cli_common *com) {
     if (!root_of(com))
-        return cli_error("cache build", "no cache root: pass --cache-dir DIR or set KILN_CACHE_DIR");
+        return cli_error("cache build", "no cache root (KILN_CACHE_DIR is set empty, or there is no HOME): pass "
+                         "--cache-dir DIR or set KILN_CACHE_DIR");
     if (cli_is_pipeline(model, com)) return build_pipeline(model, com); /* a folder or an all-in-one file */
     double t0 = kb_now();
     kiln_model *m;
@@ -248,7 +252,8 @@ int cmd_cache(int argc, char **argv) {
     }
     const char *root = root_of(&com);
     if (!rc && strcmp(sub, "build") && !root)
-        rc = cli_error("cache", "no cache root: pass --cache-dir DIR or set KILN_CACHE_DIR");
+        rc = cli_error("cache", "no cache root (KILN_CACHE_DIR is set empty, or there is no HOME): pass --cache-dir "
+                       "DIR or set KILN_CACHE_DIR");
     if (rc) {
     } else if (!strcmp(sub, "build")) {
         rc = nargs == 1 ? do_build(args[0], &com) : cli_usage_error("cache", k_usage, "build takes one MODEL");

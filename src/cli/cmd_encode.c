@@ -67,7 +67,7 @@ int cmd_encode(int argc, char **argv) {
     }
     if (!pipe || !output || (!prompt) == (!pfile))
         return cli_usage_error("encode", k_usage, "PIPELINE, --output and one of --prompt or --prompts-file are required");
-    if (cli_check_output("encode", output)) return 1; /* before any work */
+    if (cli_check_st_output("encode", output)) return 1; /* before any work */
     /* the prompts file as kiln generate reads it (pipeline/prompts.h): each
      * prompt with its own negative prompt and image count */
     kp_prompt *reqs = NULL, one_req = {.prompt = (char *)prompt, .negative = NULL, .seed = -1};

@@ -50,7 +50,7 @@ int cmd_encode_image(int argc, char **argv) {
     }
     if (!vae_path || !image || !output)
         return cli_usage_error("encode-image", k_usage, "VAE_OR_PIPELINE, --image and --output are required");
-    if (cli_check_output("encode-image", output)) return 1; /* before any work */
+    if (cli_check_st_output("encode-image", output)) return 1; /* before any work */
     int rc = 1, h = 0, w = 0;
     uint8_t *rgb = NULL;
     float *lat = NULL;

@@ -202,7 +202,7 @@ int cmd_forward(int argc, char **argv) {
     }
     if (!model || !inputs || !output)
         return cli_usage_error("forward", k_usage, "MODEL, --inputs and --output are required");
-    if (cli_check_output("forward", output)) return 1; /* before any work */
+    if (cli_check_st_output("forward", output)) return 1; /* before any work */
 
     st_file *in = NULL;
     kiln_model *m = NULL;

@@ -8,6 +8,7 @@
 #include "model/model.h"
 #include "arch/sd3/sd3.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -185,10 +186,6 @@ int cmd_generate(int argc, char **argv) {
         int r;
         long l;
         if (cli_flag(argv, i, "--help") || cli_flag(argv, i, "-h")) return help();
-        if (cli_flag(argv, i, "--quiet")) {
-            quiet = 1;
-            continue;
-        }
         if (cli_flag(argv, i, "--low-memory")) {
             pa.low_memory = 1;
             continue;
@@ -246,6 +243,9 @@ int cmd_generate(int argc, char **argv) {
                                        "sigma' = shift sigma / (1 + (shift - 1) sigma); SD3 uses 3.0)", v);
         } else if ((r = cli_opt("generate", argc, argv, &i, "--guidance", &v))) {
             if (r < 0 || cli_parse_double("generate", "--guidance", v, &o.guidance)) return 2;
+            if (!(o.guidance >= 0) || !isfinite(o.guidance))
+                return cli_usage_error("generate", k_usage, "--guidance %s: must be 0 or more (above 1 it is classifier-free "
+                                       "guidance's scale; 1 or less samples the prompt alone)", v);
         } else if ((r = cli_opt("generate", argc, argv, &i, "--latent", &v))) {
             if (r < 0 || cli_parse_hw("generate", "--latent", v, &o.latent_h, &o.latent_w)) return 2;
             hw_set = 1;
@@ -260,6 +260,20 @@ int cmd_generate(int argc, char **argv) {
             model = argv[i];
         }
     }
+    quiet = com.quiet;
+    /* the byte budgets checked where they are given (a usage error, exit 2) */
+    const char *budgets[2][2] = {{"--memory", pa.memory}, {"--vae-memory", pa.vae_memory}};
+    for (int k = 0; k < 2; k++) {
+        kiln_vae_opts vo = kiln_vae_defaults();
+        if (budgets[k][1] && kiln_vae_parse_memory(budgets[k][1], &vo))
+            return cli_usage_error("generate", k_usage, "%s %s: expected a positive number of bytes, optionally with K, M, "
+                                   "G or T (e.g. 8G): %s", budgets[k][0], budgets[k][1],
+                                   k ? "the VAE decode's memory budget" : "the sampler's memory budget for a micro-batch");
+    }
+    if (pa.vae_tile) {
+        kiln_vae_opts vo = kiln_vae_defaults();
+        if (kiln_vae_parse_tile(pa.vae_tile, &vo)) return cli_usage_error("generate", k_usage, "%s", kiln_last_error());
+    }
     if (noise && seed_set)
         return cli_usage_error("generate", k_usage,
                                "--noise and --seed both set the starting noise: give one (--noise %s is used as is, "
@@ -269,8 +283,10 @@ int cmd_generate(int argc, char **argv) {
     if (pipeline) { /* a whole pipeline: prompt to image */
         if (cond) return cli_usage_error("generate", k_usage, "--cond is for a transformer folder; a pipeline encodes --prompt");
         if (hw_set) return cli_usage_error("generate", k_usage, "--latent is for a transformer; a pipeline takes --width and --height in pixels");
-        if (!pa.prompt == !pa.prompts_file)
-            return cli_usage_error("generate", k_usage, "a pipeline needs one of --prompt or --prompts-file");
+        if (pa.prompt && pa.prompts_file)
+            return cli_usage_error("generate", k_usage, "give only one of --prompt and --prompts-file");
+        if (!pa.prompt && !pa.prompts_file)
+            return cli_usage_error("generate", k_usage, "a pipeline needs --prompt TEXT or --prompts-file FILE");
         if (!output) return cli_usage_error("generate", k_usage, "--output is required");
         if (cli_check_png_output("generate", output)) return 1; /* before any work */
         /* no --shift: the pipeline's scheduler config's (kiln_pipeline_opts.shift 0) */
@@ -279,6 +295,9 @@ int cmd_generate(int argc, char **argv) {
         cli_common_finish(&com);
         return rc;
     }
+    if (model && access(model, F_OK) != 0)
+        return cli_error("generate", "%s does not exist (a pipeline folder, an all-in-one file or a transformer "
+                         "folder was expected)", model);
     if (pa.prompt || pa.prompts_file || pa.width || pa.height || pa.tensor_out || pa.micro_batch || pa.memory)
         return cli_usage_error("generate", k_usage, "%s is not a pipeline folder (no model_index.json): --prompt, "
                                "--width and --height need one; a transformer takes --cond and --latent",

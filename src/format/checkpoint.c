@@ -86,7 +86,7 @@ static int cmp_tensor(const void *a, const void *b) {
     return strcmp(((const kc_tensor *)a)->name, ((const kc_tensor *)b)->name);
 }
 
-static kiln_status find_weights(const char *dir, char **out) {
+kiln_status kc_find_weights(const char *dir, char **out) {
     static const char *names[] = {
         "diffusion_pytorch_model.safetensors.index.json",
         "diffusion_pytorch_model.safetensors",
@@ -197,7 +197,7 @@ kiln_status kc_open_part(const char *path, const char *prefix, const char *confi
         goto fail;
     }
     if (kb_is_dir(path)) {
-        if ((st = find_weights(path, &weights))) goto fail;
+        if ((st = kc_find_weights(path, &weights))) goto fail;
         if (!config_path && !config_json) {
             char *cp = kb_path_join(path, "config.json");
             if (!cp) {

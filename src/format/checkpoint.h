@@ -74,6 +74,10 @@ kiln_status kc_open_part(const char *path, const char *prefix, const char *confi
 kiln_status kc_from_source(kiln_source_fn fn, void *user, const char *config_json, const char *name,
                            const kc_renamer *const *renamers, kc_checkpoint **out);
 void kc_close(kc_checkpoint *c);
+/* The weights file of a model folder (malloc'd path): diffusers'
+ * diffusion_pytorch_model.safetensors or transformers' model.safetensors,
+ * each also as .index.json shards; KILN_ERR_MISSING naming them when none is. */
+kiln_status kc_find_weights(const char *dir, char **out);
 const kc_tensor *kc_find(const kc_checkpoint *c, const char *name);
 int64_t kc_numel(const kc_tensor *t);
 /* Done with tensor t for now: a mapped file's pages of it are given back

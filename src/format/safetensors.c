@@ -329,6 +329,29 @@ static kiln_status st_parse_header(st_file *f, const cJSON *root, size_t data_of
     return s;
 }
 
+/* What a file that is not safetensors looks like, from its first bytes
+ * (NULL: it may be one after all, a damaged one: the checks after say how) */
+static const char *st_sniff(const uint8_t *d, size_t n) {
+    static const struct {
+        const char *magic;
+        size_t len;
+        const char *what;
+    } k[] = {{"\x89PNG\r\n\x1a\n", 8, "a PNG image"},
+             {"\xff\xd8\xff", 3, "a JPEG image"},
+             {"PK\x03\x04", 4, "a zip archive (a PyTorch .bin / .pt checkpoint is one)"},
+             {"\x80\x02", 2, "a Python pickle (a PyTorch checkpoint)"},
+             {"\x80\x04", 2, "a Python pickle (a PyTorch checkpoint)"},
+             {"GGUF", 4, "a GGUF file"},
+             {"\x7f" "ELF", 4, "an ELF binary"},
+             {"\x1f\x8b", 2, "a gzip archive"}};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+        if (n >= k[i].len && !memcmp(d, k[i].magic, k[i].len)) return k[i].what;
+    size_t text = 0, look = n < 64 ? n : 64;
+    for (size_t i = 0; i < look; i++) text += (d[i] >= 0x20 && d[i] < 0x7f) || d[i] == '\n' || d[i] == '\r' || d[i] == '\t';
+    if (look >= 8 && text == look) return look && d[0] == '{' ? "JSON text (a config or an .index.json?)" : "a text file";
+    return NULL;
+}
+
 kiln_status st_open(const char *path, st_file **out) {
     *out = NULL;
     st_file *f = kb_calloc(1, sizeof *f);
@@ -348,6 +371,21 @@ kiln_status st_open(const char *path, st_file **out) {
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map.data[i];
+    /* a safetensors header is JSON that starts with '{' right after its
+     * length: anything else is another kind of file, said as such (never
+     * its first bytes read as a number) */
+    if (f->map.size < 9 || f->map.data[8] != '{' || hlen > f->map.size - 8) {
+        const char *what = st_sniff(f->map.data, f->map.size);
+        /* a length no file can have, and no header after it */
+        if (!what && (hlen > ST_MAX_HEADER || hlen > f->map.size - 8) && f->map.size >= 9 &&
+            !strchr("{ \t\r\n", f->map.data[8]))
+            what = "a file of another kind: its first 8 bytes are no header length and no '{' follows them";
+        if (what) {
+            s = kb_fail(KILN_ERR_FORMAT, "%s is not a safetensors file (it looks like %s); kiln reads safetensors "
+                        "checkpoints (an 8-byte header length, then a JSON header)", path, what);
+            goto fail;
+        }
+    }
     if (hlen > ST_MAX_HEADER) {
         s = kb_fail(KILN_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the limit of %u bytes",
                     path, hlen, (unsigned)ST_MAX_HEADER);

@@ -379,9 +379,9 @@ static int writable(const char *path) {
     int ok = 1;
     while (p) {
         struct stat st;
-        if (stat(p, &st) == 0) {
+        if (stat(p, &st) == 0) { /* the nearest existing folder on the path (a file there: nothing can be made) */
             struct statvfs vfs;
-            ok = access(p, W_OK) == 0 && !(statvfs(p, &vfs) == 0 && (vfs.f_flag & ST_RDONLY));
+            ok = S_ISDIR(st.st_mode) && access(p, W_OK) == 0 && !(statvfs(p, &vfs) == 0 && (vfs.f_flag & ST_RDONLY));
             break;
         }
         char *up = strrchr(p, '/');
@@ -574,8 +574,12 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     }
     if ((st = kcache_lock(&k, &fd))) {
         if (!writable(k.group)) {
-            kb_log(KILN_LOG_WARN, "cache root %s is not writable (%s): converting %s in memory, nothing is published",
-                   root, kiln_last_error(), o->source ? o->source : o->source_id);
+            /* once a process (a pipeline has five components); each later one at the debug level */
+            static int warned;
+            int first = !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED);
+            kb_log(first ? KILN_LOG_WARN : KILN_LOG_DEBUG, "cache root %s cannot be written (%s): converting %s in "
+                   "memory, nothing is published%s", root, kiln_last_error(), o->source ? o->source : o->source_id,
+                   first ? " (pick a root this user can write: --cache-dir or KILN_CACHE_DIR)" : "");
             in_memory = 1;
             fd = -1;
         } else {

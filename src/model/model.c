@@ -47,7 +47,10 @@ kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out)
     if (reference && dtype != KILN_F32)
         return kb_fail(KILN_ERR_UNSUPPORTED, "the reference kernels compute in F32 only, not %s", kiln_dtype_name(dtype));
     if (!reference && dtype == KILN_BF16 && !kk_fast(KILN_BF16)) {
-        kb_log(KILN_LOG_WARN, "this CPU has no bf16 GEMM (AVX-512 BF16 / AMX); computing in f32");
+        static int warned; /* once a process: a pipeline resolves five components */
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            kb_log(KILN_LOG_WARN, "this CPU (class %s) has no bf16 GEMM (AVX-512 BF16 / AMX); computing in f32 on "
+                   "f32 weights", kiln_cpu_class(0));
         dtype = KILN_F32;
     }
     if (!reference && !kk_fast(dtype)) {

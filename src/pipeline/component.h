@@ -71,6 +71,20 @@ char *kp_aux_path(const kp_source *s, const char *rel);
 /* An all-in-one file's tokenizer folders are there (tokenizer_3 only when
  * the file holds T5): checked before any component loads. KILN_OK for a folder. */
 kiln_status kp_check_tokenizers(const kp_source *s);
+/* A pipeline folder's files, checked before any component loads (a
+ * conversion of the first would otherwise take minutes before the last is
+ * found missing): every component model_index.json lists (a [library,
+ * class] pair, not [null, null]) is a folder there, and each of need
+ * (NULL-terminated; a name after "?" only when the index lists it or the
+ * folder is there) is one too; a model folder holds config.json and a
+ * weights file (kc_find_weights), a tokenizer folder one of the files kiln
+ * reads. KILN_ERR_MISSING naming the folder and the file; KILN_OK for an
+ * all-in-one file (kp_check_tokenizers checks its folder). */
+kiln_status kp_check_folder(const kp_source *s, const char *const *need);
+/* An SD3 pipeline folder's parts for kp_check_folder: the transformer,
+ * then the text encoders and tokenizers (T5's optional), then the VAE and
+ * the scheduler (optional); NULL-terminated */
+extern const char *const kp_sd3_parts[];
 /* The error for a tokenizer folder the source lacks: which one, and how to give it */
 kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer);
 

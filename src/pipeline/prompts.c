@@ -88,8 +88,8 @@ static kiln_status parse_object(const char *path, int line, const char *text, kp
         rc = kb_fail(KILN_ERR_FORMAT, "%s line %d: \"negative_prompt\" must be a string", path, line);
         goto out;
     }
-    if (g && (!cJSON_IsNumber(g) || !isfinite(g->valuedouble))) {
-        rc = kb_fail(KILN_ERR_FORMAT, "%s line %d: \"guidance\" must be a number", path, line);
+    if (g && (!cJSON_IsNumber(g) || !isfinite(g->valuedouble) || g->valuedouble < 0)) {
+        rc = kb_fail(KILN_ERR_FORMAT, "%s line %d: \"guidance\" must be a number, 0 or more", path, line);
         goto out;
     }
     int64_t steps = 0, w = 0, h = 0, n = 0;
@@ -145,8 +145,17 @@ static kiln_status parse_lines(char *text, size_t len, const char *path, kp_prom
         memset(q, 0, sizeof *q);
         q->seed = -1;
         q->line = line + 1;
-        if (*s == '{') rc = parse_object(path, line + 1, s, q);
+        /* a line that is one whole JSON array (and only that: "[cinematic] a cat" is a prompt) */
+        size_t ll = strlen(s); /* the line ends in a NUL here (its \n and \r are gone) */
+        const char *after = NULL;
+        cJSON *arr = *s == '[' ? cJSON_ParseWithLengthOpts(s, ll, &after, 0) : NULL;
+        while (arr && after && after < s + ll && (*after == ' ' || *after == '\t')) after++;
+        if (arr && cJSON_IsArray(arr) && after == s + ll) /* a whole line of JSON that is not an object: a mistake, not a prompt */
+            rc = kb_fail(KILN_ERR_FORMAT, "%s line %d: a JSON array; a line is a prompt, or one JSON object "
+                         "{\"prompt\": ...} with that prompt's settings", path, line + 1);
+        else if (*s == '{') rc = parse_object(path, line + 1, s, q);
         else if (!(q->prompt = kb_strdup(p))) rc = kb_fail(KILN_ERR_NOMEM, "%s line %d: out of memory", path, line + 1);
+        cJSON_Delete(arr);
         (*n)++; /* counted even when it failed: its strings are freed below */
         p = e ? e + 1 : NULL;
     }

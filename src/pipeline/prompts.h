@@ -10,9 +10,11 @@
  *   - a line whose first non-blank byte is { is one JSON object and nothing
  *     after it: "prompt" (a string, required) and any of "negative_prompt"
  *     (a string), "seed" (integer 0 .. 2^53 - 1), "steps" (1 .. 10000),
- *     "guidance" (a finite number), "width" and "height" (1 .. 2^20),
- *     "images_per_prompt" (1 .. 512); an unknown key, a key twice, or a
- *     \u0000 escape in a string is an error;
+ *     "guidance" (a finite number, 0 or more), "width" and "height" (1 ..
+ *     2^20), "images_per_prompt" (1 .. 512); an unknown key, a key twice,
+ *     or a \u0000 escape in a string is an error;
+ *   - a line that is one whole JSON array is an error (a mistake: not a
+ *     prompt, not an object);
  *   - any other line is a prompt as it is (leading blanks kept).
  * A file without a prompt, or of more than INT_MAX / 2 lines (the line
  * numbers and the count are ints), is an error. Every message names the path and,

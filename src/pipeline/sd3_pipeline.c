@@ -116,6 +116,7 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
         return st;
     }
     cJSON_Delete(index);
+    if ((st = kp_check_folder(&src, kp_sd3_parts))) return st; /* every file there, before any component loads */
     kiln_pipeline *p = kb_calloc(1, sizeof *p);
     if (!p || !(p->dir = kb_strdup(dir)) || (tokenizers_dir && !(p->tokenizers = kb_strdup(tokenizers_dir)))) {
         if (p) free(p->dir);

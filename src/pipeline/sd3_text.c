@@ -79,6 +79,7 @@ kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir
     kp_source src;
     kiln_status st = kp_source_init(path, tokenizers_dir, &src);
     if (!st) st = kp_check_tokenizers(&src); /* before any encoder loads */
+    if (!st) st = kp_check_folder(&src, kp_sd3_parts + 1); /* the text parts (and whatever the index lists) */
     if (st) return st;
     kiln_sd3_text *t = kb_calloc(1, sizeof *t);
     if (!t) return KILN_ERR_NOMEM;
