@@ -394,7 +394,35 @@ kiln_status cli_check_ranks(const cli_common *c) {
     return KILN_OK;
 }
 
+const char *cli_pipeline_component(const char *path, char *parent, size_t cap) {
+    static const char *const comps[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
+    char tmp[1024];
+    if (!path || snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return NULL;
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+    char *base = strrchr(tmp, '/');
+    const char *comp = NULL;
+    for (size_t i = 0; i < sizeof comps / sizeof *comps; i++)
+        if (!strcmp(base ? base + 1 : tmp, comps[i])) comp = comps[i];
+    if (!comp || !kb_is_dir(path)) return NULL;
+    if (base) *base = 0;
+    else snprintf(tmp, sizeof tmp, ".");
+    char *index = kb_path_join(base == tmp ? "/" : tmp, "model_index.json");
+    int yes = index && kb_is_file(index);
+    free(index);
+    if (!yes) return NULL;
+    snprintf(parent, cap, "%s", base == tmp ? "/" : tmp);
+    return comp;
+}
+
 void cli_model_name(const char *path, char *buf, size_t cap) {
+    /* a pipeline's component folder: the pipeline's name, so that `kiln cache
+     * build PIPELINE/vae` makes the cache `kiln generate PIPELINE` maps */
+    char parent[1024];
+    if (cli_pipeline_component(path, parent, sizeof parent)) {
+        cli_model_name(parent, buf, cap);
+        return;
+    }
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", path);
     size_t n = strlen(tmp);
@@ -455,7 +483,10 @@ kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name,
     kiln_load_opts o = kiln_load_defaults();
     cli_model_name(model, name, cap);
     o.model_name = c->name ? c->name : name;
+    char parent[1024];
+    const char *pc = cli_pipeline_component(model, parent, sizeof parent);
     if (c->component) o.component = c->component;
+    else if (pc) o.component = pc; /* PIPELINE/vae: component vae, as the pipeline keys it */
     o.cache_root = c->cache_dir;
     o.no_create_cache = c->no_create_cache;
     o.verify = c->verify;
@@ -558,4 +589,11 @@ void cli_step_progress(void *user, int step, int steps, double sigma, const floa
     double now = kb_now();
     if (!p->quiet) fprintf(stderr, "  step %d/%d  sigma %.4f  %.2f s\n", step, steps, sigma, now - p->last);
     p->last = now;
+}
+
+void cli_on_component(void *user, const char *component, const char *origin, double seconds) {
+    const cli_load_progress *p = user;
+    if (p->quiet) return;
+    if (seconds < 0) fprintf(stderr, "%s: loading %s ...\n", p->cmd, component);
+    else fprintf(stderr, "%s: %-15s %s, %.2f s\n", p->cmd, component, origin ? origin : "", seconds);
 }

@@ -43,6 +43,17 @@ int cli_outputs_commit(cli_outputs *o, const char *cmd, int quiet);
 /* remove what was written */
 void cli_outputs_abort(cli_outputs *o);
 
+/* kiln_load_opts.on_component for a command's progress: "CMD: loading X ..."
+ * before a component loads, "CMD: X  hit, 0.01 s" after; nothing when quiet */
+typedef struct cli_load_progress {
+    const char *cmd;
+    int quiet;
+} cli_load_progress;
+void cli_on_component(void *user, const char *component, const char *origin, double seconds);
+
+/* How many packages the package folder root holds (cmd_package.c's listing). */
+int cli_count_packages(const char *root);
+
 /* Print "kiln <cmd>: <message>" and return 1 (or 2 for usage errors). */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
@@ -108,6 +119,10 @@ kiln_status cli_load_model_of(const char *model, const cli_common *c, const char
                               kiln_model **out);
 /* The load options the common options say for MODEL (name: a buffer of cap
  * bytes the default cache name is written to; it must outlive the options). */
+/* path's component when it is a pipeline folder's component folder
+ * (transformer, text_encoder*, vae beside a model_index.json), with the
+ * pipeline folder in parent; NULL otherwise */
+const char *cli_pipeline_component(const char *path, char *parent, size_t cap);
 kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap);
 /* kiln compile PIPELINE: one step of a request of that many images and size
  * (0: defaults) with compile on, so every component has its packages. */

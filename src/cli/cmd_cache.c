@@ -76,6 +76,7 @@ static int build_pipeline(const char *dir, cli_common *com) {
         if (!kp_has_component(&src, comps[k])) continue;
         double t0 = kb_now();
         kiln_model *m = NULL;
+        if (!com->quiet) fprintf(stderr, "cache build: %s ...\n", comps[k]); /* a miss converts: minutes on a real model */
         s = kp_open_part(&src, comps[k], &base, &m);
         if (s) {
             rc = cli_fail("cache build", kb_wrap(s, "%s", comps[k]));
@@ -97,6 +98,7 @@ static int do_build(const char *model, cli_common *com) {
     if (cli_is_pipeline(model, com)) return build_pipeline(model, com); /* a folder or an all-in-one file */
     double t0 = kb_now();
     kiln_model *m;
+    if (!com->quiet) fprintf(stderr, "cache build: %s ...\n", model);
     kiln_status s = cli_load_model(model, com, &m);
     if (s) return cli_fail("cache build", s);
     char size[32];

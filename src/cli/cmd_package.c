@@ -69,9 +69,33 @@ static char **list(const char *root, int *n) {
     return out;
 }
 
+int cli_count_packages(const char *root) {
+    int n = 0;
+    char **pk = root ? list(root, &n) : NULL;
+    for (int i = 0; i < n; i++) free(pk[i]);
+    free(pk);
+    return n;
+}
+
 static char *resolve(const char *root, const char *arg) {
     if (kb_is_dir(arg)) return kb_strdup(arg);
     return kb_path_join(root, arg);
+}
+
+/* a package folder's family and model config hash, from its name
+ * "<family>-<12 hex>-<dtype>-..." ("?" when it is not named so) */
+static void name_parts(const char *name, char *family, size_t cap, char config[16]) {
+    snprintf(family, cap, "?");
+    snprintf(config, 16, "?");
+    for (const char *p = strchr(name, '-'); p; p = strchr(p + 1, '-')) {
+        int hex = 1;
+        for (int k = 1; k <= 12 && hex; k++) hex = p[k] && strchr("0123456789abcdef", p[k]) != NULL;
+        if (hex && p[13] == '-') {
+            snprintf(family, cap, "%.*s", (int)(p - name), name);
+            snprintf(config, 16, "%.12s", p + 1);
+            return;
+        }
+    }
 }
 
 int cmd_package(int argc, char **argv) {
@@ -112,14 +136,27 @@ int cmd_package(int argc, char **argv) {
     char **pk = list(root, &n);
     if (!strcmp(sub, "ls")) {
         if (!n) printf("no packages under %s\n", root);
+        else printf("%-10s  %-12s  %-12s  %-44s  %s\n", "size", "family", "config", "shapes, dtype, kind", "package");
+        int64_t total = 0;
         for (int i = 0; i < n; i++) {
             char *path = kb_path_join(root, pk[i]);
             kx_package *p = NULL;
-            if (path && !kx_package_open(path, &p)) printf("%-90s %s\n", pk[i], kx_package_summary(p));
-            else printf("%-90s (unreadable: %s)\n", pk[i], kiln_last_error());
+            char size[32], family[64], config[16];
+            int64_t bytes = path ? kcache_dir_bytes(path) : 0;
+            total += bytes;
+            name_parts(pk[i], family, sizeof family, config);
+            kb_human_bytes((double)bytes, size, sizeof size);
+            if (path && !kx_package_open(path, &p))
+                printf("%-10s  %-12s  %-12s  %-44s  %s\n", size, family, config, kx_package_summary(p), pk[i]);
+            else
+                printf("%-10s  %-12s  %-12s  %-44s  %s\n", size, family, config, "(unreadable: see kiln package verify)",
+                       pk[i]);
+            kb_clear_error();
             kx_package_close(p);
             free(path);
         }
+        char ts[32];
+        if (n) printf("%d package%s, %s in %s\n", n, n == 1 ? "" : "s", kb_human_bytes((double)total, ts, sizeof ts), root);
     } else if (!strcmp(sub, "verify")) {
         int checked = 0;
         for (int i = 0; i < (nn ? nn : n); i++) {

@@ -150,12 +150,6 @@ static int same_batch(const kp_prompt *a, const kp_prompt *b) {
            a->images == b->images; /* a batch is prompts x images_per_prompt */
 }
 
-static void on_component(void *user, const char *component, const char *origin, double seconds) {
-    const int *quiet = user;
-    if (*quiet) return;
-    if (seconds < 0) fprintf(stderr, "generate: loading %s ...\n", component);
-    else fprintf(stderr, "generate: %-15s %s, %.2f s\n", component, origin ? origin : "", seconds);
-}
 
 int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_args *pa, const kiln_generate_opts *g,
                           const char *noise_file, const char *output, int quiet) {
@@ -199,8 +193,9 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         goto out0;
     char name[128];
     kiln_load_opts lo = cli_load_opts(dir, com, name, sizeof name);
-    lo.on_component = on_component;
-    lo.component_user = &quiet;
+    cli_load_progress lp = {cmd, quiet};
+    lo.on_component = cli_on_component;
+    lo.component_user = &lp;
     kiln_pipeline *p = NULL;
     st_file *nf = NULL;
     float *nz = NULL, *all = NULL, *lat = NULL, *noise = NULL, *img = NULL;
@@ -413,10 +408,19 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
     const char *cmd = "compile";
     char name[128];
     kiln_load_opts lo = cli_load_opts(dir, com, name, sizeof name);
+    int quiet = com->quiet;
+    cli_load_progress lp = {cmd, quiet};
+    lo.on_component = cli_on_component; /* each component as it loads (a first run converts them: minutes) */
+    lo.component_user = &lp;
     kiln_pipeline *p = NULL;
     float *lat = NULL;
     int64_t sh[4];
     double t0 = kb_now();
+    char *pkg = kcache_package_root(com->package_dir, kcache_root(com->cache_dir));
+    int before = cli_count_packages(pkg);
+    if (!quiet)
+        fprintf(stderr, "compile: %s: one step of a request of %d image%s (%s) through every component, each compiling "
+                "the shapes it runs\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG");
     kiln_status s = kiln_pipeline_check_size_early(dir, com->tokenizers, height, width); /* before any conversion */
     if (!s) s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p);
     if (!s) {
@@ -446,11 +450,19 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
     int px_w = s ? 0 : (int)sh[3] * kiln_pipeline_vae_scale(p), px_h = s ? 0 : (int)sh[2] * kiln_pipeline_vae_scale(p);
     free(lat);
     kiln_pipeline_free(p);
-    if (s) return cli_fail(cmd, s);
-    char *pkg = kcache_package_root(com->package_dir, kcache_root(com->cache_dir));
-    printf("compiled %s for %d image%s a request (%s) at %dx%d in %.2f s: every component's packages are published "
-           "under %s (kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG",
-           px_w, px_h, kb_now() - t0, pkg ? pkg : "the package folder");
+    if (s) {
+        free(pkg);
+        return cli_fail(cmd, s);
+    }
+    int made = cli_count_packages(pkg) - before;
+    if (made > 0)
+        printf("compiled %s for %d image%s a request (%s) at %dx%d in %.2f s: %d package%s published under %s "
+               "(kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG",
+               px_w, px_h, kb_now() - t0, made, made == 1 ? "" : "s", pkg ? pkg : "the package folder");
+    else
+        printf("%s is already compiled for %d image%s a request (%s) at %dx%d: every component's packages were under "
+               "%s (kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG",
+               px_w, px_h, pkg ? pkg : "the package folder");
     free(pkg);
     return 0;
 }
