@@ -1,5 +1,6 @@
 /* main.c - the kiln command: dispatch to subcommands. */
 #include "cli.h"
+#include "base/base.h"
 #include "kernels/kernels.h"
 
 #include <signal.h>
@@ -76,6 +77,9 @@ static int edits(const char *a, const char *b) {
 
 int main(int argc, char **argv) {
     spin_less(argv);
+    kb_log(KILN_LOG_DEBUG, "OpenMP idle threads: GOMP_SPINCOUNT=%s, OMP_WAIT_POLICY=%s",
+           getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "(unset)",
+           getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "(unset)");
     /* over the file size limit (ulimit -f) a write fails with EFBIG and a
      * message, instead of SIGXFSZ killing kiln without one */
     signal(SIGXFSZ, SIG_IGN);
