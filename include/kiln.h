@@ -53,6 +53,7 @@ typedef enum kiln_status {
     KILN_ERR_CACHE_MISSING,/* no complete cache under the key and no source to build it */
     KILN_ERR_CORRUPT,      /* a cache or package failed its size or checksum checks */
     KILN_ERR_NONFINITE,    /* a NaN or Inf in an input, or a forward / step that produced one */
+    KILN_ERR_UNTRUSTED,    /* a cache another user could have written (docs/trust.md) */
 } kiln_status;
 
 /* The message of the last failure on this thread ("" if none). */

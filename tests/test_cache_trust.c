@@ -146,6 +146,96 @@ static void put_manifest_json(const char *dir, cJSON *j, int sign) {
     free(body);
 }
 
+/* ---- caches another user could have written (issue 42) ----------------------------- */
+
+/* flip one byte in the middle of the cache's data file, keeping its size
+ * (the signed manifest untouched): as the other user would */
+static void flip_data(const char *cache_dir) {
+    char *p = kb_path_join(cache_dir, KCACHE_DATA);
+    FILE *f = p ? fopen(p, "r+b") : NULL;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        fseek(f, n / 2, SEEK_SET);
+        int c = fgetc(f);
+        fseek(f, n / 2, SEEK_SET);
+        fputc(c ^ 0x40, f);
+    }
+    if (f) fclose(f);
+    free(p);
+}
+
+TEST(another_users_cache_is_not_served) {
+    char root[700], path[2400];
+    snprintf(root, sizeof root, "%s/shared", g_tmp);
+    CHECK_OK(kb_mkdir_p(root));
+    kiln_load_opts o = opts(root, "a", g_a);
+    kiln_model *m = load(&o, "miss", path, sizeof path);
+    kiln_model_free(m);
+    /* a root others may write (0777, no sticky bit): they could replace weights.bin */
+    CHECK(chmod(root, 0777) == 0);
+    flip_data(path);
+    m = load(&o, "miss", NULL, 0); /* converted in memory: the flipped byte is never read */
+    CHECK_MSG(m && same_as(m, g_ref_a), "a cache in a root others may write was served");
+    CHECK_MSG(strstr(kiln_last_error(), "") != NULL, "%s", kiln_last_error());
+    kiln_model_free(m);
+    CHECK(kb_is_dir(path)); /* not ours to clear: left as it is */
+    /* without a source there is nothing to convert from: refused by name */
+    kiln_load_opts ns = opts(root, "a", NULL);
+    m = NULL;
+    CHECK_FAILS(kiln_load_model(&ns, &m), KILN_ERR_UNTRUSTED, "writable by others");
+    CHECK(m == NULL);
+    /* a data file others may write, in a root only this user may */
+    CHECK(chmod(root, 0755) == 0 && sh("rm -rf '%s'/*", root) == 0);
+    m = load(&o, "miss", path, sizeof path);
+    kiln_model_free(m);
+    char data[2500];
+    snprintf(data, sizeof data, "%s/" KCACHE_DATA, path);
+    CHECK(chmod(data, 0666) == 0);
+    flip_data(path);
+    m = load(&o, "miss", NULL, 0);
+    CHECK_MSG(m && same_as(m, g_ref_a), "a cache whose data file others may write was served");
+    kiln_model_free(m);
+    CHECK_FAILS(kcache_check_trust(root, path), KILN_ERR_UNTRUSTED, "weights");
+    /* a shared root with the sticky bit (1777) stays usable: a hit */
+    CHECK(sh("rm -rf '%s'/*", root) == 0 && chmod(root, 01777) == 0);
+    m = load(&o, "miss", path, sizeof path);
+    kiln_model_free(m);
+    m = load(&o, "hit", NULL, 0);
+    CHECK(m && same_as(m, g_ref_a));
+    kiln_model_free(m);
+    CHECK_OK(kcache_check_trust(root, path));
+    /* as root: a root folder another user owns, that user replacing weights.bin
+     * with a copy one byte off (the issue's probe, with nobody as that user) */
+    if (getuid() != 0) {
+        fprintf(stderr, "  SKIPPED (not root): another user's cache root, as that user\n");
+    } else {
+        CHECK(sh("rm -rf '%s'/*", root) == 0 && chmod(root, 0755) == 0);
+        m = load(&o, "miss", path, sizeof path);
+        kiln_model_free(m);
+        CHECK(sh("chmod -R a+rX '%s' && chmod a+x '%s' && chown 65534 '%s'", g_tmp, g_tmp, root) == 0);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0) _exit(4);
+            /* nobody owns the root but not the folders in it: it renames the model folder away and plants a copy */
+            char cmd[6000];
+            snprintf(cmd, sizeof cmd, "cp -r '%s/a' '%s/a.copy' && mv '%s/a' '%s/a.old' && mv '%s/a.copy' '%s/a'",
+                     root, root, root, root, root, root);
+            if (system(cmd) != 0) _exit(3);
+            flip_data(path);
+            _exit(0);
+        }
+        int ws = 0;
+        waitpid(pid, &ws, 0);
+        CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "nobody could not plant its copy (status %d)", ws);
+        m = load(&o, "miss", NULL, 0);
+        CHECK_MSG(m && same_as(m, g_ref_a), "another user's planted cache was served");
+        kiln_model_free(m);
+        CHECK_FAILS(kcache_check_trust(root, path), KILN_ERR_UNTRUSTED, "owned by uid 65534");
+    }
+    CHECK(sh("chown -R %u '%s' 2>/dev/null; chmod -R u+w '%s'; rm -rf '%s'", (unsigned)getuid(), root, root, root) == 0);
+}
+
 /* ---- another model's cache under this key --------------------------------------- */
 
 TEST(planted_copy_and_symlink_are_not_served) {
@@ -534,7 +624,7 @@ TEST(two_folders_of_one_name_keep_two_caches) {
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < 2; i++) {
             char *out = NULL, *p = kb_strfmt("%s/build.txt", g_tmp);
-            int rc = sh("'%s' cache build '%s' --cache-dir '%s' --dtype f32 > '%s' 2>&1", bin(), i ? b : a, root, p);
+            int rc = sh("'%s' cache build '%s' --cache-dir '%s' --dtype f32 --quiet > '%s' 2>&1", bin(), i ? b : a, root, p);
             if (p && !kb_read_file(p, &out, NULL))
                 CHECK_MSG(rc == 0 && !strncmp(out, round ? "hit: " : "miss: ", 5) && strstr(out, "/m-"),
                           "round %d, %s: %s", round, i ? b : a, out);
@@ -727,6 +817,7 @@ int main(void) {
     RUN(fifo_and_device_configs_are_refused_at_once);
     RUN(read_only_root_converts_in_memory);
     RUN(file_size_limit_gives_a_message);
+    RUN(another_users_cache_is_not_served);
     free(g_ref_a);
     free(g_ref_b);
     test_rmrf(g_tmp);

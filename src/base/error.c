@@ -91,6 +91,7 @@ const char *kiln_status_name(kiln_status s) {
     case KILN_ERR_CACHE_MISSING: return "missing cache";
     case KILN_ERR_CORRUPT: return "corrupt";
     case KILN_ERR_NONFINITE: return "non-finite";
+    case KILN_ERR_UNTRUSTED: return "untrusted";
     }
     return "unknown";
 }

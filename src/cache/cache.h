@@ -149,6 +149,12 @@ void kcache_clean_staging(const kcache_key *key);
  * and whose manifest names the same source (another checkpoint's caches
  * under the same model name are not ours to remove). */
 void kcache_remove_superseded(const kcache_key *key, const char *source);
+/* Whether a cache under root at dir (a key folder, or a folder on the way
+ * to one) could have been written by a user other than this one or root
+ * (trust.c, docs/trust.md): KILN_OK, or KILN_ERR_UNTRUSTED naming the
+ * folder or file and why (its owner, its mode, a symbolic link). What does
+ * not exist yet is not checked. */
+kiln_status kcache_check_trust(const char *root, const char *dir);
 /* Remove a cache folder: rename aside first so no reader sees half of it. */
 kiln_status kcache_remove(const char *dir);
 

@@ -532,7 +532,9 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     }
 
     kiln_model *m = NULL;
-    st = open_hit(o, cp, &k, kj, "hit", &m);
+    /* a cache another user could have written is never served (docs/trust.md) */
+    st = kcache_check_trust(root, k.path);
+    if (!st) st = open_hit(o, cp, &k, kj, "hit", &m);
     barrier(mesh); /* every rank has looked before anyone writes */
     if (!st) {
         kcache_touch(k.dir);
@@ -543,7 +545,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         *out = m;
         return KILN_OK;
     }
-    if (st != KILN_ERR_CACHE_MISSING && st != KILN_ERR_CORRUPT) {
+    if (st != KILN_ERR_CACHE_MISSING && st != KILN_ERR_CORRUPT && st != KILN_ERR_UNTRUSTED) {
         barrier(mesh);
         free(kj);
         return st;
@@ -551,6 +553,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     if (!has_source(o)) {
         barrier(mesh);
         free(kj);
+        if (st == KILN_ERR_UNTRUSTED) return kb_wrap(st, "no source checkpoint to convert from instead");
         if (st == KILN_ERR_CACHE_MISSING)
             return kb_fail(KILN_ERR_CACHE_MISSING,
                            "missing cache: no complete cache at %s and no source checkpoint to build it from "
@@ -559,20 +562,28 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     }
     char reason[600];
     snprintf(reason, sizeof reason, "miss: %s", kiln_last_error());
-    int corrupt = st == KILN_ERR_CORRUPT;
+    int corrupt = st == KILN_ERR_CORRUPT, untrusted = st == KILN_ERR_UNTRUSTED;
     if (corrupt) kb_log(KILN_LOG_WARN, "%s; rebuilding it from %s", kiln_last_error(), o->source ? o->source : o->source_id);
 
     /* a read-only root (or one this user may not write): nothing can be
      * locked or published, so convert in memory, as without a root */
     int fd = -1, in_memory = 0;
     struct stat gst;
-    if (lstat(k.group, &gst) == 0 && !S_ISDIR(gst.st_mode)) {
+    if (untrusted) {
+        /* nothing is locked, cleared or published where another user could write: in memory */
+        static int warned;
+        int first = !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED);
+        kb_log(first ? KILN_LOG_WARN : KILN_LOG_DEBUG, "%s; converting %s in memory, nothing is published there%s",
+               reason + 6, o->source ? o->source : o->source_id,
+               first ? " (use a cache root only this user and root can write: --cache-dir or KILN_CACHE_DIR)" : "");
+        in_memory = 1;
+    } else if (lstat(k.group, &gst) == 0 && !S_ISDIR(gst.st_mode)) {
         barrier(mesh);
         free(kj);
         return kb_fail(KILN_ERR_IO, "%s is not a folder: something else stands where the caches of %s/%s belong "
                        "(remove it, or pick another cache root)", k.group, in.model, in.component);
     }
-    if ((st = kcache_lock(&k, &fd))) {
+    if (!in_memory && (st = kcache_lock(&k, &fd))) {
         if (!writable(k.group)) {
             /* once a process (a pipeline has five components); each later one at the debug level */
             static int warned;
@@ -587,6 +598,13 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
             free(kj);
             return st;
         }
+    }
+    if (!in_memory && kcache_check_trust(root, k.path) == KILN_ERR_UNTRUSTED) {
+        /* another user made a folder on the path while this process waited: not ours to use or clear */
+        kb_log(KILN_LOG_WARN, "%s; converting in memory, nothing is published there", kiln_last_error());
+        kcache_unlock(fd);
+        fd = -1;
+        in_memory = 1;
     }
     if (!in_memory) {
         /* someone may have published while we waited for the lock */
