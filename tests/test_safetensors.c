@@ -693,6 +693,56 @@ TEST(test_set_errors) {
     test_rmrf(dir);
 }
 
+/* A shard is a file beside the index, by a plain name (issue 42): an index
+ * naming ../../../etc/passwd, an absolute path, a folder, or a symbolic link
+ * that leads out of the folder is refused naming the shard, before any file
+ * opens; a file that is not safetensors is said so, never its bytes as a number. */
+TEST(test_set_shards_stay_in_their_folder) {
+    char dir[4096], idx[4200], outside[4200], p[4200];
+    test_tmpdir(dir, sizeof dir, "st");
+    join(idx, sizeof idx, dir, "model.safetensors.index.json");
+    st_set *s = (st_set *)1;
+    static const char *const bad[] = {"../../../etc/passwd", "/etc/passwd", "sub/model.safetensors",
+                                      "..", ".", "", "model.bin", "../model-00001-of-00002.safetensors"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char wm[512];
+        snprintf(wm, sizeof wm, "{\"a\": \"model-00001-of-00002.safetensors\", \"x\": \"%s\"}", bad[i]);
+        write_shards(dir, wm);
+        char want[300];
+        snprintf(want, sizeof want, "shard \"%s\" is not the name of a .safetensors file beside the index", bad[i]);
+        CHECK_FAILS(st_set_open(idx, &s), KILN_ERR_FORMAT, want);
+        CHECK(s == NULL && !strstr(kiln_last_error(), "header length"));
+    }
+    /* a symbolic link out of the folder, to a valid checkpoint: refused; one inside it: fine */
+    char odir[4096];
+    test_tmpdir(odir, sizeof odir, "st-out");
+    join(outside, sizeof outside, odir, "other.safetensors");
+    float v[2] = {7, 8};
+    const int64_t s2[1] = {2};
+    st_tensor t[1] = {mk("x", KILN_F32, 1, s2, v)};
+    CHECK_OK(st_write(outside, t, 1, NULL, 0));
+    write_shards(dir, "{\"a\": \"model-00001-of-00002.safetensors\", \"x\": \"link.safetensors\"}");
+    join(p, sizeof p, dir, "link.safetensors");
+    CHECK(symlink(outside, p) == 0);
+    CHECK_FAILS(st_set_open(idx, &s), KILN_ERR_FORMAT, "shard \"link.safetensors\" is a symbolic link that leads out");
+    CHECK(unlink(p) == 0);
+    char inside[4200];
+    join(inside, sizeof inside, dir, "real.safetensors");
+    CHECK_OK(st_write(inside, t, 1, NULL, 0));
+    CHECK(symlink("real.safetensors", p) == 0);
+    CHECK_OK(st_set_open(idx, &s));
+    if (s) st_set_close(s);
+    /* a shard that is another kind of file: said so, not read as a number */
+    write_shards(dir, "{\"a\": \"model-00001-of-00002.safetensors\", \"x\": \"text.safetensors\"}");
+    join(p, sizeof p, dir, "text.safetensors");
+    write_bytes(p, "root:x:0:0:root:/root:/bin/bash\n", 32);
+    s = (st_set *)1;
+    CHECK_FAILS(st_set_open(idx, &s), KILN_ERR_FORMAT, "is not a safetensors file (it looks like a text file)");
+    CHECK(!strstr(kiln_last_error(), "header length"));
+    test_rmrf(dir);
+    test_rmrf(odir);
+}
+
 /* ~2000 tensors, as in a real checkpoint: every one found by name. */
 TEST(test_set_many) {
     char dir[4096], path[4200];
@@ -755,6 +805,7 @@ int main(void) {
     RUN(test_writer_failures);
     RUN(test_set_sharded);
     RUN(test_set_errors);
+    RUN(test_set_shards_stay_in_their_folder);
     RUN(test_set_many);
     return TEST_SUMMARY();
 }

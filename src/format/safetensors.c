@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -382,7 +383,7 @@ kiln_status st_open(const char *path, st_file **out) {
             what = "a file of another kind: its first 8 bytes are no header length and no '{' follows them";
         if (what) {
             s = kb_fail(KILN_ERR_FORMAT, "%s is not a safetensors file (it looks like %s); kiln reads safetensors "
-                        "checkpoints (an 8-byte header length, then a JSON header)", path, what);
+                        "checkpoints (8 bytes that give the size of a JSON header, then the header)", path, what);
             goto fail;
         }
     }
@@ -726,10 +727,42 @@ static int st_ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
+/* A shard an index names is a file beside the index, by a plain name: no
+ * '/', not "." or "..", ending in .safetensors, and not a symbolic link
+ * that leads out of the index's folder (an index may not open
+ * /etc/passwd, nor another user's checkpoint). */
+static kiln_status st_check_shard(const char *path, const char *dir, const char *shard) {
+    size_t n = strlen(shard);
+    if (!n || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, "..") || n <= 12 ||
+        strcmp(shard + n - 12, ".safetensors"))
+        return kb_fail(KILN_ERR_FORMAT, "%s: shard \"%.200s\" is not the name of a .safetensors file beside the "
+                       "index (a shard is named like model-00001-of-00002.safetensors, in the index's folder)",
+                       path, shard);
+    char *sp = kb_path_join(dir, shard);
+    if (!sp) return KILN_ERR_NOMEM;
+    struct stat lsb;
+    kiln_status st = KILN_OK;
+    if (lstat(sp, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
+        char rd[PATH_MAX], rs[PATH_MAX];
+        size_t dl = realpath(dir, rd) ? strlen(rd) : 0;
+        if (!dl || !realpath(sp, rs) || strncmp(rs, rd, dl) || rs[dl] != '/' || strchr(rs + dl + 1, '/'))
+            st = kb_fail(KILN_ERR_FORMAT, "%s: shard \"%s\" is a symbolic link that leads out of the index's folder; "
+                         "refused", path, shard);
+    }
+    free(sp);
+    return st;
+}
+
+#define ST_INDEX_MAX (64u << 20) /* bytes of an index: a weight map of a few thousand names is ~1 MB */
+
 /* Open the shards of an index; the weight map is checked against them. */
 static kiln_status st_set_open_index(st_set *s, const char *path) {
     char *txt = NULL;
     size_t len = 0;
+    struct stat isb;
+    if (stat(path, &isb) == 0 && (uint64_t)isb.st_size > ST_INDEX_MAX)
+        return kb_fail(KILN_ERR_FORMAT, "%s: %lld bytes; an index is at most %u", path, (long long)isb.st_size,
+                       (unsigned)ST_INDEX_MAX);
     kiln_status st = kb_read_file(path, &txt, &len);
     if (st != KILN_OK) return st;
     cJSON *root = cJSON_ParseWithLength(txt, len);
@@ -774,6 +807,8 @@ static kiln_status st_set_open_index(st_set *s, const char *path) {
     qsort(shards, nw, sizeof *shards, st_cmp_str_ptr);
     for (size_t i = 0; i < nw; i++)
         if (!ns || strcmp(shards[ns - 1], shards[i])) shards[ns++] = shards[i];
+    for (size_t i = 0; i < ns; i++) /* every name before any file opens */
+        if ((st = st_check_shard(path, dir, shards[i]))) goto out;
 
     s->files = kb_calloc(ns ? ns : 1, sizeof *s->files);
     if (!s->files) {
