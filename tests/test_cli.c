@@ -176,6 +176,11 @@ TEST(cache_commands) {
             fclose(f);
         }
         CHECK_RUN(1, "CORRUPT", "cache verify --cache-dir %s/c %s", dir, key);
+        /* a cache found corrupt is never served again (issue 42): removed, the next load rebuilds it */
+        CHECK(!kb_is_file(file));
+        CHECK_RUN(0, "miss", "forward %s --inputs %s --output %s/o.safetensors --cache-dir %s/c --timings", model,
+                  golden_path("sd3-tiny", "io.safetensors"), dir, dir);
+        CHECK_RUN(0, "ok ", "cache verify --cache-dir %s/c %s", dir, key);
         CHECK_RUN(1, "no cache named", "cache rm --cache-dir %s/c sd3-tiny/transformer/nope", dir);
         CHECK_RUN(0, "removed", "cache rm --cache-dir %s/c %s", dir, key);
     }

@@ -20,7 +20,8 @@ static int help(void) {
            "                    pipeline folder or all-in-one file (--tokenizers DIR for its configs):\n"
            "                    every component, each under its component key\n"
            "  ls                every cache under the root: size, last use, key, source\n"
-           "  verify [KEY...]   check every tensor's xxh3 (default: all caches); exit 1 if any is corrupt\n"
+           "  verify [KEY...]   check every tensor's xxh3 (default: all caches); a corrupt one is removed\n"
+           "                    (the next load rebuilds it); exit 1 if any is corrupt or partial\n"
            "  rm KEY... | --all remove caches (KEY as printed by ls, or a folder path)\n"
            "  gc --max-size SIZE  remove what builds that died left (state interrupted), then least\n"
            "                    recently used caches until the total fits (e.g. 20G, 500M); names each\n\n"
@@ -140,7 +141,8 @@ static int do_ls(const char *root) {
 }
 
 /* folders holding a manifest under a key folder: itself or its host_coords_*
- * and shard_* folders (rel: the key's model/component/name) */
+ * and shard_* folders (rel: the key's model/component/name); 0 ok, 1 a
+ * partial build (never loaded), 2 corrupt */
 static int verify_dir(const char *dir, const char *label, const char *rel) {
     kcache_entry *e;
     char *man = kb_path_join(dir, KCACHE_MANIFEST);
@@ -151,7 +153,7 @@ static int verify_dir(const char *dir, const char *label, const char *rel) {
         if (!s && (s = kcache_check_place(e, rel, label + strlen(rel)))) kcache_close(e);
         if (s) {
             printf("CORRUPT  %s: %s\n", label, kiln_last_error());
-            bad = 1;
+            bad = 2;
         } else {
             printf("ok       %s (%zu tensors)\n", label, e->n);
             kcache_close(e);
@@ -169,7 +171,8 @@ static int verify_dir(const char *dir, const char *label, const char *rel) {
             char *sub = kb_path_join(dir, de->d_name), *lab = kb_strfmt("%s/%s", label, de->d_name);
             if (sub && lab) {
                 found = 1;
-                bad |= verify_dir(sub, lab, rel);
+                int b = verify_dir(sub, lab, rel);
+                if (b > bad) bad = b;
             }
             free(sub);
             free(lab);
@@ -194,7 +197,13 @@ static int do_verify(const char *root, int nkeys, char **keys) {
         for (int k = 0; k < nkeys && !want; k++) want = !strcmp(keys[k], v[i].rel) || !strcmp(keys[k], v[i].dir);
         if (!want) continue;
         matched++;
-        bad |= verify_dir(v[i].dir, v[i].rel, v[i].rel);
+        int b = verify_dir(v[i].dir, v[i].rel, v[i].rel);
+        /* a cache found corrupt is never served again: removed, so the next load rebuilds it */
+        if (b == 2) {
+            if (kcache_remove(v[i].dir)) printf("         %s: could not be removed: %s\n", v[i].rel, kiln_last_error());
+            else printf("         %s: removed (the next load rebuilds it from its source)\n", v[i].rel);
+        }
+        bad |= b != 0;
     }
     free(v);
     if (nkeys && matched < nkeys) return cli_error("cache verify", "no cache named %s under %s", keys[0], root);
