@@ -419,6 +419,78 @@ TEST(hostile_prompts_never_crash) {
     for (int k = 0; k < 3; k++) kiln_tokenizer_free(t[k]);
 }
 
+/* A vocabulary of long pieces (issue 42: pieces up to 3,000 characters made
+ * a 10 kB prompt take 46 s): the case's T5 tokenizer.json with the pieces
+ * "a" x 2 .. "a" x 3000 added, and prompts of 10 kB and 100 kB of "a" and of
+ * random letters, timed in CPU time; the bound on a prompt's size. */
+TEST(long_pieces_stay_linear) {
+    char *src = case_path("tokenizer_3/tokenizer.json"), *text = NULL, dir[512];
+    size_t len = 0;
+    CHECK_OK(kb_read_file(src, &text, &len));
+    free(src);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    cJSON *vocab = root ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "model"), "vocab") : NULL;
+    CHECK(cJSON_IsArray(vocab));
+    if (!cJSON_IsArray(vocab)) {
+        cJSON_Delete(root);
+        return;
+    }
+    char *piece = malloc(3001);
+    for (int L = 2; L <= 3000; L++) {
+        memset(piece, 'a', (size_t)L);
+        piece[L] = 0;
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateString(piece));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(-1.0 - L * 1e-3));
+        cJSON_AddItemToArray(vocab, e);
+    }
+    free(piece);
+    test_tmpdir(dir, sizeof dir, "tok-long");
+    char *out = cJSON_PrintUnformatted(root), *path = kb_path_join(dir, "tokenizer.json");
+    CHECK_OK(kb_write_file_atomic(path, out, strlen(out)));
+    free(out);
+    free(path);
+    cJSON_Delete(root);
+    kiln_tokenizer *t = NULL;
+    CHECK_OK(kiln_tokenizer_open(dir, &t));
+#if defined(__SANITIZE_ADDRESS__)
+    const double slow = 10; /* the sanitizers' build runs several times slower */
+#else
+    const double slow = 1;
+#endif
+    uint64_t rng = 777;
+    ktok_buf p = {0};
+    for (int kind = 0; t && kind < 4; kind++) {
+        size_t want = kind < 2 ? 10000 : 100000;
+        p.len = 0;
+        while (p.len < want) {
+            char c = kind % 2 ? (char)('a' + rng_next(&rng) % 26) : 'a';
+            ktok_buf_add(&p, &c, 1);
+        }
+        ktok_buf_add(&p, "", 1);
+        int64_t ids[512];
+        int n = 0;
+        double dt = 1e9;
+        for (int r = 0; r < 3; r++) { /* the best of three: a shared machine's noise is not the code's */
+            double t0 = cpu_now();
+            CHECK_OK(kiln_tokenize(t, p.p, 512, ids, NULL, &n));
+            if (cpu_now() - t0 < dt) dt = cpu_now() - t0;
+        }
+        fprintf(stderr, "  %zu bytes of %s against pieces up to 3000 bytes: %.1f ms of CPU\n", want,
+                kind % 2 ? "random letters" : "\"a\"", dt * 1e3);
+        CHECK_MSG(dt < (want > 10000 ? 1.0 : 0.1) * slow, "%zu bytes took %.3f s", want, dt);
+    }
+    /* the bound: a prompt past 256 KiB is refused before any work */
+    p.len = 0;
+    while (p.len < KTOK_MAX_TEXT + 1) ktok_buf_add(&p, "a", 1);
+    ktok_buf_add(&p, "", 1);
+    CHECK_FAILS(kiln_tokenize(t, p.p, 512, (int64_t[512]){0}, NULL, NULL), KILN_ERR_INVALID_ARG, "at most 262144");
+    free(p.p);
+    kiln_tokenizer_free(t);
+    test_rmrf(dir);
+}
+
 TEST(truncation_and_arguments) {
     char *dir = case_path("tokenizer");
     kiln_tokenizer *t = NULL;
@@ -744,6 +816,7 @@ int main(void) {
     RUN(clip_routes_agree);
     RUN(t5_spiece_route);
     RUN(hostile_prompts_never_crash);
+    RUN(long_pieces_stay_linear);
     RUN(truncation_and_arguments);
     RUN(malformed_files);
     RUN(normalized_added_token);

@@ -651,6 +651,11 @@ kiln_status ktok_normalize(const kiln_tokenizer *t, const char *s, size_t n, kto
 
 kiln_status ktok_encode_split(const kiln_tokenizer *t, const char *text, size_t len, ktok_pretok_fn pretok, void *work,
                               ktok_ids *out) {
+    /* bounded before any work: a server tokenizes strangers' prompts, and
+     * the pipeline keeps CLIP's first 77 and T5's first 512 tokens anyway */
+    if (len > KTOK_MAX_TEXT)
+        return kb_fail(KILN_ERR_INVALID_ARG, "a prompt of %zu bytes: at most %d (the pipeline keeps only its first 77 "
+                       "CLIP and at most 512 T5 tokens)", len, KTOK_MAX_TEXT);
     ktok_buf norm = {0};
     kiln_status s = KILN_OK;
     size_t pos = 0;

@@ -105,6 +105,8 @@ kiln_status ktok_normalize(const kiln_tokenizer *t, const char *s, size_t n, kto
  * each stretch between them normalized, the normalized added tokens cut out
  * of that, and each remaining piece handed to pretok(t, work, piece, out),
  * the kind's pre-tokenizer and model; ids appended to out in order. */
+/* the longest text a tokenizer takes, in bytes (KILN_ERR_INVALID_ARG past it) */
+#define KTOK_MAX_TEXT (256 << 10)
 typedef kiln_status (*ktok_pretok_fn)(const kiln_tokenizer *t, void *work, const char *s, size_t n, ktok_ids *out);
 kiln_status ktok_encode_split(const kiln_tokenizer *t, const char *text, size_t len, ktok_pretok_fn pretok, void *work,
                               ktok_ids *out);

@@ -11,7 +11,12 @@
  *   4. per piece, the Viterbi of tokenizers' Unigram::encode_optimized:
  *      double scores accumulated left to right, at each char boundary every
  *      piece that prefixes the rest (shortest first) replaces the best path
- *      to its end only when strictly better (ties: the first stays); a char
+ *      to its end only when strictly better (ties: the first stays). The
+ *      pieces that prefix the rest come from a byte trie of the vocabulary
+ *      walked along the text (sentencepiece's common prefix search), so a
+ *      position costs the length of its longest match, never a lookup per
+ *      possible length: linear in the text whatever the pieces (a vocabulary
+ *      of 3,000-character pieces made the lookups quadratic); a char
  *      with no single-char piece is <unk> at min_score - 10; consecutive
  *      unknowns fused into one token.
  * SentencePiece's own library differs on clusters and ties (README-pipelines). */
@@ -41,13 +46,73 @@ struct ktok_t5 {
     /* normalizers after Precompiled (SpmConverter's newer Sequence) */
     int strip_right, collapse_spaces;
     int whitespace_split; /* WhitespaceSplit before Metaspace */
+    /* the pieces as a byte trie: node 0 the root, whose children are
+     * root_child[byte]; the others' in sibling lists (0: none) */
+    struct ktok_pnode {
+        int32_t id;       /* the piece that ends here, or -1 */
+        uint32_t child;   /* first child */
+        uint32_t sibling; /* next child of the same parent */
+        uint8_t byte;     /* the byte that leads here */
+    } *pnode;
+    size_t n_pnode, cap_pnode;
+    uint32_t root_child[256];
 };
 
 void ktok_t5_free(ktok_t5 *c) {
     if (!c) return;
     free(c->score);
     free(c->blob);
+    free(c->pnode);
     free(c);
+}
+
+/* ---- the pieces' trie ------------------------------------------------------- */
+
+static uint32_t ktok_pchild(const ktok_t5 *c, uint32_t node, uint8_t b) {
+    if (!node) return c->root_child[b];
+    for (uint32_t k = c->pnode[node].child; k; k = c->pnode[k].sibling)
+        if (c->pnode[k].byte == b) return k;
+    return 0;
+}
+
+/* Every piece of the vocabulary (its map: one id a piece, the last one
+ * listed, as the lookups see it) into the trie; called once the vocabulary
+ * is complete. Its size is the pieces' bytes, bounded by the file's. */
+static kiln_status ktok_t5_build_trie(kiln_tokenizer *t) {
+    ktok_t5 *c = t->t5;
+    const ktok_map *m = &t->vocab;
+    free(c->pnode);
+    c->pnode = NULL;
+    c->n_pnode = c->cap_pnode = 0;
+    memset(c->root_child, 0, sizeof c->root_child);
+    for (size_t i = 0; i < m->n; i++) {
+        const uint8_t *k = (const uint8_t *)m->arena + m->key_off[i];
+        uint32_t node = 0;
+        for (uint32_t j = 0; j < m->key_len[i]; j++) {
+            uint32_t next = ktok_pchild(c, node, k[j]);
+            if (!next) {
+                if (c->n_pnode + 1 >= c->cap_pnode) {
+                    size_t cap = c->cap_pnode ? 2 * c->cap_pnode : 4096;
+                    struct ktok_pnode *g = realloc(c->pnode, cap * sizeof *g);
+                    if (!g) return kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory (the pieces' trie)");
+                    c->pnode = g;
+                    c->cap_pnode = cap;
+                    if (!c->n_pnode) c->pnode[c->n_pnode++] = (struct ktok_pnode){-1, 0, 0, 0}; /* the root */
+                }
+                next = (uint32_t)c->n_pnode++;
+                c->pnode[next] = (struct ktok_pnode){-1, 0, 0, k[j]};
+                if (!node) {
+                    c->root_child[k[j]] = next;
+                } else {
+                    c->pnode[next].sibling = c->pnode[node].child;
+                    c->pnode[node].child = next;
+                }
+            }
+            node = next;
+        }
+        if (node) c->pnode[node].id = m->val[i];
+    }
+    return KILN_OK;
 }
 
 /* ---- the charsmap: darts-clone's common prefix search -------------------- */
@@ -187,19 +252,20 @@ static kiln_status ktok_unigram(const kiln_tokenizer *t, ktok_t5_work *w, const 
         ktok_next_cp(s, n, &mb);
         size_t mblen = mb - at;
         int single = 0;
-        for (size_t e = mb; e <= n && e - at <= c->max_piece;) {
-            int32_t id;
-            if (ktok_map_get(&t->vocab, s + at, e - at, &id)) {
-                double cand = c->score[id] + here;
-                if (node[e].start < 0 || cand > node[e].score) {
-                    node[e].score = cand;
-                    node[e].start = (int32_t)at;
-                    node[e].id = id;
-                }
-                if (e - at == mblen) single = 1;
+        /* every piece that prefixes s[at..n), shortest first: the trie walked
+         * along the text (a piece is whole UTF-8, so it ends on a char boundary) */
+        uint32_t pn = 0;
+        for (size_t e = at; e < n && (pn = ktok_pchild(c, pn, (uint8_t)s[e]));) {
+            e++;
+            int32_t id = c->pnode[pn].id;
+            if (id < 0) continue;
+            double cand = c->score[id] + here;
+            if (node[e].start < 0 || cand > node[e].score) {
+                node[e].score = cand;
+                node[e].start = (int32_t)at;
+                node[e].id = id;
             }
-            if (e == n) break;
-            ktok_next_cp(s, n, &e);
+            if (e - at == mblen) single = 1;
         }
         if (!single) {
             if (c->unk_id < 0)
@@ -437,6 +503,7 @@ kiln_status ktok_t5_from_json(kiln_tokenizer *t, const void *model_json, const v
         id++;
     }
     t->vocab_size = id;
+    if ((s = ktok_t5_build_trie(t))) return s;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_id");
     c->unk_id = -1;
     if (cJSON_IsNumber(unk)) {
@@ -621,5 +688,5 @@ kiln_status ktok_t5_from_spiece(kiln_tokenizer *t, const char *path, const void 
             if ((s = ktok_t5_add_piece(t, &cap, name, strlen(name), 0.0, path))) return s;
         }
     }
-    return KILN_OK;
+    return ktok_t5_build_trie(t);
 }
