@@ -530,6 +530,8 @@ TEST(racing_publishers_and_the_cli) {
     snprintf(cmd0, sizeof cmd0, "f=$(ls -d '%s'/sd3-*) && mkdir \"$f/.staging-%ld-0\" && touch \"$f/.staging-%ld-0/model.c\"", dir,
              (long)dead, (long)dead);
     CHECK(system(cmd0) == 0);
+    /* a compile that died (issue 42): package ls shows its staging folder as interrupted */
+    CHECK(sh("%s package ls --package-dir '%s' | grep -q 'interrupted: a compile that died'%s", dir, "") == 0);
     CHECK(sh("%s compile '%s' --dtype f32 --package-dir '%s' --dim w_tok=8:12 --latent 16x24 --context-len 77 --log error "
              ">/dev/null", MODEL_DIR, dir) == 0);
     snprintf(cmd, sizeof cmd, "%s package ls --package-dir '%s'", getenv("KILN_BIN") ? getenv("KILN_BIN") : "build/kiln", dir);
@@ -539,12 +541,19 @@ TEST(racing_publishers_and_the_cli) {
     cmd_out[n] = 0;
     int lines = 0;
     for (char *q = cmd_out; (q = strchr(q, '\n')); q++) lines++;
-    CHECK_MSG(lines == 1 && strstr(cmd_out, "w_tok=8..12"), "%s", cmd_out);
+    CHECK_MSG(lines == 3 && strstr(cmd_out, "w_tok=8..12") && strstr(cmd_out, "size ") && strstr(cmd_out, "1 package,"),
+              "%s", cmd_out); /* a header, the package, the total */
     CHECK(sh("%s package verify --package-dir '%s' >/dev/null%s", dir, "") == 0);
     snprintf(cmd, sizeof cmd, "test -z \"$(find '%s' -name '.staging*')\"", dir);
     CHECK(system(cmd) == 0); /* no staging folder left behind */
-    CHECK(sh("%s package rm --all --package-dir '%s' >/dev/null%s", dir, "") == 0);
+    /* rm --all takes what a dead compile left too, and the family folders left empty */
+    snprintf(cmd, sizeof cmd, "d='%s/vae-decoder-000000000000-f32-x/.staging-%ld-3' && mkdir -p \"$d\" && touch \"$d/model.c\"",
+             dir, (long)dead);
+    CHECK(system(cmd) == 0);
+    CHECK(sh("%s package rm --all --package-dir '%s' | grep -q 'an interrupted compile'%s", dir, "") == 0);
     CHECK(sh("%s package ls --package-dir '%s' | grep -q 'no packages'%s", dir, "") == 0);
+    snprintf(cmd, sizeof cmd, "test -z \"$(find '%s' -mindepth 1)\"", dir);
+    CHECK(system(cmd) == 0); /* nothing left: no staging, no empty family folder */
     CHECK(sh("%s package frobnicate --package-dir '%s' 2>/dev/null%s", dir, "") == 2);
 }
 

@@ -40,7 +40,9 @@ static int is_cache(const char *path) {
 }
 
 /* every package folder under root, as "family/name" (malloc'd list) */
-static char **list(const char *root, int *n) {
+/* the packages under root, as family/name; with staging, instead the
+ * staging folders of compiles that died (family/.staging-PID-N) */
+static char **list_of(const char *root, int *n, int staging) {
     *n = 0;
     char **out = NULL;
     DIR *d = opendir(root);
@@ -52,7 +54,7 @@ static char **list(const char *root, int *n) {
         DIR *e = fam ? opendir(fam) : NULL;
         struct dirent *p;
         while (e && (p = readdir(e))) {
-            if (p->d_name[0] == '.' || strstr(p->d_name, ".trash.")) continue;
+            if (staging ? !kx_staging_dead(p->d_name) : p->d_name[0] == '.' || strstr(p->d_name, ".trash.")) continue;
             char *path = kb_path_join(fam, p->d_name);
             int cache = !path || is_cache(path);
             free(path);
@@ -67,6 +69,21 @@ static char **list(const char *root, int *n) {
     }
     closedir(d);
     return out;
+}
+
+static char **list(const char *root, int *n) { return list_of(root, n, 0); }
+
+/* family folders left empty (by rm, or by a compile that died) go too */
+static void remove_empty_families(const char *root) {
+    DIR *d = opendir(root);
+    struct dirent *f;
+    while (d && (f = readdir(d))) {
+        if (f->d_name[0] == '.') continue;
+        char *fam = kb_path_join(root, f->d_name);
+        if (fam && kb_is_dir(fam) && rmdir(fam) == 0) kb_log(KILN_LOG_INFO, "removed the empty folder %s", fam);
+        free(fam);
+    }
+    if (d) closedir(d);
 }
 
 int cli_count_packages(const char *root) {
@@ -155,8 +172,22 @@ int cmd_package(int argc, char **argv) {
             kx_package_close(p);
             free(path);
         }
+        int ns = 0;
+        char **st = list_of(root, &ns, 1);
+        for (int i = 0; i < ns; i++) {
+            char *path = kb_path_join(root, st[i]), size[32];
+            int64_t bytes = path ? kcache_dir_bytes(path) : 0;
+            total += bytes;
+            printf("%-10s  %-12s  %-12s  %-44s  %s\n", kb_human_bytes((double)bytes, size, sizeof size), "-", "-",
+                   "interrupted: a compile that died (rm --all removes it)", st[i]);
+            free(path);
+            free(st[i]);
+        }
+        free(st);
         char ts[32];
-        if (n) printf("%d package%s, %s in %s\n", n, n == 1 ? "" : "s", kb_human_bytes((double)total, ts, sizeof ts), root);
+        if (n || ns)
+            printf("%d package%s%s, %s in %s\n", n, n == 1 ? "" : "s", ns ? " and interrupted compiles" : "",
+                   kb_human_bytes((double)total, ts, sizeof ts), root);
     } else if (!strcmp(sub, "verify")) {
         int checked = 0;
         for (int i = 0; i < (nn ? nn : n); i++) {
@@ -190,6 +221,18 @@ int cmd_package(int argc, char **argv) {
                 }
                 free(man);
                 free(path);
+            }
+            if (all) { /* what compiles that died left, then the family folders left empty */
+                int ns = 0;
+                char **st = list_of(root, &ns, 1);
+                for (int i = 0; i < ns; i++) {
+                    char *path = kb_path_join(root, st[i]);
+                    if (path && !kb_remove_tree(path)) printf("removed %s (an interrupted compile)\n", st[i]);
+                    free(path);
+                    free(st[i]);
+                }
+                free(st);
+                remove_empty_families(root);
             }
         }
     } else {

@@ -202,6 +202,10 @@ kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shap
  * or bad, is remembered. */
 kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *dist, kx_weight_fn weight, void *user);
 kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *inputs, float *const *outputs);
+/* 1 when name is a package staging folder (".staging-<pid>-<n>") whose
+ * compiler died (its pid is gone on this machine): an interrupted compile
+ * that `kiln package ls` shows and `package rm --all` removes. */
+int kx_staging_dead(const char *name);
 /* Check a package folder without loading it: folders, signature, manifest,
  * CPU features, library hash (all that open and load check before dlopen). */
 kiln_status kx_package_verify(const char *dir);

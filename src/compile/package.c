@@ -623,6 +623,12 @@ static void dims_label(const kx_sym *s, int n, char *buf, size_t cap) {
     }
 }
 
+int kx_staging_dead(const char *name) {
+    long pid = 0;
+    if (strncmp(name, ".staging-", 9) || (pid = strtol(name + 9, NULL, 10)) <= 0) return 0;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 /* Staging folders of compilers that died (their pid is gone) and folders
  * a remover renamed aside are deleted; a live compiler's are left alone. */
 static void clean_leftovers(const char *famdir) {
@@ -630,10 +636,7 @@ static void clean_leftovers(const char *famdir) {
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
-        long pid = 0;
-        int stale = strstr(e->d_name, ".trash.") != NULL;
-        if (!strncmp(e->d_name, ".staging-", 9) && (pid = strtol(e->d_name + 9, NULL, 10)) > 0)
-            stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+        int stale = strstr(e->d_name, ".trash.") != NULL || kx_staging_dead(e->d_name);
         char *path = stale ? kb_path_join(famdir, e->d_name) : NULL;
         if (path) {
             kb_log(KILN_LOG_INFO, "compile: removing %s, left by a compiler that died", path);
