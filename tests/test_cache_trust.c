@@ -262,6 +262,13 @@ TEST(planted_copy_and_symlink_are_not_served) {
                   strstr(vtext, "its model is \"b\", the folder says \"a\""), "rc %d: %s", vrc, vtext);
     free(vtext);
     free(vout);
+    /* verify removed what it found corrupt (issue 42): the next load converts anew */
+    CHECK(!kb_is_dir(pa));
+    m = load(&oa, "miss", NULL, 0);
+    CHECK_MSG(same_as(m, g_ref_a), "a planted copy of b served for a");
+    kiln_model_free(m);
+    /* planted again, without a verify in between: the load itself rebuilds it */
+    CHECK(sh("rm -rf '%s' && cp -a '%s' '%s'", pa, pb, pa) == 0);
     m = load(&oa, "rebuilt", NULL, 0);
     CHECK_MSG(same_as(m, g_ref_a), "a planted copy of b served for a");
     kiln_model_free(m);

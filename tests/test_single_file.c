@@ -509,7 +509,7 @@ TEST(low_memory_batches) {
 TEST(compile_file) {
     char *out = NULL, png[256];
     snprintf(png, sizeof png, "%s/cc.png", g_dir);
-    CHECK_RUN_WITH(run_kiln, 0, "every component's packages are published", "compile '%s' --tokenizers '%s' --cache-dir '%s/cc'",
+    CHECK_RUN_WITH(run_kiln, 0, "packages published under", "compile '%s' --tokenizers '%s' --cache-dir '%s/cc'",
                    g_file, g_full, g_dir);
     int rc = run_kiln(&out, "generate '%s' --tokenizers '%s' --prompt 'a cat' --steps 2 --cache-dir '%s/cc' --output '%s' "
                       "--timings", g_file, g_full, g_dir, png);

@@ -54,8 +54,14 @@ static void usage(FILE *f) {
  * with one busy process beside it. */
 static void spin_less(char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-    if (setenv("GOMP_SPINCOUNT", "10000", 1) != 0) return;
-    execv("/proc/self/exe", argv); /* returns only when it fails: then run as we are */
+    /* the binary by its own path, so the process keeps its name ("kiln" in
+     * ps, pgrep and /proc/PID/comm; "/proc/self/exe" would make it "exe") */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || setenv("GOMP_SPINCOUNT", "10000", 1) != 0) return;
+    self[n] = 0;
+    execv(self, argv); /* returns only when it fails: then run as we are */
+    unsetenv("GOMP_SPINCOUNT");
 }
 
 /* Levenshtein distance of two short words (longer ones: far) */
