@@ -5,6 +5,8 @@
 #include "format/safetensors.h"
 #include "test.h"
 
+#include <sys/resource.h>
+
 #include <stdint.h>
 #include <unistd.h>
 
@@ -263,6 +265,30 @@ TEST(test_header_too_big) {
     st_file *f = NULL;
     write_raw_len(path, (uint64_t)ST_MAX_HEADER + 1, "{}", 0);
     CHECK_FAILS(st_open(path, &f), KILN_ERR_FORMAT, "header length 100000001 exceeds the limit");
+    test_rmrf(dir);
+}
+
+/* A header of a million entries (55 MB): refused by its count of values
+ * before cJSON builds a node of each (it took 976 MB to refuse, issue 42) */
+TEST(test_header_of_a_million_entries) {
+    char dir[4096], path[4200];
+    test_tmpdir(dir, sizeof dir, "st");
+    join(path, sizeof path, dir, "million.safetensors");
+    size_t cap = 64u << 20;
+    char *h = malloc(cap), *p = h;
+    p += sprintf(p, "{");
+    for (int i = 0; i < 1000000; i++)
+        p += sprintf(p, "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}", i ? "," : "", i);
+    sprintf(p, "}");
+    write_raw(path, h, 0);
+    free(h);
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    st_file *f = NULL;
+    CHECK_FAILS(st_open(path, &f), KILN_ERR_FORMAT, "JSON values; at most");
+    getrusage(RUSAGE_SELF, &ru1);
+    fprintf(stderr, "  a 1M-entry header refused; peak RSS grew %ld MB\n", (ru1.ru_maxrss - ru0.ru_maxrss) / 1024);
+    CHECK(ru1.ru_maxrss - ru0.ru_maxrss < 300 * 1024); /* the header's copy, not a node per value */
     test_rmrf(dir);
 }
 
@@ -804,6 +830,7 @@ int main(void) {
     RUN(test_corruption_never_crashes);
     RUN(test_writer_failures);
     RUN(test_set_sharded);
+    RUN(test_header_of_a_million_entries);
     RUN(test_set_errors);
     RUN(test_set_shards_stay_in_their_folder);
     RUN(test_set_many);

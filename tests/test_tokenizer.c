@@ -12,6 +12,8 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/wait.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <time.h>
 
 /* CPU seconds of this process: the machines are shared, and wall time
@@ -596,9 +598,33 @@ TEST(malformed_files) {
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "line 1 \"a b c\" is not a merge");
     put(dir, "merges.txt", "a b</w>\n");
     put(dir, "vocab.json", "{\"a\": 0, \"b\": \"one\"}");
-    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "vocabulary entry \"b\" has no id");
+    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "vocabulary entry 1 (\"b\") has no id");
     put(dir, "vocab.json", "{\"a\": 0, ");
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "vocab.json is not valid JSON");
+    /* hostile vocabularies (issue 42): a token that is not UTF-8, tokens sharing an id, an id past 2^24 */
+    put(dir, "vocab.json", "{\"a\": 0, \"\xed\xa0\x80\": 1}");
+    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "vocabulary entry 1");
+    CHECK(strstr(kiln_last_error(), "UTF-8") != NULL);
+    put(dir, "vocab.json", "{\"a\": 0, \"b\": 1, \"c\": 1}");
+    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "the tokens \"b\" and \"c\" share id 1");
+    put(dir, "vocab.json", "{\"a\": 0, \"b\": 16777216}");
+    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "has no id (an integer in 0..16777215)");
+    /* three million entries (54 MB: a file under the size bound): refused by their count before a
+     * table is built, in little memory (a 5M-entry vocab.json took 902 MB to refuse) */
+    {
+        char *big = malloc(128u << 20), *p = big;
+        p += sprintf(p, "{");
+        for (int i = 0; i < 3000000; i++) p += sprintf(p, "%s\"%x\":%d", i ? "," : "", i, i);
+        sprintf(p, "}");
+        put(dir, "vocab.json", big);
+        free(big);
+        struct rusage ru0, ru1;
+        getrusage(RUSAGE_SELF, &ru0);
+        CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "JSON values; a tokenizer file holds at most");
+        getrusage(RUSAGE_SELF, &ru1);
+        fprintf(stderr, "  a 3M-entry vocab.json refused; peak RSS grew %ld MB\n", (ru1.ru_maxrss - ru0.ru_maxrss) / 1024);
+        CHECK(ru1.ru_maxrss - ru0.ru_maxrss < 400 * 1024); /* its 90 MB of text, not 900 MB of tables */
+    }
     put(dir, "vocab.json", "{\"a\": 0, \"b\": 1, \"ab</w>\": 2, \"<|endoftext|>\": 3}");
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "\"b</w>\", which is not in the vocabulary");
     /* tokenizer.json beats vocab.json when present */
@@ -608,6 +634,16 @@ TEST(malformed_files) {
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_UNSUPPORTED, "model type \"WordPiece\"");
     put(dir, "tokenizer.json", "{\"version\": \"1.0\"}");
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "no \"model\" object");
+    /* a tokenizer.json that cannot be read (a link to /dev/zero) is refused by name, not passed over
+     * for vocab.json + merges.txt (issue 42) */
+    rm(dir, "tokenizer.json");
+    {
+        char *lp = kb_path_join(dir, "tokenizer.json");
+        CHECK(lp && symlink("/dev/zero", lp) == 0);
+        free(lp);
+    }
+    CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_IO, "tokenizer.json is not a regular file");
+    rm(dir, "tokenizer.json");
     put(dir, "tokenizer_config.json", "{\"pad_token\": ");
     CHECK_FAILS(kiln_tokenizer_open(dir, &t), KILN_ERR_FORMAT, "tokenizer_config.json is not valid JSON");
     rm(dir, "tokenizer_config.json");

@@ -78,6 +78,10 @@ int kb_is_dir(const char *path);
 int kb_is_file(const char *path);
 char *kb_path_join(const char *a, const char *b); /* malloc'd */
 char *kb_dirname(const char *path);               /* malloc'd */
+/* The JSON values in text[0..n), counted by the separators outside strings:
+ * an upper bound (within a few) of the nodes a parser makes, so that a
+ * hostile file's parse is refused by its count before it costs memory. */
+long kb_json_values(const char *text, size_t n);
 /* Read a whole (small) file into a NUL-terminated buffer. */
 kiln_status kb_read_file(const char *path, char **out, size_t *len);
 /* Write a whole file atomically: tmp file in the same folder, fsync, rename. */

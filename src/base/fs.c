@@ -239,3 +239,20 @@ kiln_status kb_remove_dir(const char *dir) {
     free(aside);
     return s;
 }
+
+long kb_json_values(const char *p, size_t n) {
+    long items = 1;
+    int in = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (in) {
+            if (c == '\\') i++;
+            else if (c == '"') in = 0;
+        } else if (c == '"') {
+            in = 1;
+        } else if (c == ',' || c == ':' || c == '[' || c == '{') {
+            items++;
+        }
+    }
+    return items;
+}

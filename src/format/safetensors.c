@@ -409,6 +409,13 @@ kiln_status st_open(const char *path, st_file **out) {
     }
     memcpy(hdr, f->map.data + 8, n);
     hdr[n] = 0;
+    long items = kb_json_values(hdr, n);
+    if (items > ST_MAX_HEADER_ITEMS) {
+        free(hdr);
+        s = kb_fail(KILN_ERR_FORMAT, "%s: its header holds about %ld JSON values; at most %ld (some 300,000 tensors) "
+                    "are read", path, items, ST_MAX_HEADER_ITEMS);
+        goto fail;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(hdr, n, &end, 0);
     if (!root) {

@@ -20,6 +20,11 @@
 #include <stdint.h>
 
 #define ST_MAX_HEADER (100u * 1000u * 1000u)
+/* A header's JSON values, counted before it is parsed (cJSON makes a node
+ * of each, ~100 bytes with its strings): a real checkpoint holds a few
+ * thousand tensors of ~6 values each, and a 1M-entry header took 976 MB to
+ * refuse. 2^21 values is ~300,000 tensors. */
+#define ST_MAX_HEADER_ITEMS (1L << 21)
 
 typedef struct st_tensor {
     const char *name;

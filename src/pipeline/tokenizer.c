@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <utf8proc.h>
 
 /* A prompt longer than this many tokens (or asked for a longer padded
@@ -306,10 +307,37 @@ kiln_status ktok_base64(const char *s, size_t n, uint8_t **out, size_t *out_len,
 
 /* ---- reading a folder ---------------------------------------------------- */
 
+kiln_status ktok_read_text(const char *path, char **text, size_t *len) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > KTOK_MAX_FILE)
+        return kb_fail(KILN_ERR_FORMAT, "%s: %lld bytes; a tokenizer file is at most %u", path, (long long)sb.st_size,
+                       KTOK_MAX_FILE);
+    kiln_status s = kb_read_file(path, text, len);
+    if (!s && *len > KTOK_MAX_FILE) { /* grew while read */
+        free(*text);
+        *text = NULL;
+        return kb_fail(KILN_ERR_FORMAT, "%s: more than %u bytes; a tokenizer file is at most that", path, KTOK_MAX_FILE);
+    }
+    return s;
+}
+
+kiln_status ktok_read_json_text(const char *path, char **text, size_t *len) {
+    kiln_status s = ktok_read_text(path, text, len);
+    if (s) return s;
+    long items = kb_json_values(*text, *len);
+    if (items > KTOK_MAX_JSON_ITEMS) {
+        free(*text);
+        *text = NULL;
+        return kb_fail(KILN_ERR_FORMAT, "%s: about %ld JSON values; a tokenizer file holds at most %ld (the largest "
+                       "real vocabularies hold well under a million)", path, items, KTOK_MAX_JSON_ITEMS);
+    }
+    return KILN_OK;
+}
+
 static kiln_status ktok_read_json(const char *path, cJSON **out) {
     char *text;
     size_t len;
-    kiln_status s = kb_read_file(path, &text, &len);
+    kiln_status s = ktok_read_json_text(path, &text, &len);
     if (s) return s;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -480,6 +508,14 @@ void kiln_tokenizer_free(kiln_tokenizer *t) {
     free(t);
 }
 
+/* a name in the folder that stands for something (a file, a link even to
+ * /dev/zero): read, and refused there if it is not a readable file, never
+ * passed over for the next kind of file */
+static int present(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
 static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_files files, cJSON **cfg,
                                    cJSON **map, cJSON **root) {
     char *p_json = kb_path_join(folder, "tokenizer.json");
@@ -497,9 +533,9 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
         s = kb_fail(KILN_ERR_IO, "tokenizer folder %s is not a folder", folder);
         goto done;
     }
-    if (kb_is_file(p_cfg) && (s = ktok_read_json(p_cfg, cfg))) goto done;
-    if (kb_is_file(p_map) && (s = ktok_read_json(p_map, map))) goto done;
-    int use_json = files == KTOK_FILES_TOKENIZER_JSON || (files == KTOK_FILES_AUTO && kb_is_file(p_json));
+    if (present(p_cfg) && (s = ktok_read_json(p_cfg, cfg))) goto done;
+    if (present(p_map) && (s = ktok_read_json(p_map, map))) goto done;
+    int use_json = files == KTOK_FILES_TOKENIZER_JSON || (files == KTOK_FILES_AUTO && present(p_json));
     if (use_json) {
         if (!(t->source = kb_strdup(p_json))) {
             s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
@@ -532,8 +568,8 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
             }
             if ((s = ktok_added_entry(t, e, (int64_t)id->valuedouble, p_json))) goto done;
         }
-    } else if ((files == KTOK_FILES_AUTO || files == KTOK_FILES_VOCAB_MERGES) && kb_is_file(p_vocab) &&
-               kb_is_file(p_merges)) {
+    } else if ((files == KTOK_FILES_AUTO || files == KTOK_FILES_VOCAB_MERGES) && present(p_vocab) &&
+               present(p_merges)) {
         if (!(t->source = kb_strdup(p_vocab))) {
             s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
             goto done;
@@ -541,7 +577,7 @@ static kiln_status ktok_open_inner(kiln_tokenizer *t, const char *folder, ktok_f
         t->kind = KILN_TOKENIZER_CLIP;
         if ((s = ktok_clip_from_files(t, p_vocab, p_merges))) goto done;
         s = ktok_added_from_config(t, *cfg, *map, p_cfg);
-    } else if (files != KTOK_FILES_TOKENIZER_JSON && files != KTOK_FILES_VOCAB_MERGES && kb_is_file(p_spiece)) {
+    } else if (files != KTOK_FILES_TOKENIZER_JSON && files != KTOK_FILES_VOCAB_MERGES && present(p_spiece)) {
         if (!(t->source = kb_strdup(p_spiece))) {
             s = kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
             goto done;

@@ -105,6 +105,18 @@ kiln_status ktok_normalize(const kiln_tokenizer *t, const char *s, size_t n, kto
  * each stretch between them normalized, the normalized added tokens cut out
  * of that, and each remaining piece handed to pretok(t, work, piece, out),
  * the kind's pre-tokenizer and model; ids appended to out in order. */
+/* The files of a tokenizer: at most KTOK_MAX_FILE bytes, and a JSON file
+ * at most KTOK_MAX_JSON_ITEMS values (counted before it is parsed: a
+ * 5-million-entry vocab.json took 902 MB to refuse), so the memory a
+ * hostile file costs is bounded by these before any table is built. A
+ * token id is below KTOK_MAX_ID (ids travel as f32: exact below 2^24). */
+#define KTOK_MAX_FILE (64u << 20)
+#define KTOK_MAX_JSON_ITEMS (2L << 20)
+#define KTOK_MAX_ID (1 << 24)
+/* path's bytes (kb_read_file) within KTOK_MAX_FILE; a JSON file's values
+ * counted against KTOK_MAX_JSON_ITEMS when json */
+kiln_status ktok_read_text(const char *path, char **text, size_t *len);
+kiln_status ktok_read_json_text(const char *path, char **text, size_t *len);
 /* the longest text a tokenizer takes, in bytes (KILN_ERR_INVALID_ARG past it) */
 #define KTOK_MAX_TEXT (256 << 10)
 typedef kiln_status (*ktok_pretok_fn)(const kiln_tokenizer *t, void *work, const char *s, size_t n, ktok_ids *out);

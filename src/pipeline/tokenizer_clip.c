@@ -302,19 +302,44 @@ kiln_status ktok_clip_encode(const kiln_tokenizer *t, const char *text, size_t l
 
 /* ---- loading --------------------------------------------------------------- */
 
+/* token -> id, every token valid UTF-8 (a Python str), every id in [0,
+ * 2^24) (ids travel as f32) and held by one token: a vocabulary where two
+ * tokens share an id would decode one as the other */
 static kiln_status ktok_clip_vocab(kiln_tokenizer *t, const cJSON *vocab, const char *where) {
     if (!cJSON_IsObject(vocab)) return kb_fail(KILN_ERR_FORMAT, "%s: no vocabulary object (token -> id)", where);
     const cJSON *e;
+    uint8_t *seen = calloc((size_t)KTOK_MAX_ID / 8, 1);
+    if (!seen) return kb_fail(KILN_ERR_NOMEM, "tokenizer: out of memory");
+    kiln_status s = KILN_OK;
+    long k = 0;
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= INT32_MAX ||
-            e->valuedouble != (double)(int64_t)e->valuedouble)
-            return kb_fail(KILN_ERR_FORMAT, "%s: vocabulary entry \"%s\" has no id (a non-negative integer)", where,
-                           e->string);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= KTOK_MAX_ID ||
+            e->valuedouble != (double)(int64_t)e->valuedouble) {
+            s = kb_fail(KILN_ERR_FORMAT, "%s: vocabulary entry %ld (\"%.80s\") has no id (an integer in 0..%d)", where, k,
+                        e->string, KTOK_MAX_ID - 1);
+            break;
+        }
+        size_t len = strlen(e->string);
+        if (ktok_check_utf8(e->string, len, "a vocabulary token")) {
+            s = kb_wrap(KILN_ERR_FORMAT, "%s: vocabulary entry %ld", where, k);
+            break;
+        }
         int32_t id = (int32_t)e->valuedouble;
-        kiln_status s = ktok_map_put(&t->vocab, e->string, strlen(e->string), id);
-        if (s) return s;
+        if (seen[id >> 3] >> (id & 7) & 1) {
+            const char *other = "?";
+            const cJSON *o;
+            cJSON_ArrayForEach(o, vocab) if (o != e && cJSON_IsNumber(o) && o->valuedouble == id) { other = o->string; break; }
+            s = kb_fail(KILN_ERR_FORMAT, "%s: the tokens \"%.80s\" and \"%.80s\" share id %d (an id is one token's)",
+                        where, other, e->string, id);
+            break;
+        }
+        seen[id >> 3] |= (uint8_t)(1u << (id & 7));
+        if ((s = ktok_map_put(&t->vocab, e->string, len, id))) break;
         if (id + 1 > t->vocab_size) t->vocab_size = id + 1;
+        k++;
     }
+    free(seen);
+    if (s) return s;
     if (!t->vocab.n) return kb_fail(KILN_ERR_FORMAT, "%s: the vocabulary is empty", where);
     return KILN_OK;
 }
@@ -440,7 +465,7 @@ kiln_status ktok_clip_from_json(kiln_tokenizer *t, const void *model_json, const
 kiln_status ktok_clip_from_files(kiln_tokenizer *t, const char *vocab_path, const char *merges_path) {
     char *text = NULL;
     size_t len;
-    kiln_status s = kb_read_file(vocab_path, &text, &len);
+    kiln_status s = ktok_read_json_text(vocab_path, &text, &len);
     if (s) return s;
     const char *end = NULL;
     cJSON *vocab = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -453,7 +478,7 @@ kiln_status ktok_clip_from_files(kiln_tokenizer *t, const char *vocab_path, cons
     /* what CLIPTokenizer builds: suffix </w>, unknown <|endoftext|> */
     if (!s) s = ktok_clip_tables(t, "</w>", "<|endoftext|>", vocab_path);
     if (s) return s;
-    if ((s = kb_read_file(merges_path, &text, &len))) return s;
+    if ((s = ktok_read_text(merges_path, &text, &len))) return s;
     /* one merge "a b" a line; a first line "#version..." is skipped */
     size_t i = 0;
     long line = 0;
