@@ -1,8 +1,14 @@
-/* component.c - opening one component folder of a pipeline (component.h). */
+/* component.c - opening one component of a pipeline (component.h): a
+ * folder's, or an all-in-one file's (its config from the tokenizers folder
+ * or inferred from the shapes); and checking a pipeline folder's files
+ * before anything loads. */
 #include "pipeline/component.h"
 
+#include "arch/arch.h"
 #include "base/base.h"
 #include "format/checkpoint.h"
+#include "model/model.h"
+#include "pipeline/pipeline_files.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -38,15 +44,6 @@ void kp_component_done(const kiln_load_opts *base, const char *component, double
     snprintf(what, sizeof what, "load %s", component);
     kb_ledger_add(what, dt, kiln_model_origin(m));
     if (base && base->on_component) base->on_component(base->component_user, component, kiln_model_origin(m), dt);
-}
-
-/* what model_index.json says of a component: 1 listed ([library, class]),
- * 0 not there or [null, null] */
-static int listed(const cJSON *index, const char *component, const char **cls) {
-    const cJSON *v = index ? cJSON_GetObjectItemCaseSensitive(index, component) : NULL;
-    const cJSON *c = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 ? cJSON_GetArrayItem(v, 1) : NULL;
-    if (cls) *cls = cJSON_IsString(c) ? c->valuestring : NULL;
-    return cJSON_IsString(c);
 }
 
 /* one component folder's files */
@@ -90,22 +87,21 @@ const char *const kp_sd3_parts[] = {"transformer",    "text_encoder",  "tokenize
 kiln_status kp_check_folder(const kp_source *s, const char *const *need) {
     if (!s->dir) return KILN_OK;
     char *ip = kb_path_join(s->dir, "model_index.json"), *text = NULL;
-    cJSON *index = NULL;
-    if (ip && kb_is_file(ip) && !kb_read_file(ip, &text, NULL)) index = cJSON_Parse(text);
-    kb_clear_error();
+    size_t len = 0;
+    kp_index ix;
+    memset(&ix, 0, sizeof ix);
+    kiln_status st = KILN_OK;
+    if (!ip) return KILN_ERR_NOMEM;
+    if (kb_is_file(ip) && !(st = kb_read_file(ip, &text, &len))) st = kp_index_parse(text, len, ip, &ix);
     free(ip);
     free(text);
-    kiln_status st = KILN_OK;
     /* every component the index lists is there */
-    for (const cJSON *it = index ? index->child : NULL; it && !st; it = it->next) {
-        const char *cls;
-        if (!it->string || it->string[0] == '_' || !listed(index, it->string, &cls)) continue;
-        if (strchr(it->string, '/') || !strcmp(it->string, "..")) continue; /* not a folder name: not ours to open */
-        char *d = kb_path_join(s->dir, it->string);
+    for (int i = 0; i < ix.n && !st; i++) {
+        char *d = kb_path_join(s->dir, ix.part[i].name);
         if (!d) st = KILN_ERR_NOMEM;
         else if (!kb_is_dir(d))
             st = kb_fail(KILN_ERR_MISSING, "%s: model_index.json lists %s (%s), but there is no %s/ folder", s->dir,
-                         it->string, cls, it->string);
+                         ix.part[i].name, ix.part[i].cls, ix.part[i].name);
         free(d);
     }
     /* and what the pipeline reads, with its files */
@@ -114,10 +110,125 @@ kiln_status kp_check_folder(const kp_source *s, const char *const *need) {
         char *d = kb_path_join(s->dir, c);
         int there = d && kb_is_dir(d);
         free(d);
-        if (need[i][0] == '?' && !there && !listed(index, c, NULL)) continue;
+        if (need[i][0] == '?' && !there && !kp_index_lists(&ix, c, NULL)) continue;
         if (!there) st = kb_fail(KILN_ERR_MISSING, "%s: no %s/ folder (a pipeline folder holds one)", s->dir, c);
         else st = check_part(s->dir, c);
     }
-    cJSON_Delete(index);
     return st;
+}
+
+/* ---- an all-in-one file's components (single_file.c finds them) ---- */
+
+/* the config of a file's component as kp_part_config says, and (when it
+ * comes from aux) its path */
+static kiln_status part_config(const char *file, const char *component, const char *aux, char **json, char **path) {
+    *json = NULL;
+    if (path) *path = NULL;
+    const char *prefix = NULL, *family = NULL;
+    if (!kp_part_lookup(component, &prefix, &family))
+        return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
+    char *cp = aux ? kb_strfmt("%s/%s/config.json", aux, component) : NULL;
+    if (aux && !cp) return KILN_ERR_NOMEM;
+    if (cp && kb_is_file(cp)) {
+        kiln_status st = kb_read_file(cp, json, NULL);
+        if (!st && path) *path = cp;
+        else free(cp);
+        return st;
+    }
+    free(cp);
+    const ka_arch *a = ka_find(family);
+    kc_checkpoint *c = NULL;
+    void *x = a ? kb_calloc(1, a->config_size) : NULL;
+    if (!x) return a ? KILN_ERR_NOMEM : kb_fail(KILN_ERR_UNSUPPORTED, "no %s family in this build", family);
+    kiln_status st = kc_open_part(file, prefix, NULL, NULL, ka_renamers(), &c);
+    if (!st) st = a->config_infer ? a->config_infer(c, x)
+                                  : kb_fail(KILN_ERR_UNSUPPORTED, "the %s family infers no config", a->name);
+    char *text = st ? NULL : a->config_to_json(x);
+    if (!st && !text) st = KILN_ERR_NOMEM;
+    /* CLIP-L and CLIP-G have one width each, told apart by their prefix here */
+    if (!st && !strcmp(a->name, "clip")) {
+        cJSON *j = cJSON_Parse(text), *act = cJSON_CreateString(!strcmp(component, "text_encoder") ? "quick_gelu" : "gelu");
+        if (!j || !act || !cJSON_ReplaceItemInObjectCaseSensitive(j, "hidden_act", act)) { /* act not attached */
+            cJSON_Delete(act);
+            cJSON_Delete(j);
+            j = NULL;
+        }
+        free(text);
+        text = j ? cJSON_Print(j) : NULL;
+        cJSON_Delete(j);
+        if (!text) st = KILN_ERR_NOMEM;
+    }
+    kc_close(c);
+    free(x);
+    if (st)
+        return kb_wrap(st, "%s (%s*) has no config.json in %s and inferring one from its tensors failed (put its "
+                       "config.json at %s/%s/config.json)", component, prefix,
+                       aux ? aux : "--tokenizers DIR", aux ? aux : "DIR", component);
+    *json = text;
+    return KILN_OK;
+}
+
+kiln_status kp_part_config(const char *file, const char *component, const char *aux, char **json, int *inferred) {
+    char *path = NULL;
+    kiln_status st = part_config(file, component, aux, json, &path);
+    if (inferred) *inferred = !st && !path;
+    free(path);
+    return st;
+}
+
+kiln_status kp_component_config(const kp_source *s, const char *component, char **json) {
+    *json = NULL;
+    char rel[64];
+    snprintf(rel, sizeof rel, "%s/config.json", component);
+    char *path = kp_aux_path(s, rel);
+    kiln_status st = KILN_OK;
+    if (path && kb_is_file(path)) st = kb_read_file(path, json, NULL);
+    else if (s->file && kp_has_component(s, component)) st = kp_part_config(s->file, component, s->aux, json, NULL);
+    free(path);
+    return st;
+}
+
+/* no weight cache (base NULL): converted in memory, as kiln_model_open does */
+static kiln_status open_uncached(const char *file, const char *prefix, const char *json, const char *label, kiln_model **out) {
+    km_compute cp;
+    kc_checkpoint *c = NULL;
+    kiln_status st = km_compute_resolve(KILN_DTYPE_INVALID, 0, &cp);
+    if (!st) st = kc_open_part(file, prefix, NULL, json, ka_renamers(), &c);
+    if (!st) st = km_from_checkpoint(c, label, cp, out);
+    kc_close(c);
+    return st;
+}
+
+kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_load_opts *base, kiln_model **out) {
+    *out = NULL;
+    if (s->dir) {
+        char *d = kb_path_join(s->dir, component);
+        if (!d) return KILN_ERR_NOMEM;
+        kiln_status st = kp_open_component(d, component, base, out);
+        free(d);
+        return st;
+    }
+    const char *prefix = NULL;
+    if (!kp_part_lookup(component, &prefix, NULL))
+        return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
+    double t0 = kp_component_start(base, component);
+    char *json = NULL, *path = NULL;
+    kiln_status st = part_config(s->file, component, s->aux, &json, &path);
+    if (!st && base) {
+        kiln_load_opts o = *base;
+        o.source = s->file;
+        o.source_fn = NULL;
+        o.source_prefix = prefix;
+        o.config_path = path;                        /* a config.json of the tokenizers folder ... */
+        o.source_config_text = path ? NULL : json;   /* ... or the inferred one */
+        o.component = component;
+        st = kiln_load_model(&o, out);
+    } else if (!st) {
+        st = open_uncached(s->file, prefix, json, path ? path : s->file, out);
+    }
+    free(json);
+    free(path);
+    if (st) return st;
+    kp_component_done(base, component, t0, *out);
+    return KILN_OK;
 }

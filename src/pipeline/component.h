@@ -47,6 +47,9 @@ kiln_status kp_source_init(const char *path, const char *tokenizers_dir, kp_sour
 /* 1 when path is a safetensors file holding model.diffusion_model.* and at
  * least one other component prefix (a plain transformer checkpoint is not) */
 int kp_is_single_file(const char *path);
+/* A component of an all-in-one file: 1 and its name prefix and family
+ * ("model.diffusion_model.", "sd3"), 0 for a name that is none */
+int kp_part_lookup(const char *component, const char **prefix, const char **family);
 /* The name prefix of a component inside an all-in-one file (NULL: unknown) */
 const char *kp_component_prefix(const char *component);
 /* Does the source hold component (a folder: its sub-folder; a file: a tensor under its prefix) */

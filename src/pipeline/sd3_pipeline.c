@@ -9,6 +9,7 @@
 #include "kiln.h"
 #include "model/model.h"
 #include "pipeline/component.h"
+#include "pipeline/pipeline_files.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -42,25 +43,22 @@ void kiln_pipeline_free(kiln_pipeline *p) {
 
 /* a JSON file of the pipeline folder, or of an all-in-one file's tokenizers
  * folder (NULL when absent; *st set on a bad one) */
-static cJSON *read_json(const kp_source *src, const char *file, int required, kiln_status *st) {
-    char *path = kp_aux_path(src, file), *text = NULL;
-    const char *dir = src->aux;
-    cJSON *j = NULL;
-    if (!path) {
-        if (src->aux) *st = KILN_ERR_NOMEM;
-        return NULL;
-    }
+/* the source's model_index.json (its aux folder's), parsed; *have 0 when
+ * there is none (an error when required) */
+static kiln_status read_index(const kp_source *src, int required, kp_index *ix, int *have) {
+    char *path = kp_aux_path(src, "model_index.json"), *text = NULL;
+    size_t len = 0;
+    kiln_status st = KILN_OK;
+    *have = 0;
+    if (!path) return src->aux ? KILN_ERR_NOMEM : KILN_OK;
     if (!kb_is_file(path)) {
-        if (required) *st = kb_fail(KILN_ERR_MISSING, "%s: no %s (a diffusers pipeline folder has one)", dir, file);
-    } else if ((*st = kb_read_file(path, &text, NULL))) {
-    } else if (!(j = cJSON_Parse(text)) || !cJSON_IsObject(j)) {
-        *st = kb_fail(KILN_ERR_FORMAT, "%s is not a JSON object", path);
-        cJSON_Delete(j);
-        j = NULL;
+        if (required) st = kb_fail(KILN_ERR_MISSING, "%s: no model_index.json (a diffusers pipeline folder has one)", src->aux);
+    } else if (!(st = kb_read_file(path, &text, &len)) && !(st = kp_index_parse(text, len, path, ix))) {
+        *have = 1;
     }
     free(path);
     free(text);
-    return j;
+    return st;
 }
 
 static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_model **out) {
@@ -106,16 +104,12 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     if (!st) st = kp_check_tokenizers(&src); /* before any component loads */
     if (st) return st;
     /* a folder must say its class; a file's tokenizers folder may */
-    cJSON *index = read_json(&src, "model_index.json", src.dir != NULL, &st);
-    if (st) return st;
-    const cJSON *cls = index ? cJSON_GetObjectItemCaseSensitive(index, "_class_name") : NULL;
-    if (index && (!cJSON_IsString(cls) || (strcmp(cls->valuestring, "StableDiffusion3Pipeline")))) {
-        st = kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs "
-                     "StableDiffusion3Pipeline (SD3, SD3.5)", src.aux, cJSON_IsString(cls) ? cls->valuestring : "(none)");
-        cJSON_Delete(index);
-        return st;
-    }
-    cJSON_Delete(index);
+    kp_index index;
+    int have_index = 0;
+    if ((st = read_index(&src, src.dir != NULL, &index, &have_index))) return st;
+    if (have_index && strcmp(index.cls, "StableDiffusion3Pipeline"))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs "
+                       "StableDiffusion3Pipeline (SD3, SD3.5)", src.aux, *index.cls ? index.cls : "(none)");
     if ((st = kp_check_folder(&src, kp_sd3_parts))) return st; /* every file there, before any component loads */
     kiln_pipeline *p = kb_calloc(1, sizeof *p);
     if (!p || !(p->dir = kb_strdup(dir)) || (tokenizers_dir && !(p->tokenizers = kb_strdup(tokenizers_dir)))) {
@@ -134,44 +128,15 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     p->shift = 3.0;
     p->num_train_timesteps = 1000;
     /* no scheduler config (an all-in-one file's tokenizers folder without one): SD3's shift 3.0, 1000 steps */
-    cJSON *sch = read_json(&p->src, "scheduler/scheduler_config.json", 0, &st);
-    if (sch) {
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(sch, "_class_name"),
-                    *s = cJSON_GetObjectItemCaseSensitive(sch, "shift"),
-                    *n = cJSON_GetObjectItemCaseSensitive(sch, "num_train_timesteps"),
-                    *d = cJSON_GetObjectItemCaseSensitive(sch, "use_dynamic_shifting");
-        if (cJSON_IsString(c) && strcmp(c->valuestring, "FlowMatchEulerDiscreteScheduler"))
-            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: %s; kiln samples with FlowMatchEulerDiscreteScheduler", p->src.aux,
-                         c->valuestring);
-        else if (cJSON_IsTrue(d))
-            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: use_dynamic_shifting is true; SD3 pipelines use a "
-                         "static shift", p->src.aux);
-        /* the options that would make diffusers sample another schedule
-         * (or add noise each step): refused by name, never ignored */
-        static const char *const other[] = {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
-                                            "invert_sigmas", "stochastic_sampling"};
-        for (size_t i = 0; !st && i < sizeof other / sizeof other[0]; i++)
-            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sch, other[i])))
-                st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: %s is true; kiln samples SD3's schedule (a static "
-                             "shift, deterministic Euler steps), where it is false", p->src.aux, other[i]);
-        const cJSON *term = cJSON_GetObjectItemCaseSensitive(sch, "shift_terminal");
-        if (!st && term && !cJSON_IsNull(term))
-            st = kb_fail(KILN_ERR_UNSUPPORTED, "%s/scheduler: shift_terminal is set; kiln samples SD3's schedule, where "
-                         "it is null (no stretch of the last sigma)", p->src.aux);
-        /* a field the config leaves out takes FlowMatchEulerDiscreteScheduler's
-         * default, as diffusers builds it: shift 1.0, not SD3's 3.0 */
-        p->shift = 1.0;
-        if (!st && s && !cJSON_IsNumber(s))
-            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift must be a number", p->src.aux);
-        if (!st && n && (!cJSON_IsNumber(n) || n->valuedouble != floor(n->valuedouble)))
-            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: num_train_timesteps must be an integer", p->src.aux);
-        if (cJSON_IsNumber(s)) p->shift = s->valuedouble;
-        if (cJSON_IsNumber(n)) p->num_train_timesteps = n->valueint;
-        if (!st && (!(p->shift > 0) || !isfinite(p->shift) || p->num_train_timesteps < 1 || p->num_train_timesteps > 100000))
-            st = kb_fail(KILN_ERR_CONFIG, "%s/scheduler: shift %g must be a positive number and num_train_timesteps %d in "
-                         "1..100000", p->src.aux, p->shift, p->num_train_timesteps);
-        cJSON_Delete(sch);
+    char *spath = kp_aux_path(&p->src, "scheduler/scheduler_config.json"), *stext = NULL;
+    size_t slen = 0;
+    if (spath && kb_is_file(spath) && !(st = kb_read_file(spath, &stext, &slen))) {
+        char *where = kb_strfmt("%s/scheduler", p->src.aux);
+        st = where ? kp_scheduler_parse(stext, slen, where, &p->shift, &p->num_train_timesteps) : KILN_ERR_NOMEM;
+        free(where);
     }
+    free(spath);
+    free(stext);
     if (!st) st = open_model(p, "transformer", &p->transformer);
     const kiln_config *tc = st ? NULL : kiln_model_config(p->transformer);
     if (!st && !tc)

@@ -1,14 +1,11 @@
 /* single_file.c - an all-in-one SD3 / SD3.5 safetensors file (every
  * component under its name prefix, as ComfyUI and A1111 load it) as the
- * components of a pipeline (component.h): each component is the file's
- * tensors under its prefix, as views into the one mapping (kc_open_part),
- * renamed by its family's renamer, with its config from the tokenizers
- * folder or inferred from the shapes, through the weight cache under its
- * own component key. */
-#include "arch/arch.h"
+ * source of a pipeline's components (component.h): which prefixes the file
+ * holds, where its tokenizers and configs are. Parser code (the fuzz
+ * harnesses link it); opening a component (its config inferred from the
+ * shapes, the weight cache) is component.c's. */
 #include "base/base.h"
-#include "format/checkpoint.h"
-#include "model/model.h"
+#include "format/safetensors.h"
 #include "pipeline/component.h"
 
 #include <cjson/cJSON.h>
@@ -143,115 +140,10 @@ kiln_status kp_check_tokenizers(const kp_source *s) {
     return KILN_OK;
 }
 
-/* the config of a file's component as kp_part_config says, and (when it
- * comes from aux) its path */
-static kiln_status part_config(const char *file, int i, const char *aux, char **json, char **path) {
-    *json = NULL;
-    if (path) *path = NULL;
-    const char *component = k_parts[i].component;
-    char *cp = aux ? kb_strfmt("%s/%s/config.json", aux, component) : NULL;
-    if (aux && !cp) return KILN_ERR_NOMEM;
-    if (cp && kb_is_file(cp)) {
-        kiln_status st = kb_read_file(cp, json, NULL);
-        if (!st && path) *path = cp;
-        else free(cp);
-        return st;
-    }
-    free(cp);
-    const ka_arch *a = ka_find(k_parts[i].family);
-    kc_checkpoint *c = NULL;
-    void *x = a ? kb_calloc(1, a->config_size) : NULL;
-    if (!x) return a ? KILN_ERR_NOMEM : kb_fail(KILN_ERR_UNSUPPORTED, "no %s family in this build", k_parts[i].family);
-    kiln_status st = kc_open_part(file, k_parts[i].prefix, NULL, NULL, ka_renamers(), &c);
-    if (!st) st = a->config_infer ? a->config_infer(c, x)
-                                  : kb_fail(KILN_ERR_UNSUPPORTED, "the %s family infers no config", a->name);
-    char *text = st ? NULL : a->config_to_json(x);
-    if (!st && !text) st = KILN_ERR_NOMEM;
-    /* CLIP-L and CLIP-G have one width each, told apart by their prefix here */
-    if (!st && !strcmp(a->name, "clip")) {
-        cJSON *j = cJSON_Parse(text), *act = cJSON_CreateString(i == 1 ? "quick_gelu" : "gelu");
-        if (!j || !act || !cJSON_ReplaceItemInObjectCaseSensitive(j, "hidden_act", act)) { /* act not attached */
-            cJSON_Delete(act);
-            cJSON_Delete(j);
-            j = NULL;
-        }
-        free(text);
-        text = j ? cJSON_Print(j) : NULL;
-        cJSON_Delete(j);
-        if (!text) st = KILN_ERR_NOMEM;
-    }
-    kc_close(c);
-    free(x);
-    if (st)
-        return kb_wrap(st, "%s (%s*) has no config.json in %s and inferring one from its tensors failed (put its "
-                       "config.json at %s/%s/config.json)", component, k_parts[i].prefix,
-                       aux ? aux : "--tokenizers DIR", aux ? aux : "DIR", component);
-    *json = text;
-    return KILN_OK;
-}
-
-kiln_status kp_part_config(const char *file, const char *component, const char *aux, char **json, int *inferred) {
+int kp_part_lookup(const char *component, const char **prefix, const char **family) {
     int i = part_index(component);
-    if (i < 0) return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
-    char *path = NULL;
-    kiln_status st = part_config(file, i, aux, json, &path);
-    if (inferred) *inferred = !st && !path;
-    free(path);
-    return st;
-}
-
-kiln_status kp_component_config(const kp_source *s, const char *component, char **json) {
-    *json = NULL;
-    char rel[64];
-    snprintf(rel, sizeof rel, "%s/config.json", component);
-    char *path = kp_aux_path(s, rel);
-    kiln_status st = KILN_OK;
-    if (path && kb_is_file(path)) st = kb_read_file(path, json, NULL);
-    else if (s->file && kp_has_component(s, component)) st = kp_part_config(s->file, component, s->aux, json, NULL);
-    free(path);
-    return st;
-}
-
-/* no weight cache (base NULL): converted in memory, as kiln_model_open does */
-static kiln_status open_uncached(const char *file, int i, const char *json, const char *label, kiln_model **out) {
-    km_compute cp;
-    kc_checkpoint *c = NULL;
-    kiln_status st = km_compute_resolve(KILN_DTYPE_INVALID, 0, &cp);
-    if (!st) st = kc_open_part(file, k_parts[i].prefix, NULL, json, ka_renamers(), &c);
-    if (!st) st = km_from_checkpoint(c, label, cp, out);
-    kc_close(c);
-    return st;
-}
-
-kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_load_opts *base, kiln_model **out) {
-    *out = NULL;
-    if (s->dir) {
-        char *d = kb_path_join(s->dir, component);
-        if (!d) return KILN_ERR_NOMEM;
-        kiln_status st = kp_open_component(d, component, base, out);
-        free(d);
-        return st;
-    }
-    int i = part_index(component);
-    if (i < 0) return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
-    double t0 = kp_component_start(base, component);
-    char *json = NULL, *path = NULL;
-    kiln_status st = part_config(s->file, i, s->aux, &json, &path);
-    if (!st && base) {
-        kiln_load_opts o = *base;
-        o.source = s->file;
-        o.source_fn = NULL;
-        o.source_prefix = k_parts[i].prefix;
-        o.config_path = path;                        /* a config.json of the tokenizers folder ... */
-        o.source_config_text = path ? NULL : json;   /* ... or the inferred one */
-        o.component = component;
-        st = kiln_load_model(&o, out);
-    } else if (!st) {
-        st = open_uncached(s->file, i, json, path ? path : s->file, out);
-    }
-    free(json);
-    free(path);
-    if (st) return st;
-    kp_component_done(base, component, t0, *out);
-    return KILN_OK;
+    if (i < 0) return 0;
+    if (prefix) *prefix = k_parts[i].prefix;
+    if (family) *family = k_parts[i].family;
+    return 1;
 }

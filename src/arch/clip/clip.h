@@ -38,6 +38,9 @@ typedef struct clip_config {
 #define CLIP_MAX_LAYERS (KA_MAX_OUT - 5)
 #define CLIP_MAX_VOCAB (1 << 24) /* token ids travel as f32: exact below 2^24 */
 
+/* A config from the tensors' shapes (an all-in-one file's text encoder):
+ * clip_config.c says which shape gives what and what no shape holds. */
+kiln_status clip_config_infer(const kc_checkpoint *c, clip_config *x);
 /* transformers' CLIPTextConfig defaults for keys missing from config.json */
 clip_config clip_config_defaults(void);
 /* Does this config.json describe a CLIP text model, and which kind:

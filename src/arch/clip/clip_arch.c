@@ -17,48 +17,7 @@ static kiln_status validate(const void *cfg) { return clip_config_validate(cfg);
 static char *to_json(const void *cfg) { return clip_config_to_json(cfg); }
 static kiln_status spec(const void *cfg, ka_spec **out, size_t *n) { return clip_weight_spec(cfg, out, n); }
 
-/* A config from the tensors' shapes (a text encoder inside an all-in-one
- * file, transformers' names): vocabulary, width, positions, layers, MLP
- * width, projection from the shapes; what no shape holds as SD3's CLIPs have
- * it: heads of width 64 (one head when the width is no multiple of 64),
- * quick_gelu but for a 1280 wide model (CLIP-G: exact gelu), eps 1e-5,
- * bos 0 / eos 2 / pad 1 (the configs' legacy ids: pooling at the largest id). */
-static kiln_status infer(const kc_checkpoint *c, void *cfg) {
-    clip_config *x = cfg;
-    *x = clip_config_defaults();
-    const kc_tensor *tok = kc_find(c, "text_model.embeddings.token_embedding.weight"),
-                    *pos = kc_find(c, "text_model.embeddings.position_embedding.weight"),
-                    *fc1 = kc_find(c, "text_model.encoder.layers.0.mlp.fc1.weight"),
-                    *proj = kc_find(c, "text_projection.weight");
-    const char *miss = !tok ? "text_model.embeddings.token_embedding.weight"
-                       : !pos ? "text_model.embeddings.position_embedding.weight"
-                       : !fc1 ? "text_model.encoder.layers.0.mlp.fc1.weight" : NULL;
-    if (miss) return kb_fail(KILN_ERR_MISSING, "%s: cannot infer a CLIP text model's config: tensor %s is missing", c->path, miss);
-    if (tok->ndim != 2 || pos->ndim != 2 || fc1->ndim != 2 || (proj && proj->ndim != 2))
-        return kb_fail(KILN_ERR_SHAPE, "%s: a CLIP embedding, MLP or projection weight is not 2-D", c->path);
-    int layers = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        const char *n = c->t[i].name;
-        if (strncmp(n, "text_model.encoder.layers.", 26)) continue;
-        long b = strtol(n + 26, NULL, 10);
-        if (b >= 0 && b < CLIP_MAX_LAYERS && b + 1 > layers) layers = (int)b + 1;
-    }
-    int64_t D = tok->shape[1];
-    x->vocab_size = (int)tok->shape[0];
-    x->hidden_size = (int)D;
-    x->max_position_embeddings = (int)pos->shape[0];
-    x->intermediate_size = (int)fc1->shape[0];
-    x->num_hidden_layers = layers;
-    x->num_attention_heads = D % 64 ? 1 : (int)(D / 64);
-    x->with_projection = proj != NULL;
-    x->projection_dim = proj ? (int)proj->shape[0] : (int)D;
-    x->hidden_act = D == 1280 ? CLIP_ACT_GELU : CLIP_ACT_QUICK_GELU;
-    x->layer_norm_eps = 1e-5;
-    x->bos_token_id = 0;
-    x->eos_token_id = 2;
-    x->pad_token_id = 1;
-    return clip_config_validate(x);
-}
+static kiln_status infer(const kc_checkpoint *c, void *cfg) { return clip_config_infer(c, cfg); }
 
 /* in the order of clip_outputs; out has room for KA_MAX_OUT */
 static void io_shapes(const void *cfg, const int64_t *s, int64_t in[][4], int64_t out[][4]) {

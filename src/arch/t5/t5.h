@@ -39,6 +39,10 @@ typedef struct t5_config {
 
 /* transformers' T5Config defaults for keys missing from config.json */
 t5_config t5_config_defaults(void);
+/* A config from the tensors' shapes (an all-in-one file's t5xxl) and the
+ * renamer of an embedding saved as encoder.embed_tokens (t5_names.c). */
+kiln_status t5_config_infer(const kc_checkpoint *c, t5_config *x);
+extern const kc_renamer t5_renamer;
 /* Parse config.json text; every value checked, messages naming the key. */
 kiln_status t5_config_parse(const char *json, t5_config *cfg);
 kiln_status t5_config_validate(const t5_config *cfg);

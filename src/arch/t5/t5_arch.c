@@ -25,73 +25,7 @@ static int claims(const char *json) {
     return yes;
 }
 
-/* transformers ties T5EncoderModel's encoder.embed_tokens to shared and
- * saves shared.weight; a file that holds the encoder's copy alone (saved
- * untied) names the same table encoder.embed_tokens.weight; one that holds
- * both (some all-in-one files' t5xxl) has the tied copy left out.
- * state[0]: shared.weight is there too */
-static int detect_embed(const char *const *names, size_t n, int64_t state[4]) {
-    int embed = 0, shared = 0, block = 0;
-    for (size_t i = 0; i < n; i++) {
-        embed |= !strcmp(names[i], "encoder.embed_tokens.weight");
-        shared |= !strcmp(names[i], "shared.weight");
-        block |= !strncmp(names[i], "encoder.block.", 14);
-    }
-    state[0] = shared;
-    return embed && block;
-}
-
-static int rename_embed(const int64_t state[4], const char *name, kc_rename *r) {
-    if (strcmp(name, "encoder.embed_tokens.weight")) return 0;
-    r->n = 1;
-    r->drop = state[0] != 0;
-    snprintf(r->to[0], sizeof r->to[0], "shared.weight");
-    return 1;
-}
-
-/* A config from the tensors' shapes (an encoder inside an all-in-one file):
- * vocabulary and width from shared, heads and buckets from block 0's
- * relative_attention_bias [buckets, heads], d_kv = q's rows / heads, d_ff,
- * layers, gated when wi_0 is there; what no shape holds as T5 v1.1 (SD3's
- * T5-XXL) has it: gated-gelu (gelu_new), max distance 128, eps 1e-6. */
-static kiln_status infer(const kc_checkpoint *c, void *cfg) {
-    t5_config *x = cfg;
-    *x = t5_config_defaults();
-    const char *names[4] = {"shared.weight", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                            "encoder.block.0.layer.0.SelfAttention.q.weight", "encoder.block.0.layer.1.DenseReluDense.wo.weight"};
-    const kc_tensor *t[4];
-    for (int i = 0; i < 4; i++) {
-        if (!(t[i] = kc_find(c, names[i])))
-            return kb_fail(KILN_ERR_MISSING, "%s: cannot infer a T5 encoder's config: tensor %s is missing", c->path, names[i]);
-        if (t[i]->ndim != 2) return kb_fail(KILN_ERR_SHAPE, "%s: tensor %s is not 2-D", c->path, names[i]);
-    }
-    const kc_tensor *wi0 = kc_find(c, "encoder.block.0.layer.1.DenseReluDense.wi_0.weight");
-    int layers = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        const char *n = c->t[i].name;
-        if (strncmp(n, "encoder.block.", 14)) continue;
-        long b = strtol(n + 14, NULL, 10);
-        if (b >= 0 && b < T5_MAX_LAYERS && b + 1 > layers) layers = (int)b + 1;
-    }
-    int64_t heads = t[1]->shape[1], inner = t[2]->shape[0];
-    if (heads < 1 || inner % heads)
-        return kb_fail(KILN_ERR_SHAPE, "%s: q has %lld rows, not a multiple of the %lld heads of relative_attention_bias",
-                       c->path, (long long)inner, (long long)heads);
-    x->vocab_size = (int)t[0]->shape[0];
-    x->d_model = (int)t[0]->shape[1];
-    x->num_heads = (int)heads;
-    x->num_buckets = (int)t[1]->shape[0];
-    x->d_kv = (int)(inner / heads);
-    x->d_ff = (int)t[3]->shape[1];
-    x->num_layers = layers;
-    x->gated = wi0 != NULL;
-    x->act = wi0 ? T5_ACT_GELU_TANH : T5_ACT_RELU;
-    x->max_distance = 128;
-    x->eps = 1e-6;
-    return t5_config_validate(x);
-}
-
-static const kc_renamer t5_renamer = {"t5-embed-tokens", detect_embed, rename_embed};
+static kiln_status infer(const kc_checkpoint *c, void *cfg) { return t5_config_infer(c, cfg); }
 
 static kiln_status parse(const char *json, void *cfg) { return t5_config_parse(json, cfg); }
 static kiln_status validate(const void *cfg) { return t5_config_validate(cfg); }
