@@ -57,6 +57,18 @@ static inline int kiln_sh(char **out, const char *fmt, ...) {
     return kiln_popen(out, cmd);
 }
 
+/* a shell line without kiln's output (files, flock, chmod ...): its exit status, -1 when killed */
+static inline int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int test_sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* run with RUNNER (run_kiln or kiln_sh): the exit status and a substring of the output */
 #define CHECK_RUN_WITH(RUNNER, want_rc, substr, ...)                                    \
     do {                                                                                 \

@@ -310,6 +310,8 @@ TEST(t5_spiece_route) {
     CHECK_FAILS(kiln_tokenizer_open(tmp, &a), KILN_ERR_FORMAT, "spiece.model");
     CHECK_OK(kb_write_file_atomic(dst, "\xff\xff\xff", 3));
     CHECK_FAILS(kiln_tokenizer_open(tmp, &a), KILN_ERR_FORMAT, "not a SentencePiece model");
+    CHECK_OK(kb_write_file_atomic(dst, "", 0)); /* fuzz_tokenizer_files' first finding: NULL + 0 */
+    CHECK_FAILS(kiln_tokenizer_open(tmp, &a), KILN_ERR_FORMAT, "spiece.model is empty");
     free(data);
     free(src);
     free(dst);

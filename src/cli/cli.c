@@ -334,24 +334,25 @@ char *cli_latents_path(const char *output) {
     return kb_strdup(output);
 }
 
-int cli_check_png_output(const char *cmd, const char *path) {
-    size_t n = strlen(path);
+/* --output must end in ext (any case), what the command writes said in the message */
+static int check_ext(const char *cmd, const char *path, const char *ext, const char *what) {
+    size_t n = strlen(path), e = strlen(ext);
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    if (strlen(base) <= 4 || strcasecmp(path + n - 4, ".png"))
-        return cli_error(cmd, "--output %s: expected a file name ending in .png (kiln writes PNG images; several "
-                         "images are numbered: out.png gives out-0.png, out-1.png ...)", path);
+    if (strlen(base) <= e || strcasecmp(path + n - e, ext))
+        return cli_error(cmd, "--output %s: expected a file name ending in %s (%s)", path, ext, what);
     return cli_check_output(cmd, path);
 }
 
+int cli_check_png_output(const char *cmd, const char *path) {
+    return check_ext(cmd, path, ".png", "kiln writes PNG images; several images are numbered: out.png gives out-0.png, "
+                     "out-1.png ...");
+}
+
 int cli_check_st_output(const char *cmd, const char *path) {
-    size_t n = strlen(path);
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    if (strlen(base) <= 12 || strcasecmp(path + n - 12, ".safetensors"))
-        return cli_error(cmd, "--output %s: expected a file name ending in .safetensors (kiln %s writes tensors "
-                         "in the safetensors format)", path, cmd);
-    return cli_check_output(cmd, path);
+    char what[96];
+    snprintf(what, sizeof what, "kiln %s writes tensors in the safetensors format", cmd);
+    return check_ext(cmd, path, ".safetensors", what);
 }
 
 int cli_check_output(const char *cmd, const char *path) {

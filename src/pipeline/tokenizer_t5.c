@@ -591,9 +591,11 @@ kiln_status ktok_t5_from_spiece(kiln_tokenizer *t, const char *path, const void 
     kb_map m;
     kiln_status s = kb_map_file(path, &m);
     if (s) return s;
-    if (m.size > KTOK_MAX_FILE) {
+    if (m.size > KTOK_MAX_FILE || !m.size || !m.data) {
+        size_t bytes = m.size;
         kb_unmap(&m);
-        return kb_fail(KILN_ERR_FORMAT, "%s: %zu bytes; a tokenizer file is at most %u", path, m.size, KTOK_MAX_FILE);
+        return bytes ? kb_fail(KILN_ERR_FORMAT, "%s: %zu bytes; a tokenizer file is at most %u", path, bytes, KTOK_MAX_FILE)
+                     : kb_fail(KILN_ERR_FORMAT, "%s is empty (a SentencePiece model holds its pieces)", path);
     }
     ktok_t5 *c = calloc(1, sizeof *c);
     if (!c) {
