@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every golden backbone case through every execution path and precision and
+# Run every golden case (the backbones, the text encoders, the VAE, the whole
+# pipeline) through every execution path and precision and
 # write the outputs under OUT, so a refactor that must not change a bit can be
 # checked: run it before and after, then `cmp` the two folders (or pass
 # --compare BEFORE to do it here).
@@ -13,7 +14,7 @@ DATA=$(cd "$(dirname "$0")/../tests/data/goldens" && pwd)
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-export KILN_LOG=error KILN_THREADS=2 OMP_NUM_THREADS=2 XDG_CONFIG_HOME="$WORK/config"
+export KILN_LOG=error KILN_THREADS=2 OMP_NUM_THREADS=2 XDG_CONFIG_HOME="$WORK/config" KILN_CACHE_DIR= KILN_PACKAGE_DIR=
 run() { # name, then kiln arguments
     local name=$1
     shift
@@ -47,6 +48,26 @@ for c in sd3-tiny sd35-tiny sd3-wide; do
     for q in int8 fp8; do
         run "$c-$q-planned" forward "$M" --inputs "$IO" --quant $q --exec planned
         run "$c-$q-eager" forward "$M" --inputs "$IO" --quant $q --exec eager
+    done
+done
+# the text encoders and the VAE decoder, on each dtype and executor
+for c in clip-l-tiny clip-g-tiny t5-tiny; do
+    for dt in f32 bf16; do
+        for ex in eager planned; do
+            run "$c-$dt-$ex" forward "$DATA/$c" --inputs "$DATA/$c/io.safetensors" --dtype $dt --exec $ex
+        done
+    done
+done
+for dt in f32 bf16; do
+    for ex in eager planned; do
+        "$KILN" decode "$DATA/vae-sd3-tiny" --latents "$DATA/vae-sd3-tiny/io.safetensors" --key decode_input --no-scale \
+            --dtype $dt --exec $ex --tensor-output "$OUT/vae-decode-$dt-$ex.safetensors" \
+            --output "$WORK/vae-$dt-$ex.png" >/dev/null 2>&1
+        # the whole pipeline, prompt to image, with the case's noise: every intermediate
+        P=$DATA/sd3-pipeline-tiny
+        "$KILN" generate "$P" --prompt "a photo of a cat" --negative-prompt "blurry" --steps 3 --guidance 5 \
+            --noise "$P/io.safetensors" --dtype $dt --exec $ex --quiet \
+            --tensor-output "$OUT/pipeline-$dt-$ex.safetensors" --output "$WORK/pipe-$dt-$ex.png" >/dev/null 2>&1
     done
 done
 # parallel runs (when this build has MPI)
