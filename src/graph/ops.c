@@ -2,7 +2,10 @@
  * kg_call by every executor (eager and planned through kg_exec_node,
  * compiled packages through their runtime table). Shapes come from the call
  * (the sources' at c->sh[s], the output's at c->sh[KG_Y]), so the same code
- * serves a concrete graph and a package's symbolic one. */
+ * serves a concrete graph and a package's symbolic one. Every value is
+ * read and written by the backend's slots (x->be): a runner only works out
+ * shapes and parameters, so a backend whose memory the host cannot touch
+ * runs every op. */
 #include "base/base.h"
 #include "graph/graph.h"
 #include "kernels/kernels.h"
@@ -43,66 +46,42 @@ static void kg_run_layernorm_modulate(const kg_ctx *x, const kg_call *c) {
         x->be->layernorm_modulate(F(0), F(1), F(2), Y, YS[0], YS[1], YS[2], c->fp);
 }
 
-/* the shapes of sources 0 and 1 and of y right-aligned to 4 dims; 1 when b
- * is a's trailing dims after leading 1s (kk_add_bcast's b[i % nb] form) */
-static int bcast_shapes(const kg_call *c, int64_t as[4], int64_t bs[4], int64_t ys[4]) {
+/* sources 0 and 1 and y as a binary op (numpy broadcasting), their shapes right-aligned to 4 dims */
+static void binary(const kg_ctx *x, const kg_call *c, int op) {
+    int64_t as[4], bs[4], ys[4];
     for (int d = 0; d < 4; d++) {
         int ia = d - (4 - c->nd[0]), ib = d - (4 - c->nd[1]), iy = d - (4 - c->nd[KG_Y]);
         as[d] = ia >= 0 ? c->sh[0][ia] : 1;
         bs[d] = ib >= 0 ? c->sh[1][ib] : 1;
         ys[d] = iy >= 0 ? c->sh[KG_Y][iy] : 1;
     }
-    int d = 0;
-    while (d < 4 && bs[d] == 1) d++;
-    for (int k = d; k < 4; k++)
-        if (bs[k] != ys[k]) return 0;
-    for (int k = 0; k < 4; k++)
-        if (as[k] != ys[k]) return 0;
-    return 1;
+    x->be->binary(op, F(0), as, F(1), bs, Y, ys);
 }
 
-static void kg_run_add(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    int64_t as[4], bs[4], ys[4];
-    if (bcast_shapes(c, as, bs, ys)) kk_add_bcast(F(0), F(1), Y, numel_of(c, KG_Y), numel_of(c, 1));
-    else kk_binary_bcast(KK_BIN_ADD, F(0), as, F(1), bs, Y, ys);
-}
-
-static void kg_run_mul(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    int64_t as[4], bs[4], ys[4];
-    bcast_shapes(c, as, bs, ys);
-    kk_binary_bcast(KK_BIN_MUL, F(0), as, F(1), bs, Y, ys);
-}
+static void kg_run_add(const kg_ctx *x, const kg_call *c) { binary(x, c, KK_BIN_ADD); }
+static void kg_run_mul(const kg_ctx *x, const kg_call *c) { binary(x, c, KK_BIN_MUL); }
 
 static void kg_run_silu(const kg_ctx *x, const kg_call *c) { x->be->silu(F(0), Y, numel_of(c, KG_Y)); }
 static void kg_run_gelu_tanh(const kg_ctx *x, const kg_call *c) { x->be->gelu_tanh(F(0), Y, numel_of(c, KG_Y)); }
 
-static void kg_run_gelu(const kg_ctx *x, const kg_call *c) {
-    if (x->be->unary) x->be->unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y)); /* the backend's, else the double form */
-    else kk_unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y));
-}
-
+static void kg_run_gelu(const kg_ctx *x, const kg_call *c) { x->be->unary(KK_UN_GELU, F(0), Y, numel_of(c, KG_Y)); }
 static void kg_run_quick_gelu(const kg_ctx *x, const kg_call *c) {
-    if (x->be->unary) x->be->unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y)); /* the backend's, else the double form */
-    else kk_unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
+    x->be->unary(KK_UN_QUICK_GELU, F(0), Y, numel_of(c, KG_Y));
 }
 
 static void kg_run_gather(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_gather_rows(F(0), c->sh[0][0], c->sh[0][1], F(1), numel_of(c, 1), Y);
+    x->be->gather_rows(F(0), c->sh[0][0], c->sh[0][1], F(1), numel_of(c, 1), Y);
 }
 
 static void kg_run_layernorm(const kg_ctx *x, const kg_call *c) {
     int64_t D = last_dim(c, KG_Y), rows = numel_of(c, KG_Y) / (D ? D : 1);
     x->be->layernorm(F(0), Y, rows, D, c->fp);
-    if (c->src[1] || c->src[2]) kk_affine_rows(Y, F(1), F(2), rows, D);
+    if (c->src[1] || c->src[2]) x->be->affine_rows(Y, F(1), F(2), rows, D);
 }
 
 static void kg_run_rmsnorm(const kg_ctx *x, const kg_call *c) {
-    (void)x;
     int64_t D = last_dim(c, KG_Y);
-    kk_rmsnorm_rows(F(0), F(1), Y, numel_of(c, KG_Y) / (D ? D : 1), D, c->fp);
+    x->be->rmsnorm_rows(F(0), F(1), Y, numel_of(c, KG_Y) / (D ? D : 1), D, c->fp);
 }
 
 static void kg_run_rmsnorm_heads(const kg_ctx *x, const kg_call *c) {
@@ -120,20 +99,18 @@ static void kg_run_gate_add(const kg_ctx *x, const kg_call *c) {
 }
 
 static void kg_run_slice_cols(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_slice_rows(F(0), Y, YS[0], c->sh[0][1], c->ip[0], c->ip[1]);
+    x->be->slice_rows(F(0), Y, YS[0], c->sh[0][1], c->ip[0], c->ip[1]);
 }
 
 static void kg_run_concat_tokens(const kg_ctx *x, const kg_call *c) {
-    (void)x;
     int64_t D = YS[2];
-    kk_concat_rows(F(0), c->sh[0][1] * D, F(1), c->sh[1][1] * D, Y, YS[0]);
+    x->be->concat_rows(F(0), c->sh[0][1] * D, F(1), c->sh[1][1] * D, Y, YS[0]);
 }
 
 static void kg_run_slice_tokens(const kg_ctx *x, const kg_call *c) {
-    (void)x; /* bf16 rows (kg_plan_bf16: D even) move as pairs, in f32-sized units */
+    /* bf16 rows (kg_plan_bf16: D even) move as pairs, in f32-sized units */
     int64_t D = c->fmt[KG_Y] ? YS[2] / 2 : YS[2];
-    kk_slice_rows(F(0), Y, YS[0], c->sh[0][1] * D, c->ip[0] * D, c->ip[1] * D);
+    x->be->slice_rows(F(0), Y, YS[0], c->sh[0][1] * D, c->ip[0] * D, c->ip[1] * D);
 }
 
 /* x [outer, n, inner] by the axis of a call's source s */
@@ -144,17 +121,15 @@ static void around_axis(const kg_call *c, int s, int axis, int64_t *outer, int64
 }
 
 static void kg_run_slice(const kg_ctx *x, const kg_call *c) {
-    (void)x;
     int64_t outer, inner, axis = c->ip[0];
     around_axis(c, 0, (int)axis, &outer, &inner);
-    kk_slice_rows(F(0), Y, outer, c->sh[0][axis] * inner, c->ip[1] * inner, c->ip[2] * inner);
+    x->be->slice_rows(F(0), Y, outer, c->sh[0][axis] * inner, c->ip[1] * inner, c->ip[2] * inner);
 }
 
 static void kg_run_concat(const kg_ctx *x, const kg_call *c) {
-    (void)x;
     int64_t outer, inner, axis = c->ip[0];
     around_axis(c, 0, (int)axis, &outer, &inner);
-    kk_concat_rows(F(0), c->sh[0][axis] * inner, F(1), c->sh[1][axis] * inner, Y, outer);
+    x->be->concat_rows(F(0), c->sh[0][axis] * inner, F(1), c->sh[1][axis] * inner, Y, outer);
 }
 
 static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
@@ -166,11 +141,8 @@ static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
         if (c->ip[2])
             for (int d = 0; d < 4; d++) bs[d] = d - (4 - c->nd[3]) >= 0 ? c->sh[3][d - (4 - c->nd[3])] : 1;
         float scale = c->fp != 0 ? c->fp : 1.0f / sqrtf((float)Dh);
-        /* the backend's kernel where it has one (kk_backend.attention_ex), else the general form */
-        void (*run)(const float *, const float *, const float *, const float *, const int64_t *, float *, int64_t,
-                    int64_t, int64_t, int64_t, int64_t, float, int) =
-            be->attention_ex ? be->attention_ex : kk_attention_general;
-        run(F(0), F(1), F(2), c->ip[2] ? F(3) : NULL, bs, Y, YS[0], YS[1], c->sh[1][1], H, Dh, scale, (int)c->ip[3]);
+        be->attention_ex(F(0), F(1), F(2), c->ip[2] ? F(3) : NULL, bs, Y, YS[0], YS[1], c->sh[1][1], H, Dh, scale,
+                         (int)c->ip[3]);
         return;
     }
     if (c->fmt[1]) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
@@ -184,23 +156,17 @@ static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
 }
 
 static void kg_run_patchify(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_patchify(F(0), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], c->ip[0]);
+    x->be->patchify(F(0), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->sh[0][3], c->ip[0]);
 }
 
 static void kg_run_unpatchify(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_unpatchify(F(0), Y, YS[0], c->ip[0], c->ip[1], c->ip[2], c->ip[3]);
+    x->be->unpatchify(F(0), Y, YS[0], c->ip[0], c->ip[1], c->ip[2], c->ip[3]);
 }
 
-static void kg_run_timestep_proj(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_timestep_proj(F(0), Y, YS[0], c->ip[0]);
-}
+static void kg_run_timestep_proj(const kg_ctx *x, const kg_call *c) { x->be->timestep_proj(F(0), Y, YS[0], c->ip[0]); }
 
 static void kg_run_pos_crop(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_pos_crop(F(0), Y, c->ip[0], c->ip[1], c->ip[2], YS[2]);
+    x->be->pos_crop(F(0), Y, c->ip[0], c->ip[1], c->ip[2], YS[2]);
 }
 
 /* the collectives (graph_dist.c), [B,N,D] in and out */
@@ -212,8 +178,7 @@ static void kg_run_dist_node(const kg_ctx *x, const kg_call *c) {
 
 /* x [B,Cin,H,W] * w [Cout,Cin,kh,kw] (+ b) (+ src[3], a residual kg_fuse
  * folded in) -> [B,Cout,Ho,Wo] (ip[3] bit 0: both channels last; bit 1: x
- * upsampled 2x first, w sub-pixel); a backend
- * without a conv of its own runs the reference's */
+ * upsampled 2x first, w sub-pixel) */
 static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
     const int64_t *xs = c->sh[0];
     kk_conv p = c->ip[3] & 1 ? (kk_conv){xs[0], xs[3], xs[1], xs[2], YS[3], c->sh[1][2], c->sh[1][3], YS[1], YS[2],
@@ -221,54 +186,41 @@ static void kg_run_conv2d(const kg_ctx *x, const kg_call *c) {
                                          F(3) != NULL, c->fmt[KG_Y] == KK_FMT_BF16}
                              : (kk_conv){xs[0], xs[1], xs[2], xs[3], YS[1], c->sh[1][2], c->sh[1][3], YS[2], YS[3],
                                          c->ip[0], c->ip[1], c->ip[2], 0, 0, 0, F(3) != NULL, 0};
-    const kk_backend *be = x->be->conv2d ? x->be : kk_reference();
-    be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), F(3), Y, &p); /* the weight: its GEMM view (ops.def) */
+    x->be->conv2d(F(0), (const kk_weight *)c->src[1], F(2), F(3), Y, &p); /* the weight: its GEMM view (ops.def) */
 }
 
 /* x [B,C,...] (ip[2]: [B,...,C]): every dim but the batch and the channels is one position axis */
 static void kg_run_group_norm(const kg_ctx *x, const kg_call *c) {
     int nhwc = (int)c->ip[2];
     int64_t B = c->sh[0][0], C = nhwc ? last_dim(c, 0) : c->sh[0][1], BC = B * C, S = numel_of(c, KG_Y) / (BC ? BC : 1);
-    if (x->be->group_norm)
-        x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc, c->fmt[0] == KK_FMT_BF16,
-                          c->fmt[KG_Y] == KK_FMT_BF16);
-    else kk_group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc);
+    x->be->group_norm(F(0), F(1), F(2), Y, B, C, S, c->ip[0], c->fp, (int)c->ip[1], nhwc, c->fmt[0] == KK_FMT_BF16,
+                      c->fmt[KG_Y] == KK_FMT_BF16);
 }
 
 static void kg_run_upsample(const kg_ctx *x, const kg_call *c) {
-    (void)x;
     const int64_t *s = c->sh[0];
-    if (c->ip[1]) kk_upsample_nearest(F(0), Y, s[0], s[3], s[1], s[2], c->ip[0], 1);
-    else kk_upsample_nearest(F(0), Y, s[0], s[1], s[2], s[3], c->ip[0], 0);
+    if (c->ip[1]) x->be->upsample_nearest(F(0), Y, s[0], s[3], s[1], s[2], c->ip[0], 1);
+    else x->be->upsample_nearest(F(0), Y, s[0], s[1], s[2], s[3], c->ip[0], 0);
 }
 
-static void kg_run_logvar_std(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_logvar_std(F(0), Y, numel_of(c, KG_Y));
-}
+static void kg_run_logvar_std(const kg_ctx *x, const kg_call *c) { x->be->logvar_std(F(0), Y, numel_of(c, KG_Y)); }
 
 /* ---- the text encoders' ops ------------------------------------------------- */
 
 static void kg_run_select_token(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_select_token(F(0), F(1), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->ip[0]);
+    x->be->select_token(F(0), F(1), Y, c->sh[0][0], c->sh[0][1], c->sh[0][2], c->ip[0]);
 }
 
 /* ---- T5 ---------------------------------------------------------------------- */
 
 static void kg_run_rel_pos_bias(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_rel_pos_bias(F(0), c->sh[0][0], c->sh[0][1], YS[2], YS[3], c->ip[0], (int)c->ip[1], Y);
+    x->be->rel_pos_bias(F(0), c->sh[0][0], c->sh[0][1], YS[2], YS[3], c->ip[0], (int)c->ip[1], Y);
 }
 
-static void kg_run_relu(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    kk_unary(KK_UN_RELU, F(0), Y, numel_of(c, KG_Y));
-}
+static void kg_run_relu(const kg_ctx *x, const kg_call *c) { x->be->unary(KK_UN_RELU, F(0), Y, numel_of(c, KG_Y)); }
 
 static void kg_run_reshape(const kg_ctx *x, const kg_call *c) {
-    (void)x;
-    memcpy(Y, F(0), sizeof(float) * (size_t)numel_of(c, KG_Y));
+    x->be->copy(Y, F(0), sizeof(float) * (size_t)numel_of(c, KG_Y));
 }
 
 const kg_op_info kg_ops[KG_OP_COUNT] = {

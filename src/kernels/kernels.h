@@ -192,23 +192,44 @@ typedef struct kk_backend {
      * NULL), geometry p; w [Cout,Cin,kh,kw] as M = Cout,
      * K = Cin*kh*kw: f32 row-major, or packed (packed_dtype F32 or BF16) in
      * kk_fast_conv_layout's layout at conversion (the fast backends read
-     * either; the reference needs f32). Optional: NULL runs the reference's. */
+     * either; the reference needs f32). */
     void (*conv2d)(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
-    /* Optional (NULL: kk_group_norm, the double-precision form): the group
-     * norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b, SiLU when
-     * silu, as kk_group_norm computes it; x_bf16 / y_bf16 (nhwc,
+    /* The group norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b,
+     * SiLU when silu, as kk_group_norm computes it; x_bf16 / y_bf16 (nhwc,
      * conv_bf16_io backends only): x is read / y is written as bf16 rows
      * (void *) */
     void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
                        int64_t G, float eps, int silu, int nhwc, int x_bf16, int y_bf16);
-    /* Optional (NULL: kk_attention_general, the double-precision form):
-     * attention with a scale, an additive bias and a causal mask, exactly
-     * kk_attention_general's contract (the text encoders' attention_ex) */
+    /* Attention with a scale, an additive bias and a causal mask, exactly
+     * kk_attention_general's contract (the text encoders' attention_ex;
+     * the reference's is kk_attention_general) */
     void (*attention_ex)(const float *q, const float *k, const float *v, const float *bias, const int64_t bs[4],
                          float *o, int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, float scale, int causal);
-    /* Optional (NULL: kk_unary, in double): y [n] = exact GELU, quick GELU
-     * or ReLU of x (KK_UN_*), as kk_unary */
+    /* y [n] = exact GELU, quick GELU or ReLU of x (KK_UN_*), as kk_unary */
     void (*unary)(int op, const float *x, float *y, int64_t n);
+
+    /* ---- the ops that move or combine values without a GEMM; every
+     * backend has them (the CPU's: layout.c, KK_HOST_OPS in cpu/host_ops.h),
+     * so an executor runs every op through its backend (ops.c) */
+    /* y = a op b (KK_BIN_*), numpy broadcasting over shapes right-aligned to 4 dims (kk_binary) */
+    void (*binary)(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
+                   const int64_t ys[4]);
+    void (*gather_rows)(const float *table, int64_t V, int64_t D, const float *ids, int64_t n, float *y);
+    void (*affine_rows)(float *y, const float *w, const float *b, int64_t rows, int64_t D);
+    void (*rmsnorm_rows)(const float *x, const float *w, float *y, int64_t rows, int64_t D, float eps);
+    void (*slice_rows)(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
+    void (*concat_rows)(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
+    void (*patchify)(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p);
+    void (*unpatchify)(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C);
+    void (*timestep_proj)(const float *t, float *y, int64_t B, int64_t dim);
+    void (*pos_crop)(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D);
+    void (*upsample_nearest)(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f, int nhwc);
+    void (*logvar_std)(const float *x, float *y, int64_t n);
+    void (*select_token)(const float *x, const float *ids, float *y, int64_t B, int64_t T, int64_t D, int64_t eos);
+    void (*rel_pos_bias)(const float *table, int64_t num_buckets, int64_t H, int64_t Nq, int64_t Nk,
+                         int64_t max_distance, int bidirectional, float *y);
+    /* bytes from src to dst, both the backend's (a reshape) */
+    void (*copy)(void *dst, const void *src, size_t bytes);
 } kk_backend;
 
 /* A backend's memory (host memory where it has none of its own). */
@@ -237,7 +258,10 @@ void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, floa
 /* General forms, f32, shared by every backend (layout.c): */
 enum { KK_BIN_ADD = 0, KK_BIN_MUL = 1 };
 /* y = a op b with numpy broadcasting: shapes right-aligned to 4 dims (a
- * dim of 1 in a or b repeats), ys the broadcast shape */
+ * dim of 1 in a or b repeats), ys the broadcast shape; kk_binary takes
+ * kk_add_bcast's path where b is a's trailing dims (the same sums) */
+void kk_binary(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
+               const int64_t ys[4]);
 void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
                      const int64_t ys[4]);
 enum { KK_UN_GELU = 0, KK_UN_QUICK_GELU = 1, KK_UN_RELU = 2 };

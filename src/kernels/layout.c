@@ -159,6 +159,26 @@ void kk_unblock_rows(const uint16_t *in, int64_t rows, int64_t K, uint16_t *x) {
  * backend; the families that need them call them where the fast forms
  * above do not apply ---- */
 
+void kk_binary(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
+               const int64_t ys[4]) {
+    /* an add whose b is a's trailing dims after leading 1s (a table, a
+     * bias): kk_add_bcast's b[i % nb] form, the same sums */
+    int d = 0, tail = op == KK_BIN_ADD;
+    while (d < 4 && bs[d] == 1) d++;
+    for (int k = d; k < 4 && tail; k++) tail = bs[k] == ys[k];
+    for (int k = 0; k < 4 && tail; k++) tail = as[k] == ys[k];
+    if (tail) {
+        int64_t n = ys[0] * ys[1] * ys[2] * ys[3], nb = bs[0] * bs[1] * bs[2] * bs[3];
+        kk_add_bcast(a, b, y, n, nb);
+    } else {
+        kk_binary_bcast(op, a, as, b, bs, y, ys);
+    }
+}
+
+void kk_host_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+}
+
 void kk_binary_bcast(int op, const float *a, const int64_t as[4], const float *b, const int64_t bs[4], float *y,
                      const int64_t ys[4]) {
     /* shapes right-aligned to 4 dims; a dim of 1 in a or b is broadcast */

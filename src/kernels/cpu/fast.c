@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_avx2.h"
 #include "kernels/cpu/gemm_f16.h"
+#include "kernels/cpu/host_ops.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/kernels.h"
@@ -1396,7 +1397,7 @@ static void fast_attention_ex(const float *q, const float *k, const float *v, co
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
     .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
-    .group_norm = kk_fast_group_norm, .attention_ex = fast_attention_ex, .unary = fast_unary
+    .group_norm = kk_fast_group_norm, .attention_ex = fast_attention_ex, .unary = fast_unary, KK_HOST_OPS
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
                                       .conv2d = kk_fast_conv2d_f32,

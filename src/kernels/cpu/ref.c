@@ -4,6 +4,7 @@
  * results do not depend on the thread count. */
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/host_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -223,6 +224,16 @@ static void ref_conv2d(const float *x, const kk_weight *wt, const float *b, cons
                 }
 }
 
+/* the double-precision group norm; f32 rows in and out only */
+static void ref_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
+                           int64_t G, float eps, int silu, int nhwc, int x_bf16, int y_bf16) {
+    if (x_bf16 || y_bf16) {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "group_norm: the reference kernel reads and writes f32 only");
+        return;
+    }
+    kk_group_norm(x, w, b, y, B, C, S, G, eps, silu, nhwc);
+}
+
 static const kk_backend k_ref = {
     .name = "reference",
     .linear = ref_linear,
@@ -237,6 +248,10 @@ static const kk_backend k_ref = {
     .attention_joint = ref_attention_joint,
     .linear_gate_add = ref_linear_gate_add,
     .conv2d = ref_conv2d,
+    .group_norm = ref_group_norm,
+    .attention_ex = kk_attention_general,
+    .unary = kk_unary,
+    KK_HOST_OPS,
 };
 
 const kk_backend *kk_reference(void) { return &k_ref; }
