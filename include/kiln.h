@@ -135,6 +135,10 @@ typedef struct kiln_open_opts {
     /* Open as this model family ("vae-encoder": the encoder half of a VAE
      * folder) instead of the one that claims the config; NULL: that one. */
     const char *family;
+    /* The backend that runs it (kiln_backends(): "cpu", "reference",
+     * "check"); NULL: $KILN_BACKEND, else "cpu" ("reference" with
+     * reference set). */
+    const char *backend;
 } kiln_open_opts;
 
 /* Open a diffusers model folder (config.json + weights, sharded or not) or a
@@ -329,6 +333,9 @@ typedef struct kiln_load_opts {
     /* config.json text for the source (wins over config_path); part of the
      * source's identity. NULL: none */
     const char *source_config_text;
+    /* as kiln_open_opts.backend (the cache holds the weights it reads: the
+     * reference and check backends share f32 row-major ones) */
+    const char *backend;
 } kiln_load_opts;
 
 KILN_API kiln_load_opts kiln_load_defaults(void);
@@ -820,6 +827,10 @@ KILN_API const char *kiln_kernels(kiln_dtype dt);
  * included) or ONEDNN_MAX_CPU_ISA, read once per process; with hardware 1,
  * the machine's own. A static string. */
 KILN_API const char *kiln_cpu_class(int hardware);
+/* The backends this build has, for kiln_open_opts.backend and $KILN_BACKEND:
+ * "cpu, reference, check" (check: the reference kernels on memory the host
+ * cannot touch, which proves the backend boundary; for tests). */
+KILN_API const char *kiln_backends(void);
 
 /* The timing ledger: per category seconds and counts, printed at exit with
  * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */

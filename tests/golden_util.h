@@ -11,7 +11,11 @@
 /* The cache folder prefix of a single-process model loaded with the
  * default dtype: bf16, or f32 on a CPU without a bf16 GEMM (the load
  * falls back) */
-static inline const char *default_key_prefix(void) { return kk_fast(KILN_BF16) ? "mesh1x1_bf16_" : "mesh1x1_f32_"; }
+static inline const char *default_key_prefix(void) {
+    km_compute cp;
+    if (km_compute_resolve(KILN_DTYPE_INVALID, 0, NULL, &cp)) return "?";
+    return cp.dtype == KILN_BF16 ? "mesh1x1_bf16_" : "mesh1x1_f32_";
+}
 
 /* Whether this CPU runs a quantization scheme, by kiln's own check
  * (km_compute_set_quant, on the dtype a default load computes in): int8
@@ -19,10 +23,8 @@ static inline const char *default_key_prefix(void) { return kk_fast(KILN_BF16) ?
  * test_cli). Prints a skip line for `what` when it does not. */
 static inline int quant_runs_here(kiln_quant q, const char *what) {
     km_compute cp;
-    memset(&cp, 0, sizeof cp);
-    cp.dtype = kk_fast(KILN_BF16) ? KILN_BF16 : KILN_F32;
-    int ok = km_compute_set_quant(&cp, q, NULL) == KILN_OK;
-    if (!ok) fprintf(stderr, "  %s: %s does not run on this CPU (%s): skipped\n", what, kiln_quant_name(q), kk_fast_isa());
+    int ok = km_compute_resolve(KILN_DTYPE_INVALID, 0, NULL, &cp) == KILN_OK && km_compute_set_quant(&cp, q, NULL) == KILN_OK;
+    if (!ok) fprintf(stderr, "  %s: %s does not run here (%s): skipped\n", what, kiln_quant_name(q), kiln_last_error());
     return ok;
 }
 

@@ -203,7 +203,7 @@ TEST(int8_needs_vnni) {
     snprintf(io, sizeof io, "%s/io.safetensors", model);
     test_tmpdir(dir, sizeof dir, "cli-int8");
     setenv("KILN_MAX_ISA", "avx2", 1);
-    CHECK_RUN(1, "--quant int8 needs a CPU with AVX-512 VNNI or AMX-INT8",
+    CHECK_RUN(1, "--quant int8: int8 weights need a CPU with AVX-512 VNNI or AMX-INT8",
               "forward %s --inputs %s --output %s/o.safetensors --quant int8", model, io, dir);
     unsetenv("KILN_MAX_ISA");
     test_rmrf(dir);

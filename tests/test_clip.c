@@ -10,6 +10,7 @@
  * tokens than 77; int8 linears, converted and compiled. */
 #include "arch/clip/clip.h"
 #include "base/base.h"
+#include "golden_util.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "test.h"
@@ -512,13 +513,7 @@ out:
 
 /* --quant int8 on the encoder layers' linears: runs and stays close */
 TEST(int8_linears) {
-    km_compute cp;
-    memset(&cp, 0, sizeof cp);
-    cp.dtype = kk_fast(KILN_BF16) ? KILN_BF16 : KILN_F32;
-    if (!kk_fast(cp.dtype) || km_compute_set_quant(&cp, KILN_QUANT_INT8, NULL)) {
-        fprintf(stderr, "  int8 does not run on this CPU: skipped\n");
-        return;
-    }
+    if (!quant_runs_here(KILN_QUANT_INT8, "clip int8")) return;
     const char *cases[] = {"clip-l-tiny", "clip-g-tiny"};
     for (int i = 0; i < 2; i++) {
         golden g;

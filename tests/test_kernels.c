@@ -992,7 +992,7 @@ static double check_quant_linear(kiln_dtype qt, int64_t rows, int64_t K, int64_t
     CHECK_OK(kk_fast_layout(M, K, qt, layout, &bytes));
     void *packed = kb_alloc_aligned(bytes);
     CHECK_OK(kk_fast_pack(w, M, K, qt, packed));
-    kk_weight wf = {M, K, NULL, packed, qt, kk_fast_scales(packed, bytes, M, qt)};
+    kk_weight wf = {M, K, NULL, packed, qt, kk_weight_scales(packed, bytes, M, qt)};
     CHECK(wf.scales != NULL);
     CHECK_OK(kk_fast_unpack(&wf, wd));
     /* the quantizer alone, row-major, then dequantized: must be bit-identical */
@@ -1073,7 +1073,7 @@ TEST(quant_layouts) {
     else
         CHECK(nc == ((64 * 96 + 63) & ~(size_t)63) + 64 * 4 || !strncmp(c, "e4m3-", 5));
     CHECK(nb >= 64 * 96 + 64 * 4);
-    CHECK(kk_fast_scales(NULL, nb, 64, KILN_I8) == NULL);
+    CHECK(kk_weight_scales(NULL, nb, 64, KILN_I8) == NULL);
     float w[4] = {1, 2, NAN, 4};
     uint8_t q[4];
     float s[1];

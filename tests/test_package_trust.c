@@ -153,7 +153,7 @@ TEST(umask_000_compile_is_private) {
     snprintf(path, sizeof path, "%s/%s", root, g_family);
     CHECK_MSG(no_gow(path), "%s (the family folder) is writable by group or others", path);
     CHECK_MSG(no_gow(root), "%s (the root) is writable by group or others", root);
-    CHECK_OK(kx_package_verify(g_master));
+    CHECK_OK(kx_package_verify(g_master, kk_backend_get("cpu", KILN_F32)));
 }
 
 /* ---- planted shared objects ---------------------------------------------------------------- */
@@ -222,7 +222,7 @@ TEST(planted_so_never_runs) {
     kx_package *p = NULL;
     CHECK_FAILS(kx_package_open(pkg, &p), KILN_ERR_CORRUPT, "signature does not match");
     kx_package_close(p);
-    CHECK(kx_package_verify(pkg) == KILN_ERR_CORRUPT);
+    CHECK(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)) == KILN_ERR_CORRUPT);
     CHECK(shf("'%s' package verify --package-dir '%s' 2>&1 | grep -q 'FAIL.*signature'", kiln_bin(), root) == 0);
     CHECK(shf("'%s' package verify --package-dir '%s' >/dev/null 2>&1", kiln_bin(), root) != 0);
     falls_back(root, "planted .so, forged signature");
@@ -250,7 +250,7 @@ TEST(planted_so_never_runs) {
     CHECK_OK(kx_package_open(pkg, &p));
     if (p) CHECK_FAILS(kx_package_load(p, NULL, NULL, NULL, NULL), KILN_ERR_CORRUPT, "model.so is a symbolic link; refused");
     kx_package_close(p);
-    CHECK_FAILS(kx_package_verify(pkg), KILN_ERR_CORRUPT, "model.so is a symbolic link");
+    CHECK_FAILS(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)), KILN_ERR_CORRUPT, "model.so is a symbolic link");
     falls_back(root, "model.so a symbolic link");
     CHECK_MSG(!exists(marker), "the planted constructor ran");
 }
@@ -273,7 +273,7 @@ static void refused_mode(const char *tag, int level, mode_t mode, const char *wa
     kx_package_close(p);
     if (q) CHECK_FAILS(kx_package_load(q, NULL, NULL, NULL, NULL), KILN_ERR_CORRUPT, want);
     kx_package_close(q);
-    CHECK_FAILS(kx_package_verify(pkg), KILN_ERR_CORRUPT, want);
+    CHECK_FAILS(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)), KILN_ERR_CORRUPT, want);
     CHECK(shf("'%s' package verify --package-dir '%s' 2>&1 | grep -q 'FAIL.*refused'", kiln_bin(), root) == 0);
     if (level == 2) falls_back(root, tag);
     chmod(path, 0755);
@@ -302,7 +302,7 @@ TEST(open_folders_are_refused) {
     fresh_copy("perm-so", root, sizeof root, pkg, sizeof pkg);
     snprintf(path, sizeof path, "%s/model.so", pkg);
     CHECK(chmod(path, 0775) == 0);
-    CHECK_FAILS(kx_package_verify(pkg), KILN_ERR_CORRUPT, "file model.so is writable by its group (mode 0775)");
+    CHECK_FAILS(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)), KILN_ERR_CORRUPT, "file model.so is writable by its group (mode 0775)");
     falls_back(root, "model.so g+w");
 }
 
@@ -348,7 +348,7 @@ TEST(symbolic_links_are_refused) {
     snprintf(target, sizeof target, "%s/master", g_tmp);
     CHECK(symlink(target, root) == 0);
     snprintf(pkg, sizeof pkg, "%s/%s/%s", root, g_family, g_name);
-    CHECK_OK(kx_package_verify(pkg));
+    CHECK_OK(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)));
 }
 
 TEST(other_owners_are_refused) {
@@ -365,7 +365,7 @@ TEST(other_owners_are_refused) {
         else if (i == 1) snprintf(path, sizeof path, "%s/%s", root, g_family);
         else snprintf(path, sizeof path, "%s/model.so", pkg);
         CHECK_MSG(chown(path, 65534, 65534) == 0, "chown %s", what[i]);
-        CHECK_FAILS(kx_package_verify(pkg), KILN_ERR_CORRUPT, "is owned by uid 65534, not by this user (0) or root; refused");
+        CHECK_FAILS(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)), KILN_ERR_CORRUPT, "is owned by uid 65534, not by this user (0) or root; refused");
         if (i == 0) falls_back(root, "package folder owned by uid 65534");
     }
 }
@@ -622,7 +622,7 @@ TEST(keys_other_and_shared) {
     CHECK_FAILS(kx_package_open(pkg, &p), KILN_ERR_CORRUPT, "the signature does not match"); /* key b */
     kx_package_close(p);
     setenv("KILN_PACKAGE_KEY_FILE", key_a, 1);
-    CHECK_OK(kx_package_verify(pkg));
+    CHECK_OK(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)));
     kiln_model *m = open_model(root);
     if (m) {
         inputs in;
@@ -636,7 +636,7 @@ TEST(keys_other_and_shared) {
     }
     /* this user's own key (the default) refuses the fleet's package */
     setenv("KILN_PACKAGE_KEY_FILE", "", 1);
-    CHECK_FAILS(kx_package_verify(pkg), KILN_ERR_CORRUPT, "the signature does not match");
+    CHECK_FAILS(kx_package_verify(pkg, kk_backend_get("cpu", KILN_F32)), KILN_ERR_CORRUPT, "the signature does not match");
     falls_back(root, "a package signed with another key");
 }
 

@@ -294,11 +294,26 @@ TEST(prompts_file_edges) {
     CHECK_OK(st_open(tens, &tf));
     CHECK(tf && st_find(tf, "latents_step64") && st_find(tf, "latents_step65") && st_find(tf, "latents"));
     st_close(tf);
-    /* a run that fails before writing its --tensor-output leaves the file of an earlier run alone (it was removed) */
-    char png2[256];
+    /* a run that fails before writing its --tensor-output leaves the file of
+     * an earlier run alone (it was removed): noise holding a NaN, refused on
+     * every backend */
+    char png2[256], nan_noise[256];
     snprintf(png2, sizeof png2, "%s/edge2.png", g_dir);
-    CHECK_RUN_WITH(run_kiln, 1, "non-finite", "generate '%s' --prompt x --steps 2 --guidance 1e38 --quiet --tensor-output "
-                   "'%s' --output '%s'", pipe, tens, png2);
+    snprintf(nan_noise, sizeof nan_noise, "%s/nan-noise.safetensors", g_dir);
+    st_file *gio = NULL;
+    CHECK_OK(st_open(golden_path(CASE, "io.safetensors"), &gio));
+    if (gio) {
+        st_tensor t = *golden_info(gio, "noise");
+        size_t nn = (size_t)st_numel(&t);
+        float *bad = calloc(nn, sizeof(float));
+        bad[nn / 2] = NAN;
+        t.name = "noise", t.dtype = KILN_F32, t.data = bad, t.nbytes = sizeof(float) * nn;
+        CHECK_OK(st_write(nan_noise, &t, 1, NULL, 0));
+        free(bad);
+        st_close(gio);
+    }
+    CHECK_RUN_WITH(run_kiln, 1, "holds NaN", "generate '%s' --prompt x --steps 2 --noise '%s' --quiet --tensor-output "
+                   "'%s' --output '%s'", pipe, nan_noise, tens, png2);
     CHECK_MSG(access(tens, F_OK) == 0, "a failed run removed %s, which it never wrote", tens);
     CHECK(access(png2, F_OK) != 0);
 }

@@ -39,8 +39,8 @@ typedef struct ka_spec {
     int keep_f32; /* a linear whose GEMM stays f32 in a bf16 model: bf16 rounding of it would go,
                    * unscaled, into a softmax's exponent (T5's q and k); with conv, a convolution
                    * likewise (the VAE's that read the latent: it is not rounded to bf16) */
-    int conv;     /* the W [Cout,Cin,kh,kw] of a 2-D convolution: packed at conversion in the fast
-                   * convolution's layout (kk_fast_conv_layout), in the compute dtype (f32 with keep_f32) */
+    int conv;     /* the W [Cout,Cin,kh,kw] of a 2-D convolution: packed at conversion in the
+                   * backend's convolution layout (kk_pack_layout), in the compute dtype (f32 with keep_f32) */
     int up2;      /* with conv: the W [Cout,Cin,3,3] of a conv after a nearest 2x upsample, stored in its
                    * sub-pixel form [4 Cout, Cin, 2, 2] (kk_conv_up2_weight) for kg_conv2d_up2; shape
                    * stays the checkpoint's (ka_stored_shape gives the stored one) */

@@ -194,7 +194,7 @@ int cmd_package(int argc, char **argv) {
             char *path = nn ? resolve(root, names[i]) : kb_path_join(root, pk[i]);
             kiln_status s = !path ? KILN_ERR_NOMEM
                             : is_cache(path) ? kb_fail(KILN_ERR_INVALID_ARG, "a weight cache, not a package (see kiln cache verify)")
-                                             : kx_package_verify(path);
+                                             : kx_package_verify(path, kk_backend_get("cpu", KILN_F32));
             printf("%s %s%s%s\n", s ? "FAIL" : "ok  ", nn ? names[i] : pk[i], s ? ": " : "", s ? kiln_last_error() : "");
             rc |= s != KILN_OK;
             checked++;

@@ -151,6 +151,7 @@ typedef struct kx_compile_req {
     const char *dtype;    /* "bf16" / "f32" (recorded) */
     const char *quant;    /* "none" (recorded) */
     const char *cpu_isa;  /* the CPU feature the packed layouts need, e.g. "amx" */
+    const kk_backend *be; /* the backend it runs on (kk_has_feature checks cpu_isa) */
     const char *model_json; /* recorded as "model" in the manifest (may be NULL) */
     /* Called with the staging folder once the package is complete, before
      * it is published; an error stops the publish (may be NULL). */
@@ -207,11 +208,10 @@ kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *
  * that `kiln package ls` shows and `package rm --all` removes. */
 int kx_staging_dead(const char *name);
 /* Check a package folder without loading it: folders, signature, manifest,
- * CPU features, library hash (all that open and load check before dlopen). */
-kiln_status kx_package_verify(const char *dir);
+ * the features its weights' layouts need on backend be (kk_has_feature),
+ * library hash (all that open and load check before dlopen). */
+kiln_status kx_package_verify(const char *dir, const kk_backend *be);
 /* The manifest's summary line for listings ("w=8..128 regional ...") */
 const char *kx_package_summary(const kx_package *p);
-/* Does this machine have a CPU feature named as in manifests ("amx")? */
-int kx_cpu_has(const char *feature);
 
 #endif

@@ -39,10 +39,9 @@ void kx_rt_init(kx_rt *rt, const kg_ctx *ctx) {
     memset(rt, 0, sizeof *rt);
     rt->abi = KX_ABI;
     rt->ctx = ctx;
-    for (int i = 0; i < KG_OP_COUNT; i++) rt->run[i] = kg_ops[i].run;
+    for (int i = 0; i < KG_OP_COUNT; i++) rt->run[i] = kg_runner(ctx->be, (kg_op)i);
 }
 
-int kx_cpu_has(const char *feature) { return kk_cpu_has(feature); }
 
 /* ---- open, load, run ------------------------------------------------------------- */
 
@@ -282,13 +281,11 @@ kiln_status kx_package_solve(const kx_package *p, int n_in, const int64_t (*shap
     return kx_solve(p->m->sym, p->m->nsym, p->m->in, p->m->n_in, (const int64_t(*)[4])sh, s);
 }
 
-/* The CPU features, then model.so opened through the trust checks and
- * hashed through that descriptor against the signed manifest's SHA-256.
- * fd (may be NULL) receives the descriptor, to load exactly what was hashed. */
-static kiln_status open_library(const kx_package *p, int *fd_out) {
-    for (int i = 0; i < p->m->n_cpu; i++)
-        if (!kx_cpu_has(p->m->cpu[i]))
-            return kb_fail(KILN_ERR_UNSUPPORTED, "package %s needs CPU feature %s, which this machine lacks", p->dir, p->m->cpu[i]);
+/* model.so opened through the trust checks and hashed through that
+ * descriptor against the signed manifest's SHA-256, then the features its
+ * weights' layouts need on backend be (kk_has_feature). fd (may be NULL)
+ * receives the descriptor, to load exactly what was hashed. */
+static kiln_status open_library(const kx_package *p, const kk_backend *be, int *fd_out) {
     int dfd = -1, fd = -1;
     struct stat sb;
     kiln_status st = open_trusted_dir(p->dir, &dfd);
@@ -312,16 +309,20 @@ static kiln_status open_library(const kx_package *p, int *fd_out) {
     if (!st && strcmp(hex, p->m->so_sha))
         st = kb_fail(KILN_ERR_CORRUPT, "package %s: %s does not match its manifest's SHA-256 (tampered or damaged); refused",
                      p->dir, PKG_LIB);
+    for (int i = 0; !st && i < p->m->n_cpu; i++)
+        if (!kk_has_feature(be, p->m->cpu[i]))
+            st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s needs CPU feature %s, which this machine lacks", p->dir,
+                         p->m->cpu[i]);
     if (st || !fd_out) close(fd);
     else *fd_out = fd;
     return st;
 }
 
-kiln_status kx_package_verify(const char *dir) {
+kiln_status kx_package_verify(const char *dir, const kk_backend *be) {
     kx_package *p;
     kiln_status st = kx_package_open(dir, &p);
     if (st) return st;
-    st = open_library(p, NULL);
+    st = open_library(p, be, NULL);
     kx_package_close(p);
     return st;
 }
@@ -393,7 +394,7 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
     int fd = -1;
     char want[65];
     kx_manifest_digest(p->m, want);
-    kiln_status st = open_library(p, &fd);
+    kiln_status st = open_library(p, be, &fd);
     if (!st && !(p->dl = dlopen_fd(&fd, want)))
         st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: cannot load %s: %s", p->dir, PKG_LIB, dlerror());
     if (fd >= 0) close(fd);
@@ -733,7 +734,7 @@ kiln_status kx_compile(const kx_compile_req *r, kx_compile_info *info) {
     if (!st) clean_leftovers(famdir);
     if (!st && !(manifest = kb_strfmt("%s/" PKG_MANIFEST, final))) st = KILN_ERR_NOMEM;
     if (!st && kb_is_file(manifest)) {
-        if (kx_package_verify(final) == KILN_OK) {
+        if (kx_package_verify(final, r->be) == KILN_OK) {
             info->reused = 1; /* the same code, already built, published and trusted */
             goto done;
         }

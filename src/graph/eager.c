@@ -12,7 +12,7 @@
 
 /* one node through its op's runner (ops.c): the same function every executor calls */
 static void exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y) {
-    kg_run_fn run = kg_ops[n->op].run;
+    kg_run_fn run = kg_runner(be, n->op);
     if (!run) return; /* inputs, weights, aliases: nothing to run */
     kg_call c;
     kg_call_of(g, n, buf, y, &c);

@@ -17,7 +17,7 @@ typedef int kg_id; /* index into g->nodes; -1 = none */
 /* The ops: one table, ops.def (each op's meaning, its parameters and the
  * function every executor runs it with). */
 typedef enum kg_op {
-#define KG_OP(id, name, gemm_src, run) KG_##id,
+#define KG_OP(id, name, gemm_src, host, run) KG_##id,
 #include "graph/ops.def"
 #undef KG_OP
     KG_OP_COUNT
@@ -62,9 +62,16 @@ typedef void (*kg_run_fn)(const kg_ctx *x, const kg_call *c);
 typedef struct kg_op_info {
     const char *name;
     int gemm_src;
+    int host; /* runs on host memory only (the collectives) */
     kg_run_fn run;
 } kg_op_info;
 extern const kg_op_info kg_ops[KG_OP_COUNT];
+/* The function that runs op on backend be: its runner where be runs it (a
+ * host op on a backend whose memory is the host's, any other op the backend
+ * supports in f32), else one that runs it on the host backend (kk_host) on
+ * copies of its sources, copying the output back: ggml's scheduler's split,
+ * one op at a time. NULL for nodes executors never run. */
+kg_run_fn kg_runner(const kk_backend *be, kg_op op);
 /* "input,weight,linear,...": the table's names in order (the packages' ABI) */
 const char *kg_op_table_names(void);
 

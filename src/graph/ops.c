@@ -223,8 +223,46 @@ static void kg_run_reshape(const kg_ctx *x, const kg_call *c) {
     x->be->copy(Y, F(0), sizeof(float) * (size_t)numel_of(c, KG_Y));
 }
 
+/* ---- an op a backend does not run: on the host, on copies --------------------- */
+
+/* c's op on the host backend: every source copied out of the backend,
+ * the output computed there and copied back (f32 values only: the planner
+ * gives a backend bf16 formats only for ops it runs itself; a GEMM weight
+ * is no value to copy, so an op reading one runs on its backend) */
+static void kg_run_on_host(const kg_ctx *x, const kg_call *c) {
+    const kg_op_info *op = &kg_ops[c->op];
+    kg_call h = *c;
+    void *tmp[KG_MAX_SRC + 1] = {0};
+    int ok = 1;
+    for (int s = 0; s <= KG_MAX_SRC && ok; s++) {
+        const void *p = s == KG_Y ? c->y : c->src[s];
+        if (!p) continue;
+        size_t bytes = sizeof(float) * (size_t)numel_of(c, s);
+        ok = s != op->gemm_src && c->fmt[s] == KK_FMT_F32 && (tmp[s] = kb_alloc_aligned(bytes ? bytes : 1));
+        if (!ok) break;
+        if (s != KG_Y) kk_copy_to_host(x->be, tmp[s], p, bytes);
+        if (s == KG_Y) h.y = tmp[s];
+        else h.src[s] = tmp[s];
+    }
+    if (ok) {
+        const kg_ctx hx = {kk_host(), x->dist};
+        op->run(&hx, &h);
+        kk_copy_from_host(x->be, c->y, tmp[KG_Y], sizeof(float) * (size_t)numel_of(c, KG_Y));
+    } else {
+        kb_defer_failure(KILN_ERR_UNSUPPORTED, "%s: the %s backend does not run it, and it cannot run on the host in its "
+                         "place (%s)", op->name, x->be->name, op->gemm_src >= 0 ? "it reads a GEMM weight" : "out of memory, or a bf16 format");
+    }
+    for (int s = 0; s <= KG_MAX_SRC; s++) kb_free_aligned(tmp[s]);
+}
+
+kg_run_fn kg_runner(const kk_backend *be, kg_op op) {
+    if ((unsigned)op >= KG_OP_COUNT || !kg_ops[op].run) return NULL;
+    int here = kg_ops[op].host ? kk_host_memory(be) : kk_supports(be, op, KK_FMT_F32, NULL);
+    return here ? kg_ops[op].run : kg_run_on_host;
+}
+
 const kg_op_info kg_ops[KG_OP_COUNT] = {
-#define KG_OP(id, name, gemm_src, run) [KG_##id] = {name, gemm_src, run},
+#define KG_OP(id, name, gemm_src, host, run) [KG_##id] = {name, gemm_src, host, run},
 #include "graph/ops.def"
 #undef KG_OP
 };
@@ -233,7 +271,7 @@ const char *kg_op_name(kg_op op) { return (unsigned)op < KG_OP_COUNT ? kg_ops[op
 
 const char *kg_op_table_names(void) {
     static const char names[] =
-#define KG_OP(id, name, gemm_src, run) name ","
+#define KG_OP(id, name, gemm_src, host, run) name ","
 #include "graph/ops.def"
 #undef KG_OP
         "";

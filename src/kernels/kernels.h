@@ -169,23 +169,50 @@ typedef struct kk_backend {
      * group norms (kg_plan_bf16 asks) */
     int (*conv_bf16_io)(const kk_weight *w);
 
-    /* ---- memory: the backend owns activation memory; executors get every
-     * buffer through kk_buf_alloc / kk_buf_free and move inputs and outputs
-     * with kk_copy_*, so a device backend plugs in without touching them.
-     * NULL: host memory (kb_alloc_aligned, 64-byte aligned) and memcpy. */
+    /* ---- memory: every activation, weight and input of a forward lives in
+     * the backend's memory. Executors get buffers through kk_buf_alloc /
+     * kk_buf_free, copy a forward's inputs in and its outputs out with
+     * kk_copy_from_host / kk_copy_to_host, and see weights through
+     * kk_buf_map. alloc NULL: the backend's memory is the host's
+     * (kb_alloc_aligned, 64-byte aligned; copies are memcpy, a mapping is
+     * the host memory itself), and executors hand it host buffers in
+     * place. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
-    void (*to_host)(void *host, const void *dev, size_t bytes);
-    void (*from_host)(void *dev, const void *host, size_t bytes);
+    void (*to_host)(void *host, const void *buf, size_t bytes);
+    void (*from_host)(void *buf, const void *host, size_t bytes);
+    /* a buffer holding a copy of host memory its kernels read and never
+     * write (a weight in a mapped cache file): a device backend uploads it,
+     * once per model; released by unmap */
+    void *(*map)(const void *host, size_t bytes);
+    void (*unmap)(void *buf);
     /* Optional: 1 when the backend runs op (a kg_op of ops.def) with its
-     * output in format fmt (KK_FMT_*); NULL: every op, in every format its
-     * slots take (the CPU backends) */
-    int (*supports)(int op, int fmt);
-    /* Optional: the packed layout this backend's linears want for W [M,K]
-     * in dt, and the packing (kk_fast_layout / kk_fast_pack for the CPU's
-     * fast backends; NULL: f32 row-major weights, the reference) */
-    kiln_status (*pack_layout)(int64_t M, int64_t K, kiln_dtype dt, char layout[40], size_t *bytes);
-    kiln_status (*pack)(const float *w, int64_t M, int64_t K, kiln_dtype dt, void *out);
+     * output in format fmt (KK_FMT_*), reading the GEMM weight w (NULL for
+     * ops without one). NULL: every op in f32, and bf16 formats where the
+     * slots taking them are set. An op a backend does not run runs on the
+     * host (kk_host) with its values copied there and back. */
+    int (*supports)(int op, int fmt, const kk_weight *w);
+
+    /* ---- weights: what the weight cache stores for this backend, so a
+     * forward reads exactly what its kernels consume (docs/cache.md).
+     * pack_layout NULL: f32 row-major weights (the reference kernels'), and
+     * then pack, weights_tag and weight_dtype_error are NULL too. */
+    /* the cache key's layout part: what the packed layouts depend on (the
+     * CPU's features, oneDNN's version, the GEMM: kk_fast_isa) */
+    const char *(*weights_tag)(void);
+    /* the packed layout of a weight in dt (F32, BF16, I8, F8_E4M3): a
+     * linear's W [M,K] (sh = {M, K}; conv 0) or a convolution's
+     * [Cout,Cin,kh,kw] (conv 1): its name and size in bytes */
+    kiln_status (*pack_layout)(const int64_t sh[4], int conv, kiln_dtype dt, char layout[40], size_t *bytes);
+    /* w (f32 row-major) packed into out (pack_layout's bytes); quantized
+     * for I8 and F8_E4M3 */
+    kiln_status (*pack)(const float *w, const int64_t sh[4], int conv, kiln_dtype dt, void *out);
+    /* NULL when the backend computes with linear weights packed in dt; else
+     * why not, in words for the user */
+    const char *(*weight_dtype_error)(kiln_dtype dt);
+    /* whether the machine has a feature a package's manifest needs
+     * ("avx512bf16", "amx": kk_cpu_has); NULL: none */
+    int (*has_feature)(const char *feature);
 
     /* ---- the VAE's convolutions. y [B,Cout,Ho,Wo] = conv(x [B,Cin,H,W], w)
      * + b [Cout] (+ res, y's shape, where p->residual; b and res may be
@@ -232,13 +259,50 @@ typedef struct kk_backend {
     void (*copy)(void *dst, const void *src, size_t bytes);
 } kk_backend;
 
-/* A backend's memory (host memory where it has none of its own). */
+/* ---- a backend through its slots, with the defaults of kk_backend
+ * (src/kernels/backend.c) ---- */
+/* 1 when the host reads and writes be's buffers directly (no alloc slot) */
+int kk_host_memory(const kk_backend *be);
 void *kk_buf_alloc(const kk_backend *be, size_t bytes);
 void kk_buf_free(const kk_backend *be, void *p);
 void kk_copy_to_host(const kk_backend *be, void *host, const void *buf, size_t bytes);
 void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t bytes);
-/* Whether be runs op with its output in fmt (kk_backend.supports). */
-int kk_supports(const kk_backend *be, int op, int fmt);
+/* be's view of host memory its kernels read (a weight); host itself where
+ * be's memory is the host's; NULL out of memory (host NULL: NULL) */
+void *kk_buf_map(const kk_backend *be, const void *host, size_t bytes);
+void kk_buf_unmap(const kk_backend *be, void *buf, const void *host);
+/* Whether be runs op with its output in fmt on GEMM weight w (kk_backend.supports). */
+int kk_supports(const kk_backend *be, int op, int fmt, const kk_weight *w);
+/* 1 when be stores linear and convolution weights packed (pack_layout) */
+int kk_packs(const kk_backend *be);
+/* be's packed layout of a weight (kk_backend.pack_layout); "rowmajor" and
+ * the f32 size for a backend that does not pack */
+kiln_status kk_pack_layout(const kk_backend *be, const int64_t sh[4], int conv, kiln_dtype dt, char layout[40],
+                           size_t *bytes);
+kiln_status kk_pack(const kk_backend *be, const float *w, const int64_t sh[4], int conv, kiln_dtype dt, void *out);
+/* the cache key's layout part ("" for f32 row-major weights) */
+const char *kk_weights_tag(const kk_backend *be);
+/* NULL when be computes with linear weights packed in dt, else why not */
+const char *kk_weight_dtype_error(const kk_backend *be, kiln_dtype dt);
+int kk_has_feature(const kk_backend *be, const char *feature);
+/* The scales of a quantized packed blob of `bytes` bytes, its last 4*M
+ * bytes (kk_weight); NULL for other dtypes. Address arithmetic only, so it
+ * serves a backend buffer too. */
+const float *kk_weight_scales(const void *packed, size_t bytes, int64_t M, kiln_dtype dt);
+
+/* ---- the backends of this build, by name (backend.c) ---- */
+/* "cpu": the fast CPU kernels (kk_fast), F32 or BF16; "reference": the
+ * reference kernels, F32; "check": the reference kernels on memory the host
+ * cannot touch outside the backend's own calls (kernels/check/check.c), F32.
+ * NULL when there is no such backend or it does not compute in dt. */
+const kk_backend *kk_backend_get(const char *name, kiln_dtype dt);
+/* "cpu, reference, check" */
+const char *kk_backend_names(void);
+/* The registry name of a backend kk_backend_get returned ("cpu", ...). */
+const char *kk_backend_family(const kk_backend *be);
+/* The host backend that runs, on copies, an op another backend does not
+ * (kk_backend.supports): the reference kernels. */
+const kk_backend *kk_host(void);
 
 /* Data movement shared by every executor (src/kernels/layout.c). */
 /* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p] */
@@ -373,8 +437,6 @@ kiln_status kk_fast_conv_layout(int64_t Cout, int64_t Cin, int64_t kh, int64_t k
                                 size_t *bytes);
 kiln_status kk_fast_conv_pack(const float *w, int64_t Cout, int64_t Cin, int64_t kh, int64_t kw, kiln_dtype dt,
                               void *out);
-/* The scales of a quantized packed blob of `bytes` bytes (NULL otherwise). */
-const float *kk_fast_scales(const void *packed, size_t bytes, int64_t M, kiln_dtype dt);
 /* W [M,K] f32 row-major back from a packed weight (dequantized: q * scale):
  * the oracle that quantized kernels are tested against. */
 kiln_status kk_fast_unpack(const kk_weight *w, float *out);

@@ -267,27 +267,6 @@ void kk_attention_general(const float *q, const float *k, const float *v, const 
             }
 }
 
-/* ---- a backend's memory ------------------------------------------------------ */
-
-void *kk_buf_alloc(const kk_backend *be, size_t bytes) { return be && be->alloc ? be->alloc(bytes) : kb_alloc_aligned(bytes); }
-
-void kk_buf_free(const kk_backend *be, void *p) {
-    if (be && be->free) be->free(p);
-    else kb_free_aligned(p);
-}
-
-void kk_copy_to_host(const kk_backend *be, void *host, const void *buf, size_t bytes) {
-    if (be && be->to_host) be->to_host(host, buf, bytes);
-    else if (bytes) memcpy(host, buf, bytes);
-}
-
-void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t bytes) {
-    if (be && be->from_host) be->from_host(buf, host, bytes);
-    else if (bytes) memcpy(buf, host, bytes);
-}
-
-int kk_supports(const kk_backend *be, int op, int fmt) { return !be->supports || be->supports(op, fmt); }
-
 void kk_unary(int op, const float *x, float *y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 2 * PIECE)
     for (int64_t i = 0; i < n; i++) {

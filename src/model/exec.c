@@ -50,7 +50,7 @@ void km_exec_free(kiln_model *m) {
     for (int i = 0; i < x->n_pkgs; i++) kx_package_close(x->pkgs[i]);
     free(x->pkgs);
     kk_buf_free(m->backend, x->arena);
-    kb_free_aligned(x->pos);
+    kk_buf_free(m->backend, x->pos);
     for (int k = 0; k < KA_MAX_OUT; k++) kb_free_aligned(x->spare[k]);
     free(x->package_dir);
     free(x->cache_root);
@@ -163,7 +163,7 @@ static int bind_weight(void *user, const char *name, kx_bound *b) {
     b->ndim = w->ndim;
     memcpy(b->shape, w->shape, sizeof b->shape);
     b->kw = &w->kw;
-    b->data = w->data;
+    b->data = w->view;
     b->dtype = w->packed ? w->kw.packed_dtype : KILN_F32;
     b->layout = w->layout;
     return 1;
@@ -174,6 +174,58 @@ static void io_shapes(const kiln_model *m, const int64_t *s, int64_t in[KA_MAX_I
     memset(in, 0, sizeof(int64_t) * KA_MAX_IO * 4);
     memset(out, 0, sizeof(int64_t) * KA_MAX_OUT * 4);
     m->arch->io_shapes(m->cfg, s, in, out);
+}
+
+/* A forward's inputs and outputs as buffers of the model's backend, which
+ * every executor takes: the caller's own where the backend's memory is the
+ * host's; else the backend's, the inputs copied in (io_stage) and the
+ * outputs copied out (io_unstage) once per forward, whichever step runs */
+typedef struct io_bufs {
+    const float *in[KA_MAX_IO];
+    float *out[KA_MAX_OUT];
+    size_t out_bytes[KA_MAX_OUT];
+    int n_in, n_out, own;
+} io_bufs;
+
+static void io_free(const kiln_model *m, io_bufs *b) {
+    if (!b->own) return;
+    for (int k = 0; k < b->n_in; k++) kk_buf_free(m->backend, (void *)b->in[k]);
+    for (int k = 0; k < b->n_out; k++) kk_buf_free(m->backend, b->out[k]);
+    b->own = 0;
+}
+
+static kiln_status io_stage(const kiln_model *m, const int64_t (*ish)[4], const int64_t (*osh)[4],
+                            const float *const *in, float *const *out, io_bufs *b) {
+    const ka_arch *a = m->arch;
+    memset(b, 0, sizeof *b);
+    b->n_in = a->n_in;
+    b->n_out = m->n_out;
+    b->own = !kk_host_memory(m->backend);
+    for (int k = 0; k < b->n_in; k++) {
+        size_t bytes = sizeof(float) * ka_numel(a->in[k].ndim, ish[k]);
+        float *d = b->own ? kk_buf_alloc(m->backend, bytes) : (float *)in[k];
+        if (!d) break;
+        if (b->own) kk_copy_from_host(m->backend, d, in[k], bytes);
+        b->in[k] = d;
+    }
+    for (int k = 0; k < b->n_out; k++) {
+        b->out_bytes[k] = sizeof(float) * ka_numel(m->out[k].ndim, osh[k]);
+        b->out[k] = b->own ? kk_buf_alloc(m->backend, b->out_bytes[k]) : out[k];
+    }
+    for (int k = 0; k < b->n_in; k++)
+        if (!b->in[k]) goto nomem;
+    for (int k = 0; k < b->n_out; k++)
+        if (!b->out[k]) goto nomem;
+    return KILN_OK;
+nomem:
+    io_free(m, b);
+    return kb_fail(KILN_ERR_NOMEM, "the %s backend has no memory for a forward's inputs and outputs", m->backend->name);
+}
+
+/* the outputs copied out when st is KILN_OK; the staging buffers freed */
+static void io_unstage(const kiln_model *m, io_bufs *b, float *const *out, kiln_status st) {
+    for (int k = 0; b->own && !st && k < b->n_out; k++) kk_copy_to_host(m->backend, out[k], b->out[k], b->out_bytes[k]);
+    io_free(m, b);
 }
 
 typedef struct capture {
@@ -214,15 +266,20 @@ static kiln_status check_capture(void *user, const char *staging) {
     float **got = alloc_bufs(m->out, m->n_out, (const int64_t(*)[4])osh);
     for (int k = 0; in && k < a->n_in; k++) a->example_input(m->cfg, k, in[k], ka_numel(a->in[k].ndim, ish[k]));
     kx_package *pkg = NULL;
+    io_bufs b;
     kiln_status st = in && want && got ? KILN_OK : KILN_ERR_NOMEM;
-    if (!st) {
+    if (!st && !(st = io_stage(m, (const int64_t(*)[4])ish, (const int64_t(*)[4])osh, (const float *const *)in, want, &b))) {
         kg_graph g;
-        if (!(st = build_graph(m, s, &g))) st = kg_run_eager(&g, m->backend, (const float *const *)in, want);
+        if (!(st = build_graph(m, s, &g))) st = kg_run_eager(&g, m->backend, b.in, b.out);
         kg_free(&g);
+        io_unstage(m, &b, want, st);
     }
     if (!st) st = kx_package_open(staging, &pkg);
     if (!st) st = kx_package_load(pkg, m->backend, dist_of(m), bind_weight, m);
-    if (!st) st = kx_package_run(pkg, s, (const float *const *)in, got);
+    if (!st && !(st = io_stage(m, (const int64_t(*)[4])ish, (const int64_t(*)[4])osh, (const float *const *)in, got, &b))) {
+        st = kx_package_run(pkg, s, b.in, b.out);
+        io_unstage(m, &b, got, st);
+    }
     cap->rel_err = 0;
     for (int k = 0; !st && k < m->n_out; k++) {
         double e = kb_rel_l2(got[k], want[k], ka_numel(m->out[k].ndim, osh[k]));
@@ -265,7 +322,7 @@ static kiln_status compile_syms(kiln_model *m, const kx_sym *syms, int regional,
     kx_compile_req r = {.build = build_graph, .build_user = m, .weight = bind_weight, .weight_user = m, .nsym = a->nsym,
                         .regional = regional, .root = root, .family = fam,
                         .dtype = m->compute.dtype == KILN_BF16 ? "bf16" : "f32",
-                        .quant = kiln_quant_name(m->compute.quant), .cpu_isa = isa,
+                        .quant = kiln_quant_name(m->compute.quant), .cpu_isa = isa, .be = m->backend,
                         .model_json = model_json, .check = cap ? check_capture : NULL, .check_user = cap};
     memcpy(r.sym, syms, sizeof r.sym);
     double t0 = kb_now();
@@ -468,9 +525,9 @@ static kiln_status run_planned(kiln_model *m, const int64_t *s, const float *con
         km_exec *x = &m->exec;
         int64_t key[5] = {(int64_t)(intptr_t)t->data, n->iparam[0], n->iparam[1], n->iparam[2], n->shape[2]};
         if (!x->pos || memcmp(key, x->pos_key, sizeof key)) {
-            kb_free_aligned(x->pos);
+            kk_buf_free(m->backend, x->pos);
             memset(x->pos_key, 0, sizeof x->pos_key);
-            if (!(x->pos = kb_alloc_aligned(sizeof(float) * (size_t)kg_numel(n)))) break; /* computed in the arena, then */
+            if (!(x->pos = kk_buf_alloc(m->backend, sizeof(float) * (size_t)kg_numel(n)))) break; /* computed in the arena, then */
             fixed[n->src[0]] = (float *)t->data; /* its one source, where kg_exec_node reads it */
             kg_exec_node(&g, m->backend, n, fixed, x->pos);
             fixed[n->src[0]] = NULL;
@@ -518,10 +575,24 @@ kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *i
     kiln_status st = KILN_ERR_UNSUPPORTED;
     m->exec.last = NULL;
     m->exec.note[0] = 0;
-    /* invalid shapes fail the same way on every path: let eager/planned say why */
-    int shape_ok = a->check(m->cfg, sym) == KILN_OK;
+    /* invalid shapes fail the same way on every path: let eager/planned say
+     * why (before they read an input) */
+    int shape_ok = a->check(m->cfg, sym) == KILN_OK, staged = 1;
+    io_bufs b;
+    memset(&b, 0, sizeof b);
+    if (shape_ok && (st = io_stage(m, (const int64_t(*)[4])sh, (const int64_t(*)[4])osh, in, out, &b))) {
+        snprintf(reason, sizeof reason, "%s", kiln_last_error());
+        staged = 0;
+    }
+    if (!shape_ok && kk_host_memory(m->backend)) { /* (read by no step) */
+        for (int k = 0; k < a->n_in; k++) b.in[k] = in[k];
+        for (int k = 0; k < m->n_out; k++) b.out[k] = out[k];
+    }
     kb_clear_error();
-    for (int k = 0; k < m->exec.n_steps; k++) {
+    float *const *host_out = out;
+    in = b.in;
+    out = b.out;
+    for (int k = 0; staged && k < m->exec.n_steps; k++) {
         int step = m->exec.chain[k], warn = 0, had = 0; /* had: a package of this kind exists */
         int64_t s[KX_MAX_SYMS];
         kx_package *p = NULL;
@@ -581,6 +652,7 @@ kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *i
                    k_steps[m->exec.chain[k + 1]]);
     }
     if (st && !m->exec.last) st = kb_fail(st, "forward: %s", reason);
+    io_unstage(m, &b, host_out, st);
     pthread_mutex_unlock(&m->exec.lock);
     free(root);
     free(famdir);

@@ -151,7 +151,7 @@ static char *key_json(const kiln_load_opts *o, km_compute cp, const kcache_key *
     cJSON_AddStringToObject(j, "part", k->path + strlen(k->dir));
     cJSON_AddStringToObject(j, "dtype", kiln_dtype_name(cp.dtype));
     cJSON_AddBoolToObject(j, "fsdp", o->fsdp);
-    cJSON_AddStringToObject(j, "layout", cp.reference ? "rowmajor" : km_compute_layout(cp));
+    cJSON_AddStringToObject(j, "layout", kk_packs(cp.be) ? km_compute_layout(cp) : "rowmajor");
     char qt[64];
     km_quant_tag(&cp, qt, sizeof qt);
     cJSON_AddStringToObject(j, "quant", *qt ? qt : "none");
@@ -428,7 +428,7 @@ static kiln_status load_model(const kiln_load_opts *o, kiln_model **out) {
     if (o->source_fn && (!o->source_id || !*o->source_id))
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_load_model: a source callback needs a source_id (it keys the cache)");
     km_compute cp;
-    kiln_status st = km_compute_resolve(o->dtype, o->reference, &cp);
+    kiln_status st = km_compute_resolve(o->dtype, o->reference, o->backend, &cp);
     if (!st) st = km_compute_set_quant(&cp, o->quant, o->quant_layers);
     if (!st) st = km_family_named(o->family, &cp.family);
     if (st) return st;
@@ -484,7 +484,7 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
         if (o->source) h = part_hash(o, h);
         if (!o->source) h = kcache_hash_bytes(o->source_id, strlen(o->source_id), 1);
         char rkey[200];
-        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%d:%s:%s:%s", (unsigned long long)h, (int)cp.dtype, cp.reference,
+        snprintf(rkey, sizeof rkey, "no-cache:%016llx:%d:%s:%s:%s:%s", (unsigned long long)h, (int)cp.dtype, cp.be->name,
                  shard, qtag, cp.family ? cp.family->name : "");
         if ((*out = registry_get(rkey))) return KILN_OK;
         if ((st = convert(o, cp, out))) return st;
@@ -514,9 +514,10 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
     kcache_key k;
     if ((st = kcache_key_make(root, &in, &k))) return st;
     if (!has_source(o)) resolve_without_source(&k);
-    /* loaded models by cache folder and family (two families may read one cache) */
-    char regkey[sizeof k.path + 80];
-    snprintf(regkey, sizeof regkey, "%s#%s", k.path, cp.family ? cp.family->name : "");
+    /* loaded models by cache folder, family (two families may read one cache)
+     * and backend (the reference and check backends read one cache) */
+    char regkey[sizeof k.path + 120];
+    snprintf(regkey, sizeof regkey, "%s#%s#%s", k.path, cp.family ? cp.family->name : "", cp.be->name);
     /* the source's identity: its absolute path (a callback: its source_id) */
     char source[PATH_MAX + 1] = "";
     if (o->source && !realpath(o->source, source)) snprintf(source, sizeof source, "%s", o->source);

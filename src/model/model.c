@@ -26,61 +26,109 @@ int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const 
     if (!w) return 0;
     *ndim = w->ndim;
     memcpy(shape, w->shape, sizeof w->shape);
-    *data = w->data;
+    *data = w->view;
     *kw = &w->kw;
     return 1;
 }
 
-/* the kernels' view: W [shape[0], product of the rest] */
+/* the kernels' view: W [shape[0], product of the rest], on the host (the
+ * backend's view comes with km_map_weights) */
 static void set_view(km_weight *w, kiln_dtype packed_dtype) {
     int64_t K = 1, M = w->ndim ? w->shape[0] : 1;
     for (int d = 1; d < w->ndim; d++) K *= w->shape[d];
     if (w->packed) packed_dtype = w->packed_dtype;
     w->kw = (kk_weight){.M = M, .K = K, .f32 = w->data, .packed = w->packed, .packed_dtype = packed_dtype,
-                        .scales = kk_fast_scales(w->packed, w->packed_bytes, M, packed_dtype)};
+                        .scales = kk_weight_scales(w->packed, w->packed_bytes, M, packed_dtype)};
+    w->view = w->data;
 }
 
-kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out) {
-    if (dtype == KILN_DTYPE_INVALID) dtype = reference ? KILN_F32 : KILN_BF16; /* bf16: the default, as the CLI's */
-    if (dtype != KILN_F32 && dtype != KILN_BF16)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)", kiln_dtype_name(dtype));
-    if (reference && dtype != KILN_F32)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "the reference kernels compute in F32 only, not %s", kiln_dtype_name(dtype));
-    if (!reference && dtype == KILN_BF16 && !kk_fast(KILN_BF16)) {
-        static int warned; /* once a process: a pipeline resolves five components */
-        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-            kb_log(KILN_LOG_WARN, "this CPU (class %s) has no bf16 GEMM (AVX-512 BF16 / AMX); computing in f32 on "
-                   "f32 weights", kiln_cpu_class(0));
-        dtype = KILN_F32;
+/* The backend's view of every weight (kk_buf_map): the weights themselves
+ * where its memory is the host's; else its copies, made once per model
+ * (what a device backend uploads from the mapped cache). An FSDP block
+ * weight gets a buffer that km_fsdp_gather fills from the host workspace. */
+static kiln_status map_weights(kiln_model *m) {
+    const kk_backend *be = m->backend;
+    if (kk_host_memory(be)) return KILN_OK;
+    for (size_t i = 0; i < m->nw; i++) {
+        km_weight *w = &m->w[i];
+        size_t fb = sizeof(float) * (size_t)(w->kw.M * w->kw.K);
+        float *d = w->dev_f32 = w->fsdp ? (w->data ? kk_buf_alloc(be, fb) : NULL) : kk_buf_map(be, w->data, fb);
+        if (d) w->view = w->kw.f32 = d;
+        void *p = w->dev_packed = w->fsdp ? (w->packed ? kk_buf_alloc(be, w->packed_bytes) : NULL)
+                                          : kk_buf_map(be, w->packed, w->packed_bytes);
+        if (p) {
+            w->kw.packed = p;
+            w->kw.scales = kk_weight_scales(p, w->packed_bytes, w->kw.M, w->kw.packed_dtype);
+        }
+        if ((w->data && !d) || (w->packed && !p))
+            return kb_fail(KILN_ERR_NOMEM, "the %s backend has no memory for weight %s", be->name, w->name);
     }
-    if (!reference && !kk_fast(dtype)) {
-        kb_log(KILN_LOG_WARN, "the fast backend is not available here; using the reference kernels");
-        reference = 1;
-        dtype = KILN_F32;
-    }
-    *out = (km_compute){.dtype = dtype, .reference = reference};
     return KILN_OK;
 }
 
-const char *km_compute_layout(km_compute cp) { return cp.reference ? "" : kk_fast_isa(); }
+kiln_status km_compute_resolve(kiln_dtype dtype, int reference, const char *backend, km_compute *out) {
+    /* $KILN_BACKEND runs every model of the process on its backend (the
+     * reference kernels' requests included: the test suite on the check
+     * backend), unless the caller names one */
+    const char *env = getenv("KILN_BACKEND");
+    int forced = !backend && env && *env;
+    if (forced) {
+        backend = env;
+    } else {
+        if (reference && backend && strcmp(backend, "reference"))
+            return kb_fail(KILN_ERR_INVALID_ARG, "the reference kernels and the %s backend were both asked for; pick one",
+                           backend);
+        if (reference) backend = "reference";
+        if (!backend) backend = "cpu";
+    }
+    if (!kk_backend_get(backend, KILN_F32) && !kk_backend_get(backend, KILN_BF16) && strcmp(backend, "cpu"))
+        return kb_fail(KILN_ERR_INVALID_ARG, "backend %s is unknown%s (the backends: %s)", backend,
+                       forced ? " (KILN_BACKEND)" : "", kk_backend_names());
+    int cpu = !strcmp(backend, "cpu");
+    if (dtype == KILN_DTYPE_INVALID) dtype = cpu || forced ? KILN_BF16 : KILN_F32; /* bf16: the default, as the CLI's */
+    if (dtype != KILN_F32 && dtype != KILN_BF16)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "compute dtype %s is not supported (F32 or BF16)", kiln_dtype_name(dtype));
+    if (dtype == KILN_BF16 && !kk_backend_get(backend, KILN_BF16)) {
+        if (!cpu && !forced)
+            return kb_fail(KILN_ERR_UNSUPPORTED, "the %s kernels compute in F32 only, not %s", backend,
+                           kiln_dtype_name(dtype));
+        static int warned; /* once a process: a pipeline resolves five components */
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED)) {
+            if (cpu)
+                kb_log(KILN_LOG_WARN, "this CPU (class %s) has no bf16 GEMM (AVX-512 BF16 / AMX); computing in f32 on "
+                       "f32 weights", kiln_cpu_class(0));
+            else
+                kb_log(KILN_LOG_WARN, "the %s backend computes in f32 only; computing in f32 on f32 weights", backend);
+        }
+        dtype = KILN_F32;
+    }
+    const kk_backend *be = kk_backend_get(backend, dtype);
+    if (!be) {
+        kb_log(KILN_LOG_WARN, "the %s backend is not available here; using the reference kernels", backend);
+        be = kk_backend_get("reference", KILN_F32);
+        dtype = KILN_F32;
+    }
+    *out = (km_compute){.dtype = dtype, .be = be};
+    return KILN_OK;
+}
 
-static const kk_backend *backend_of(km_compute cp) { return cp.reference ? kk_reference() : kk_fast(cp.dtype); }
+const char *km_compute_layout(km_compute cp) { return kk_weights_tag(cp.be); }
 
-/* Replace a weight's f32 data by the fast backend's packed layout in dt: a
+/* Replace a weight's f32 data by the backend's packed layout in dt: a
  * linear's [M, K...] for the GEMM (quantized where the compute choice's
  * scheme selects the layer), or with conv a convolution's [Cout,Cin,kh,kw]
  * for the convolution. */
-static kiln_status pack_one(km_weight *w, kiln_dtype dt, int conv) {
-    const int64_t *sh = w->shape;
-    int64_t M = w->ndim ? sh[0] : 1, K = 1;
-    for (int d = 1; d < w->ndim; d++) K *= sh[d];
+static kiln_status pack_one(const kk_backend *be, km_weight *w, kiln_dtype dt, int conv) {
+    const int64_t *s = w->shape;
+    int64_t K = 1;
+    for (int d = 1; d < w->ndim; d++) K *= s[d];
+    const int64_t sh[4] = {w->ndim ? s[0] : 1, conv ? s[1] : K, conv ? s[2] : 1, conv ? s[3] : 1};
     size_t bytes;
-    kiln_status st = conv ? kk_fast_conv_layout(sh[0], sh[1], sh[2], sh[3], dt, w->layout, &bytes)
-                          : kk_fast_layout(M, K, dt, w->layout, &bytes);
+    kiln_status st = kk_pack_layout(be, sh, conv, dt, w->layout, &bytes);
     if (st) return st;
     void *p = kb_alloc_aligned(bytes);
     if (!p) return KILN_ERR_NOMEM;
-    if ((st = conv ? kk_fast_conv_pack(w->data, sh[0], sh[1], sh[2], sh[3], dt, p) : kk_fast_pack(w->data, M, K, dt, p))) {
+    if ((st = kk_pack(be, w->data, sh, conv, dt, p))) {
         kb_free_aligned(p);
         return st;
     }
@@ -188,8 +236,8 @@ kiln_status km_convert_tensor(const kc_checkpoint *c, const ka_spec *s, const km
         }
     }
     if (!st && cp->tp > 1 && s->split != KA_SPLIT_NONE) st = km_shard_weight(w, s->split, cp->tp, cp->tp_index, n_params);
-    if (!st && s->linear && !cp->reference) st = pack_one(w, km_spec_dtype(cp, s), 0);
-    if (!st && s->conv && s->ndim == 4 && !cp->reference) st = pack_one(w, s->keep_f32 ? KILN_F32 : cp->dtype, 1);
+    if (!st && s->linear && kk_packs(cp->be)) st = pack_one(cp->be, w, km_spec_dtype(cp, s), 0);
+    if (!st && s->conv && s->ndim == 4 && kk_packs(cp->be)) st = pack_one(cp->be, w, s->keep_f32 ? KILN_F32 : cp->dtype, 1);
     set_view(w, w->packed ? w->packed_dtype : KILN_F32);
     return st;
 }
@@ -272,7 +320,7 @@ static kiln_model *model_new(km_compute cp) {
     kiln_model *m = kb_calloc(1, sizeof *m);
     if (!m) return NULL;
     m->compute = cp;
-    m->backend = backend_of(cp);
+    m->backend = cp.be;
     m->refs = 1;
     snprintf(m->origin, sizeof m->origin, "open");
     km_exec_init(m);
@@ -341,6 +389,7 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
         m->info.bytes_on_disk = c->bytes_on_disk;
         snprintf(m->layout, sizeof m->layout, "%s", c->layout);
         m->info.layout = m->layout;
+        st = map_weights(m);
     }
     free(spec);
     if (st) {
@@ -384,17 +433,15 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
      * f32 row-major for the reference), the rest f32 */
     for (size_t i = 0; !st && i < ns; i++) {
         const kcache_tensor *t = &e->t[i];
-        int conv = spec[i].conv && spec[i].ndim == 4 && !cp.reference, packed = (spec[i].linear && !cp.reference) || conv;
+        int conv = spec[i].conv && spec[i].ndim == 4 && kk_packs(cp.be), packed = (spec[i].linear && kk_packs(cp.be)) || conv;
         char want_layout[40] = "rowmajor";
         size_t want_bytes = 0;
         int64_t numel = 1, sh[4]; /* sh: the stored shape */
         ka_stored_shape(&spec[i], sh);
         for (int d = 0; d < spec[i].ndim; d++) numel *= sh[d];
         kiln_dtype want_dt = conv ? (spec[i].keep_f32 ? KILN_F32 : cp.dtype) : packed ? km_spec_dtype(&cp, &spec[i]) : KILN_F32;
-        if (conv && (st = kk_fast_conv_layout(sh[0], sh[1], sh[2], sh[3], want_dt, want_layout, &want_bytes)))
-            break;
-        if (packed && !conv && (st = kk_fast_layout(sh[0], numel / sh[0], want_dt, want_layout, &want_bytes)))
-            break;
+        const int64_t psh[4] = {sh[0], conv ? sh[1] : numel / sh[0], conv ? sh[2] : 1, conv ? sh[3] : 1};
+        if (packed && (st = kk_pack_layout(cp.be, psh, conv, want_dt, want_layout, &want_bytes))) break;
         if (cp.fsdp > 1 && spec[i].block >= 0) { /* FSDP: a byte range (shard.c) */
             if ((st = km_fsdp_map(&m->w[m->nw], &spec[i], e, i, cp))) break;
             m->info.n_params += numel;
@@ -452,6 +499,12 @@ kiln_status km_from_cache(kcache_entry *e, km_compute cp, kiln_model **out) {
     snprintf(m->layout, sizeof m->layout, "kiln-cache");
     m->info.layout = m->layout;
     m->cache = e;
+    if ((st = map_weights(m))) {
+        m->cache = NULL; /* the caller closes the entry */
+        for (size_t i = 0; i < m->nw; i++) m->w[i].data = NULL, m->w[i].packed = NULL; /* mapped, not owned */
+        km_destroy(m);
+        return st;
+    }
     *out = m;
     return KILN_OK;
 }
@@ -463,7 +516,8 @@ kiln_status kiln_model_open(const char *path, const kiln_open_opts *opts, kiln_m
     kc_checkpoint *c = NULL;
     const char *cfg = opts ? opts->config_path : NULL;
     km_compute cp;
-    kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_DTYPE_INVALID, opts ? opts->reference : 0, &cp);
+    kiln_status st = km_compute_resolve(opts ? opts->dtype : KILN_DTYPE_INVALID, opts ? opts->reference : 0,
+                                        opts ? opts->backend : NULL, &cp);
     if (!st) st = km_compute_set_quant(&cp, opts ? opts->quant : KILN_QUANT_NONE, opts ? opts->quant_layers : NULL);
     if (!st) st = km_family_named(opts ? opts->family : NULL, &cp.family);
     if (!st) st = kc_open(path, cfg, ka_renamers(), &c);
@@ -477,6 +531,13 @@ void km_destroy(kiln_model *m) {
     if (!m) return;
     for (size_t i = 0; i < m->nw; i++) {
         free(m->w[i].name);
+        if (m->w[i].fsdp) {
+            kk_buf_free(m->backend, m->w[i].dev_f32);
+            kk_buf_free(m->backend, m->w[i].dev_packed);
+        } else {
+            kk_buf_unmap(m->backend, m->w[i].dev_f32, NULL);
+            kk_buf_unmap(m->backend, m->w[i].dev_packed, NULL);
+        }
         if (!m->cache) {
             kb_free_aligned(m->w[i].data);
             kb_free_aligned(m->w[i].packed);

@@ -24,7 +24,9 @@ typedef struct km_weight {
     size_t packed_bytes;
     kiln_dtype packed_dtype; /* F32, BF16 or quantized I8 / F8_E4M3 (kk_weight) */
     char layout[40];      /* "rowmajor" or the packed layout's name */
-    kk_weight kw;         /* what the kernels see */
+    kk_weight kw;         /* what the kernels see: the backend's view of data and packed (kk_buf_map) */
+    const float *view;    /* the backend's view of data (data itself where its memory is the host's) */
+    void *dev_f32, *dev_packed; /* the backend's copies of data and packed (owned; NULL on the host) */
     /* FSDP (shard.c): this rank's byte range of a block weight; data/packed
      * point into the model's block workspace, filled by a gather */
     int fsdp, block;
@@ -37,7 +39,7 @@ struct kcache_entry;
 /* How a model computes: GEMM/attention precision and which kernels. */
 typedef struct km_compute {
     kiln_dtype dtype; /* F32 or BF16 */
-    int reference;    /* reference kernels on f32 row-major weights */
+    const kk_backend *be; /* the backend that runs it (kk_backend_get), and whose weights the cache holds */
     int tp, tp_index; /* tensor parallel: this rank holds shard tp_index of tp (0, 0: all) */
     int fsdp, fsdp_index; /* FSDP: block weights split in fsdp byte ranges, this rank holds one */
     kiln_quant quant; /* quantized linear layers (src/model/quant.c) */
@@ -122,10 +124,11 @@ kiln_status km_from_checkpoint(const kc_checkpoint *c, const char *config_label,
                                kiln_model **out);
 /* A model whose weights are the mapped tensors of a cache entry (taken over). */
 kiln_status km_from_cache(struct kcache_entry *e, km_compute cp, kiln_model **out);
-/* Resolve defaults and check a compute choice; falls back (with a log line)
- * from BF16 to F32 where the CPU has no bf16 GEMM. */
-kiln_status km_compute_resolve(kiln_dtype dtype, int reference, km_compute *out);
-/* The cache key's layout part for a compute choice ("" for the reference). */
+/* Resolve defaults and check a compute choice: the backend named (NULL:
+ * $KILN_BACKEND, else "cpu"; reference: "reference") in dtype; falls back
+ * (with a log line) from BF16 to F32 where the CPU has no bf16 GEMM. */
+kiln_status km_compute_resolve(kiln_dtype dtype, int reference, const char *backend, km_compute *out);
+/* The cache key's layout part for a compute choice ("" for f32 row-major weights). */
 const char *km_compute_layout(km_compute cp);
 /* kiln_compile without the quality gate, which its caller runs first
  * (kiln_compile, src/sample/quality.c); quality_rel_l2 is the gate's

@@ -26,26 +26,14 @@ kiln_status km_compute_set_quant(km_compute *cp, kiln_quant q, const char *layer
     if (q == KILN_QUANT_NONE) return KILN_OK;
     if (q != KILN_QUANT_INT8 && q != KILN_QUANT_FP8)
         return kb_fail(KILN_ERR_INVALID_ARG, "quantization scheme %d is unknown (int8 or fp8)", (int)q);
-    if (cp->reference)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "--quant %s needs the fast kernels: the reference kernels take f32 weights only",
-                       kiln_quant_name(q));
+    if (!kk_packs(cp->be))
+        return kb_fail(KILN_ERR_UNSUPPORTED, "--quant %s needs the fast kernels: the %s kernels take f32 weights only",
+                       kiln_quant_name(q), kk_backend_family(cp->be));
     if (layers && (!*layers || strlen(layers) >= sizeof cp->quant_layers))
         return kb_fail(KILN_ERR_INVALID_ARG, "quantized layer patterns \"%s\": give 1 to %zu characters", layers,
                        sizeof cp->quant_layers - 1);
-    kiln_dtype qt = q == KILN_QUANT_INT8 ? KILN_I8 : KILN_F8_E4M3;
-    char name[40];
-    size_t bytes;
-    /* without VNNI (or AMX), oneDNN's s8 products go through 16-bit pair sums
-     * that saturate: int8 would be wrong by ~10%, not slow */
-    if (q == KILN_QUANT_INT8 && !kk_cpu_has("avx512vnni"))
-        return kb_fail(KILN_ERR_UNSUPPORTED, "--quant int8 needs a CPU with AVX-512 VNNI or AMX-INT8 (this one: %s); "
-                                             "without them the int8 products saturate",
-                       kk_fast_isa());
-    if (q == KILN_QUANT_FP8 && !kk_fast(KILN_BF16))
-        return kb_fail(KILN_ERR_UNSUPPORTED, "--quant fp8 computes in bf16, and this CPU has no bf16 GEMM (AVX-512 BF16 / AMX)");
-    if (!kk_fast(cp->dtype) || kk_fast_layout(64, 64, qt, name, &bytes))
-        return kb_fail(KILN_ERR_UNSUPPORTED, "--quant %s: this build or CPU has no %s GEMM", kiln_quant_name(q),
-                       kiln_dtype_name(qt));
+    const char *why = kk_weight_dtype_error(cp->be, q == KILN_QUANT_INT8 ? KILN_I8 : KILN_F8_E4M3);
+    if (why) return kb_fail(KILN_ERR_UNSUPPORTED, "--quant %s: %s", kiln_quant_name(q), why);
     cp->quant = q;
     cp->quant_default = !layers;
     snprintf(cp->quant_layers, sizeof cp->quant_layers, "%s", layers ? layers : "");

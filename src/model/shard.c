@@ -57,9 +57,10 @@ kiln_status km_fsdp_map(km_weight *w, const ka_spec *s, const kcache_entry *e, s
     /* the whole weight as the kernels consume it: packed linears, else f32 */
     char layout[40] = "rowmajor";
     size_t full = sizeof(float) * (size_t)numel;
-    int packed = s->linear && !cp.reference;
+    int packed = s->linear && kk_packs(cp.be);
     if (packed) {
-        kiln_status st = kk_fast_layout(s->shape[0], numel / s->shape[0], s->keep_f32 ? KILN_F32 : cp.dtype, layout, &full);
+        const int64_t sh[4] = {s->shape[0], numel / s->shape[0], 1, 1};
+        kiln_status st = kk_pack_layout(cp.be, sh, 0, s->keep_f32 ? KILN_F32 : cp.dtype, layout, &full);
         if (st) return st;
     }
     size_t off, len;
@@ -146,7 +147,10 @@ void km_fsdp_gather(void *user, int block) {
             size_t o;
             km_fsdp_range(w->full_bytes, n, j, &o, &counts[j]);
         }
-        kd_allgatherv(m->mesh, KD_FSDP, w->part, w->part_bytes, w->packed ? (void *)w->packed : (void *)w->data,
-                      counts);
+        void *host = w->packed ? (void *)w->packed : (void *)w->data;
+        kd_allgatherv(m->mesh, KD_FSDP, w->part, w->part_bytes, host, counts);
+        /* a backend with memory of its own: its copy of the gathered weight */
+        void *dev = w->packed ? w->dev_packed : w->dev_f32;
+        if (dev) kk_copy_from_host(m->backend, dev, host, w->full_bytes);
     }
 }

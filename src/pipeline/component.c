@@ -192,7 +192,7 @@ kiln_status kp_component_config(const kp_source *s, const char *component, char 
 static kiln_status open_uncached(const char *file, const char *prefix, const char *json, const char *label, kiln_model **out) {
     km_compute cp;
     kc_checkpoint *c = NULL;
-    kiln_status st = km_compute_resolve(KILN_DTYPE_INVALID, 0, &cp);
+    kiln_status st = km_compute_resolve(KILN_DTYPE_INVALID, 0, NULL, &cp);
     if (!st) st = kc_open_part(file, prefix, NULL, json, ka_renamers(), &c);
     if (!st) st = km_from_checkpoint(c, label, cp, out);
     kc_close(c);

@@ -407,10 +407,6 @@ kiln_status kk_fast_layout(int64_t M, int64_t K, kiln_dtype dt, char layout[40],
     return KILN_OK;
 }
 
-const float *kk_fast_scales(const void *packed, size_t bytes, int64_t M, kiln_dtype dt) {
-    if (!packed || !kk_dtype_is_quant(dt) || bytes < sizeof(float) * (size_t)M) return NULL;
-    return (const float *)((const char *)packed + bytes - sizeof(float) * (size_t)M);
-}
 
 /* one oneDNN reorder between two mds (plain <-> packed, with type conversion) */
 static kiln_status reorder_into(const dnnl_memory_desc_t *src, const void *sp, const dnnl_memory_desc_t *dst, void *dp) {
@@ -1393,11 +1389,43 @@ static void fast_attention_ex(const float *q, const float *k, const float *v, co
         kk_attention_general(q, k, v, bias, bs, o, B, Nq, Nk, H, Dh, scale, causal);
 }
 
-#define FAST_COMMON                                                                         \
-    .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                \
-    .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,           \
-    .modulate = fast_modulate, .gate_add = fast_gate_add, .pack_layout = kk_fast_layout, .pack = kk_fast_pack, \
-    .group_norm = kk_fast_group_norm, .attention_ex = fast_attention_ex, .unary = fast_unary, KK_HOST_OPS
+/* ---- the weights the fast kernels read (kk_backend's weight slots) ---- */
+
+static kiln_status fast_pack_layout(const int64_t sh[4], int conv, kiln_dtype dt, char layout[40], size_t *bytes) {
+    return conv ? kk_fast_conv_layout(sh[0], sh[1], sh[2], sh[3], dt, layout, bytes)
+                : kk_fast_layout(sh[0], sh[1], dt, layout, bytes);
+}
+
+static kiln_status fast_pack(const float *w, const int64_t sh[4], int conv, kiln_dtype dt, void *out) {
+    return conv ? kk_fast_conv_pack(w, sh[0], sh[1], sh[2], sh[3], dt, out) : kk_fast_pack(w, sh[0], sh[1], dt, out);
+}
+
+static const char *fast_weight_dtype_error(kiln_dtype dt) {
+    static _Thread_local char msg[200];
+    char name[40];
+    size_t bytes;
+    /* without VNNI (or AMX), oneDNN's s8 products go through 16-bit pair sums
+     * that saturate: int8 would be wrong by ~10%, not slow */
+    if (dt == KILN_I8 && !kk_cpu_has("avx512vnni"))
+        snprintf(msg, sizeof msg, "int8 weights need a CPU with AVX-512 VNNI or AMX-INT8 (this one: %s); without them "
+                                  "the int8 products saturate", kk_fast_isa());
+    else if ((dt == KILN_F8_E4M3 || dt == KILN_BF16) && !kk_fast(KILN_BF16))
+        snprintf(msg, sizeof msg, "%s weights compute in bf16, and this CPU has no bf16 GEMM (AVX-512 BF16 / AMX)",
+                 dt == KILN_BF16 ? "bf16" : "fp8");
+    else if (kk_fast_layout(64, 64, dt, name, &bytes))
+        snprintf(msg, sizeof msg, "this build or CPU has no %s GEMM", kiln_dtype_name(dt));
+    else
+        return NULL;
+    return msg;
+}
+
+#define FAST_COMMON                                                                                                 \
+    .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                                        \
+    .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,                                   \
+    .modulate = fast_modulate, .gate_add = fast_gate_add, .group_norm = kk_fast_group_norm,                        \
+    .attention_ex = fast_attention_ex, .unary = fast_unary, .weights_tag = kk_fast_isa,                           \
+    .pack_layout = fast_pack_layout, .pack = fast_pack, .weight_dtype_error = fast_weight_dtype_error,            \
+    .has_feature = kk_cpu_has, KK_HOST_OPS
 
 static const kk_backend k_fast_f32 = {.name = "fast-f32", .linear = linear_f32, .attention = attention_f32,
                                       .conv2d = kk_fast_conv2d_f32,
