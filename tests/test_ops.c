@@ -371,11 +371,128 @@ TEST(select_token_on_every_path) {
     kg_free(&g);
 }
 
+/* ---- shape constants: computed once per shape, kept between forwards ---- */
+
+static float t_table[64 * D];
+static int t_varies, t_silu_runs;
+static void count_silu(const float *x, float *y, int64_t n) {
+    t_silu_runs++;
+    kk_reference()->silu(x, y, n);
+}
+static int table_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const float **data,
+                         const kk_weight **kw) {
+    (void)user;
+    if (strcmp(name, "table")) return 0;
+    *ndim = 3;
+    shape[0] = 1, shape[1] = 64, shape[2] = D;
+    *data = t_table;
+    *kw = NULL;
+    return t_varies ? 2 : 1;
+}
+/* y = x + silu(table[:, :N]): the silu of the slice depends on the weight and N alone */
+static kiln_status const_graph(int64_t N, kg_graph *g) {
+    kg_init(g, table_resolve, NULL);
+    kg_id x = kg_input(g, "x", 3, (int64_t[]){B, N, D});
+    kg_mark_output(g, kg_add(g, x, kg_silu(g, kg_slice(g, kg_weight(g, "table"), 1, 0, N))));
+    return g->status;
+}
+
+static kiln_status const_build(void *user, const int64_t *s, kg_graph *g) {
+    (void)user;
+    return const_graph(s[0], g);
+}
+static int table_bind(void *user, const char *name, kx_bound *b) {
+    (void)user;
+    memset(b, 0, sizeof *b);
+    const kk_weight *kw;
+    if (!table_resolve(NULL, name, &b->ndim, b->shape, &b->data, &kw)) return 0;
+    b->dtype = KILN_F32;
+    b->layout = "rowmajor";
+    return 1;
+}
+
+TEST(shape_constants_once_per_shape) {
+    fill(t_table, 64 * D, 11);
+    kk_backend be = *kk_reference();
+    be.silu = count_silu;
+    kx_consts consts = {0};
+    const int64_t Ns[5] = {5, 5, 7, 7, 5}, runs[5] = {1, 1, 2, 2, 3};
+    for (int k = 0; k < 5; k++) {
+        int64_t N = Ns[k];
+        size_t n = (size_t)(B * N * D);
+        float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+        fill(x, n, 12 + (uint64_t)k);
+        kg_graph g;
+        kx_plan plan;
+        CHECK_OK(const_graph(N, &g));
+        CHECK_OK(kx_plan_graph(&g, &plan));
+        int nc = 0;
+        for (int i = 0; i < g.n; i++) nc += plan.place[i].kind == KX_CONST;
+        CHECK_MSG(nc == 2 && plan.const_bytes >= sizeof(float) * (size_t)(2 * N * D), "%d constants in %zu bytes", nc,
+                  plan.const_bytes);
+        void *arena = kb_alloc_aligned(plan.arena_bytes + 64);
+        const float *in[1] = {x};
+        CHECK_OK(kx_run_planned(&g, &plan, &be, arena, &consts, in, &y));
+        CHECK_MSG(t_silu_runs == runs[k], "forward %d (N %lld): the constant was computed %d times, want %lld", k,
+                  (long long)N, t_silu_runs, (long long)runs[k]);
+        CHECK_OK(kg_run_eager(&g, kk_reference(), in, &want));
+        CHECK(!memcmp(y, want, sizeof(float) * n));
+        kb_free_aligned(arena);
+        kx_plan_free(&plan);
+        kg_free(&g);
+        free(x), free(y), free(want);
+    }
+    kx_consts_free(&consts, &be);
+    /* a package computes them once per shape too (kiln_pkg_consts) */
+    char dir[256];
+    test_tmpdir(dir, sizeof dir, "consts");
+    kx_compile_req req = {.build = const_build, .weight = table_bind, .nsym = 1, .regional = 1, .root = dir,
+                          .family = "consts-test", .dtype = "f32", .quant = "none"};
+    req.sym[0] = (kx_sym){"tokens", 4, 16};
+    kx_compile_info info;
+    kx_package *pkg = NULL;
+    CHECK_OK(kx_compile(&req, &info));
+    CHECK_OK(kx_package_open(info.path, &pkg));
+    CHECK_OK(kx_package_load(pkg, &be, NULL, table_bind, NULL));
+    t_silu_runs = 0;
+    for (int k = 0; pkg && k < 5; k++) {
+        int64_t N = Ns[k], shapes[1][4] = {{B, N, D}}, sol[1];
+        size_t n = (size_t)(B * N * D);
+        float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+        fill(x, n, 12 + (uint64_t)k);
+        const float *in[1] = {x};
+        CHECK_OK(kx_package_solve(pkg, 1, (const int64_t(*)[4])shapes, sol));
+        CHECK_OK(kx_package_run(pkg, sol, in, &y));
+        CHECK_MSG(t_silu_runs == runs[k], "package forward %d (N %lld): the constant was computed %d times, want %lld", k,
+                  (long long)N, t_silu_runs, (long long)runs[k]);
+        kg_graph g;
+        CHECK_OK(const_graph(N, &g));
+        CHECK_OK(kg_run_eager(&g, kk_reference(), in, &want));
+        CHECK(!memcmp(y, want, sizeof(float) * n));
+        kg_free(&g);
+        free(x), free(y), free(want);
+    }
+    kx_package_close(pkg);
+    test_rmrf(dir);
+    /* a weight whose data changes during a forward (an FSDP block's) makes no constant */
+    t_varies = 1;
+    kg_graph g;
+    kx_plan plan;
+    CHECK_OK(const_graph(5, &g));
+    CHECK_OK(kx_plan_graph(&g, &plan));
+    for (int i = 0; i < g.n; i++) CHECK(plan.place[i].kind != KX_CONST);
+    CHECK(plan.const_bytes == 0);
+    kx_plan_free(&plan);
+    kg_free(&g);
+    t_varies = 0;
+}
+
 int main(void) {
     RUN(gather_and_gelus);
     RUN(executors_take_memory_from_the_backend);
     RUN(general_ops_match_loops_on_every_path);
     RUN(general_ops_refuse_bad_shapes);
     RUN(select_token_on_every_path);
+    RUN(shape_constants_once_per_shape);
     return TEST_SUMMARY();
 }

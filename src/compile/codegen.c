@@ -4,9 +4,13 @@
  * runtime table kx_rt from the one X-macro in compile.h and exports
  *   int kiln_pkg_abi(void);
  *   const char *kiln_pkg_digest(void);   (the manifest's plan, see package.c)
+ *   int kiln_pkg_consts(const kx_rt *rt, const int64_t *S, void *const *P);
  *   int kiln_pkg_forward(const kx_rt *rt, const int64_t *S, void *const *P);
  * S holds the symbol values, P[i] node i's buffer (bound by the host from
- * the manifest's placements: arena offsets, inputs, outputs, weights).
+ * the manifest's placements: arena offsets, inputs, outputs, weights, the
+ * shape constants' area). kiln_pkg_consts computes the shape constants
+ * (kg_shape_consts), which the host calls when the symbols change;
+ * kiln_pkg_forward runs every other node.
  * Every kernel call passes its sizes as expressions in S, so one shared
  * object serves every shape in the ranges. Regional code emits one function
  * per distinct block kind and calls it for each layer with a table mapping
@@ -229,8 +233,13 @@ kiln_status kx_codegen(const kx_export *x, const kx_plan *p, int regional, const
         for (int j = 0; j < len + n_ext[r]; j++) out(&b, "%s%d", j ? "," : "", j < len ? rg->start + j : ext[r][j - len]);
         out(&b, "};\n");
     }
-    out(&b, "\nint kiln_pkg_forward(const kx_rt *rt, const int64_t *S, void *const *P) {\n    (void)S;\n");
     refs direct = {NULL};
+    out(&b, "\n/* the shape constants, for the symbol values S */\n"
+            "int kiln_pkg_consts(const kx_rt *rt, const int64_t *S, void *const *P) {\n    (void)rt, (void)S, (void)P;\n");
+    for (int i = 0; !st && i < g->n; i++)
+        if (p->place[i].kind == KX_CONST) emit_node(&b, x, i, &direct);
+    out(&b, "    return 0;\n}\n");
+    out(&b, "\nint kiln_pkg_forward(const kx_rt *rt, const int64_t *S, void *const *P) {\n    (void)S;\n");
     for (int i = 0; !st && i < g->n;) {
         int r = 0;
         while (r < nr && g->regions[r].start != i) r++;

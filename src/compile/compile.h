@@ -23,8 +23,9 @@
 
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
-#define KX_FORMAT_VERSION 1
-#define KX_ABI 11 /* 10: ops called through the op table (kg_call), kiln_pkg_ops; 11: named outputs */
+#define KX_FORMAT_VERSION 2 /* 2: shape constants (placement "const", const_bytes) */
+#define KX_ABI 12 /* 10: ops called through the op table (kg_call), kiln_pkg_ops; 11: named outputs;
+                   * 12: kiln_pkg_consts, the shape constants apart */
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {
@@ -76,30 +77,49 @@ kiln_status kx_solve(const kx_sym *syms, int nsym, const kx_iospec *in, int n_in
 
 /* ---- memory plan ------------------------------------------------------- */
 
-typedef enum kx_place_kind { KX_NONE, KX_ARENA, KX_INPUT, KX_OUTPUT, KX_WEIGHT } kx_place_kind;
+/* KX_CONST: a shape constant (kg_shape_consts), in the constants' area */
+typedef enum kx_place_kind { KX_NONE, KX_ARENA, KX_INPUT, KX_OUTPUT, KX_WEIGHT, KX_CONST } kx_place_kind;
 typedef struct kx_place {
     kx_place_kind kind;
-    int64_t at; /* arena offset in bytes, or the input/output slot, or the weight's index */
+    int64_t at; /* arena offset in bytes, or the input/output slot, or the weight's index, or the
+                 * offset in the constants' area */
 } kx_place;
 
 typedef struct kx_plan {
     int n;
     kx_place *place;    /* per node */
     size_t arena_bytes;
+    size_t const_bytes; /* the shape constants', one after another */
     int n_weights;
     kg_id *weights;     /* weight nodes in index order */
 } kx_plan;
 
 /* Lifetimes from kg_liveness, sizes from the graph's shapes (bf16 outputs
- * take 2 bytes an element); offsets 64-byte aligned. */
+ * take 2 bytes an element); offsets 64-byte aligned. The shape constants
+ * go in an area of their own, kept between forwards (kx_consts). */
 kiln_status kx_plan_graph(const kg_graph *g, kx_plan *p);
 void kx_plan_free(kx_plan *p);
+
+/* A graph's shape constants kept on the backend between forwards by their
+ * owner (a model's executor state; a package keeps its own): recomputed
+ * only when their signature (every constant's op, shape and parameters, and
+ * the weights it reads) is not the one they were computed for: when a
+ * dimension changes. */
+typedef struct kx_consts {
+    void *buf; /* the backend's memory, bytes long */
+    size_t bytes;
+    char *sig; /* the signature they hold (malloc'd), sig_len bytes */
+    size_t sig_len;
+} kx_consts;
+void kx_consts_free(kx_consts *c, const kk_backend *be);
+
 /* The in-process planned executor: the graph's nodes in order, with
- * buffers from the plan inside arena (at least p->arena_bytes). fixed
- * (NULL, or one pointer a node): nodes given there hold their values
- * already (constants the caller keeps between forwards) and are not run. */
-kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend *be, void *arena,
-                           float *const *fixed, const float *const *inputs, float *const *outputs);
+ * buffers from the plan inside arena (at least p->arena_bytes), the shape
+ * constants in consts (computed first where they do not hold them; NULL:
+ * computed for this forward alone), inputs and outputs the backend's
+ * buffers (a forward stages them: src/model/exec.c). */
+kiln_status kx_run_planned(const kg_graph *g, const kx_plan *p, const kk_backend *be, void *arena, kx_consts *consts,
+                           const float *const *inputs, float *const *outputs);
 
 /* ---- runtime ABI of generated code ------------------------------------- */
 

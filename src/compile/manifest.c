@@ -19,8 +19,8 @@
 #define MANIFEST_MAX (64u << 20) /* a real manifest is well under 1 MiB */
 
 const char *kx_place_name(kx_place_kind k) {
-    static const char *names[] = {"none", "arena", "input", "output", "weight"};
-    return (unsigned)k <= KX_WEIGHT ? names[k] : "?";
+    static const char *names[] = {"none", "arena", "input", "output", "weight", "const"};
+    return (unsigned)k <= KX_CONST ? names[k] : "?";
 }
 
 void kx_manifest_free(kx_manifest *m) {
@@ -173,6 +173,8 @@ static kiln_status parse(kx_manifest *p, const cJSON *m, const char *path) {
 
     if (!get_int(m, "arena_bytes", 0, KX_ARENA_MAX, &v)) BAD("has no arena_bytes (an integer in [0, 2^46])");
     p->arena_bytes = (size_t)v;
+    if (!get_int(m, "const_bytes", 0, KX_ARENA_MAX, &v)) BAD("has no const_bytes (an integer in [0, 2^46])");
+    p->const_bytes = (size_t)v;
 
     /* placements: one per node; an arena offset inside the arena, an input
      * or output slot the forward has, a weight index checked below */
@@ -185,12 +187,14 @@ static kiln_status parse(kx_manifest *p, const cJSON *m, const char *path) {
     cJSON_ArrayForEach(e, pl) {
         const cJSON *k = cJSON_GetArrayItem(e, 0), *at = cJSON_GetArrayItem(e, 1);
         int kind = -1;
-        for (int q = KX_NONE; q <= KX_WEIGHT && cJSON_IsString(k); q++)
+        for (int q = KX_NONE; q <= KX_CONST && cJSON_IsString(k); q++)
             if (!strcmp(k->valuestring, kx_place_name((kx_place_kind)q))) kind = q;
         if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || kind < 0 || !as_int(at, 0, KX_ARENA_MAX, &v))
             BAD("has a bad placement for node %d (needs [kind, integer >= 0])", i);
         if (kind == KX_ARENA && (size_t)v >= p->arena_bytes)
             BAD("places node %d at %lld, outside the arena of %zu bytes", i, (long long)v, p->arena_bytes);
+        if (kind == KX_CONST && (size_t)v >= p->const_bytes)
+            BAD("places constant %d at %lld, outside the constants' %zu bytes", i, (long long)v, p->const_bytes);
         if ((kind == KX_INPUT && v >= p->n_in) || (kind == KX_OUTPUT && v >= p->n_out))
             BAD("names an input or output slot the forward does not have (node %d, slot %lld)", i, (long long)v);
         p->place[i++] = (kx_place){(kx_place_kind)kind, v};
@@ -282,7 +286,7 @@ void kx_manifest_digest(const kx_manifest *p, char hex[65]) {
             for (int k = 0; k < KX_NMONO; k++) fprintf(f, " %lld", (long long)p->in[i].dim[d].c[k]);
         fprintf(f, "\n");
     }
-    fprintf(f, "a %zu %d\n", p->arena_bytes, p->n_nodes);
+    fprintf(f, "a %zu %zu %d\n", p->arena_bytes, p->const_bytes, p->n_nodes);
     for (int i = 0; i < p->n_nodes; i++) fprintf(f, "%d:%lld ", (int)p->place[i].kind, (long long)p->place[i].at);
     for (int i = 0; i < p->nw; i++) {
         const kx_pkg_weight *w = &p->w[i];

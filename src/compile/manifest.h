@@ -40,6 +40,7 @@ typedef struct kx_manifest {
     char out_name[KX_MAX_OUT][48]; /* output slot i's name */
     kx_place *place;        /* [n_nodes] */
     size_t arena_bytes;
+    size_t const_bytes;     /* the shape constants' area */
     kx_pkg_weight *w;       /* [nw] */
     char so_sha[65], cpu[4][24], summary[256];
 } kx_manifest;

@@ -54,10 +54,14 @@ struct kx_package {
     char *load_err;
     void *dl;
     int (*fwd)(const kx_rt *, const int64_t *, void *const *);
+    int (*consts)(const kx_rt *, const int64_t *, void *const *);
     kg_ctx ctx;
     kx_rt rt;
     void **P;
     void *arena;
+    void *const_area;              /* the shape constants, computed for const_s */
+    int64_t const_s[KX_MAX_SYMS];
+    int consts_valid;
 };
 
 const char *kx_package_dir(const kx_package *p) { return p->dir; }
@@ -75,6 +79,7 @@ void kx_package_close(kx_package *p) {
     kx_manifest_free(p->m);
     free(p->P);
     kk_buf_free(p->ctx.be, p->arena);
+    kk_buf_free(p->ctx.be, p->const_area);
     free(p->load_err);
     free(p->dir);
     free(p);
@@ -405,7 +410,8 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
         *(void **)&digest = dlsym(p->dl, "kiln_pkg_digest");
         *(void **)&ops = dlsym(p->dl, "kiln_pkg_ops");
         *(void **)&p->fwd = dlsym(p->dl, "kiln_pkg_forward");
-        if (!abi || !digest || !ops || !p->fwd || abi() != KX_ABI)
+        *(void **)&p->consts = dlsym(p->dl, "kiln_pkg_consts");
+        if (!abi || !digest || !ops || !p->fwd || !p->consts || abi() != KX_ABI)
             st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: %s does not export the kiln ABI %d", p->dir, PKG_LIB, KX_ABI);
         else if (strcmp(ops(), kg_op_table_names()))
             st = kb_fail(KILN_ERR_UNSUPPORTED, "package %s: built against another op table (ops.def) than this kiln's", p->dir);
@@ -420,10 +426,15 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
     if (!st) st = bind_weights(p, weight, user);
     if (!st && p->m->arena_bytes && !(p->arena = kk_buf_alloc(be, p->m->arena_bytes)))
         st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu-byte arena", p->dir, p->m->arena_bytes);
+    if (!st && p->m->const_bytes && !(p->const_area = kk_buf_alloc(be, p->m->const_bytes)))
+        st = kb_fail(KILN_ERR_NOMEM, "package %s: cannot allocate its %zu bytes of shape constants", p->dir,
+                     p->m->const_bytes);
     if (!st) {
         kx_rt_init(&p->rt, &p->ctx);
-        for (int i = 0; i < p->m->n_nodes; i++)
+        for (int i = 0; i < p->m->n_nodes; i++) {
             if (p->m->place[i].kind == KX_ARENA) p->P[i] = (char *)p->arena + p->m->place[i].at;
+            if (p->m->place[i].kind == KX_CONST) p->P[i] = (char *)p->const_area + p->m->place[i].at;
+        }
     }
     if (st) {
         if (p->dl) dlclose(p->dl);
@@ -445,6 +456,14 @@ kiln_status kx_package_run(kx_package *p, const int64_t *s, const float *const *
     for (int i = 0; i < p->m->n_nodes; i++) {
         if (p->m->place[i].kind == KX_INPUT) p->P[i] = (void *)inputs[p->m->place[i].at];
         else if (p->m->place[i].kind == KX_OUTPUT) p->P[i] = outputs[p->m->place[i].at];
+    }
+    /* the shape constants, once per shape (the weights are bound for good) */
+    if (!p->consts_valid || memcmp(p->const_s, s, sizeof(int64_t) * (size_t)p->m->nsym)) {
+        p->consts_valid = 0;
+        if (p->consts(&p->rt, s, p->P))
+            return kb_fail(KILN_ERR_INVALID_ARG, "package %s: the compiled shape constants failed", p->dir);
+        memcpy(p->const_s, s, sizeof(int64_t) * (size_t)p->m->nsym);
+        p->consts_valid = 1;
     }
     if (p->fwd(&p->rt, s, p->P)) return kb_fail(KILN_ERR_INVALID_ARG, "package %s: the compiled forward failed", p->dir);
     return KILN_OK;
@@ -576,6 +595,7 @@ static char *manifest_text(const kx_compile_req *r, const kx_export *x, const kx
         cJSON_AddItemToArray(outs, ob);
     }
     cJSON_AddNumberToObject(m, "arena_bytes", (double)p->arena_bytes);
+    cJSON_AddNumberToObject(m, "const_bytes", (double)p->const_bytes);
     cJSON *pl = cJSON_AddArrayToObject(m, "placement");
     for (int i = 0; i < p->n; i++) {
         cJSON *e = cJSON_CreateArray();

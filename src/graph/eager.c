@@ -63,6 +63,31 @@ void kg_liveness(const kg_graph *g, char *live, int *last_use) {
     }
 }
 
+void kg_shape_consts(const kg_graph *g, const char *live, char *konst) {
+    /* value[i]: node i's value depends on no input and no varying weight */
+    char *value = konst;
+    for (int i = 0; i < g->n; i++) {
+        const kg_node *n = &g->nodes[i];
+        int v = n->op == KG_WEIGHT ? !n->varies : kg_ops[n->op].run && !kg_ops[n->op].host;
+        int any = n->op == KG_WEIGHT;
+        for (int s = 0; v && s < KG_MAX_SRC; s++)
+            if (n->src[s] >= 0) {
+                v = value[n->src[s]];
+                any = 1;
+            }
+        value[i] = (char)(v && any);
+    }
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i].op == KG_WEIGHT || !live[i]) konst[i] = 0;
+    for (int o = 0; o < g->n_outputs; o++) konst[g->outputs[o]] = 0;
+    /* and no constant reads one of those outputs (computed after it) */
+    for (int i = 0; i < g->n; i++)
+        for (int s = 0; konst[i] && s < KG_MAX_SRC; s++) {
+            kg_id src = g->nodes[i].src[s];
+            if (src >= 0 && g->nodes[src].op != KG_WEIGHT && !konst[src]) konst[i] = 0;
+        }
+}
+
 kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *const *inputs,
                          float *const *outputs) {
     if (g->status != KILN_OK) return kb_fail(g->status, "graph has an error: %s", kiln_last_error());

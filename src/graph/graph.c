@@ -93,13 +93,14 @@ kg_id kg_weight(kg_graph *g, const char *name) {
     int64_t shape[4] = {0};
     const float *data = NULL;
     const kk_weight *kw = NULL;
-    if (!g->resolve || !g->resolve(g->resolve_user, name, &ndim, shape, &data, &kw))
-        return fail(g, KILN_ERR_MISSING, "weight %s is not in the weight table", name);
+    int found = g->resolve ? g->resolve(g->resolve_user, name, &ndim, shape, &data, &kw) : 0;
+    if (!found) return fail(g, KILN_ERR_MISSING, "weight %s is not in the weight table", name);
     kg_id id = push(g, KG_WEIGHT, ndim, shape, -1, -1, -1);
     if (id < 0) return -1;
     g->nodes[id].name = kb_strdup(name);
     g->nodes[id].data = data;
     g->nodes[id].kw = kw;
+    g->nodes[id].varies = found == 2;
     return id;
 }
 

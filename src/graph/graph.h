@@ -85,11 +85,14 @@ typedef struct kg_node {
     const char *name;     /* INPUT/WEIGHT: owned by the graph */
     const float *data;    /* WEIGHT: bound f32 data (not owned; NULL if only packed) */
     const kk_weight *kw;  /* WEIGHT: the weight as linear kernels consume it */
+    int varies;           /* WEIGHT: its data changes during a forward (an FSDP block's, gathered) */
     int out_bf16;         /* set by kg_plan_bf16: the output's format, KK_FMT_* (f32; bf16 rows or blocked) */
 } kg_node;
 
 /* Resolves a weight name to its shape, f32 data (NULL when the weight only
- * exists packed) and kernel view; returns 0 if unknown. */
+ * exists packed) and kernel view; returns 0 if unknown, 2 for a weight
+ * whose data changes during a forward (an FSDP block's: kg_node.varies),
+ * else 1. */
 typedef int (*kg_resolver)(void *user, const char *name, int *ndim, int64_t shape[4],
                            const float **data, const kk_weight **kw);
 
@@ -213,6 +216,15 @@ void kg_call_of(const kg_graph *g, const kg_node *n, float *const *buf, void *y,
 /* Which nodes the outputs need (live[i]), and the last live node reading
  * each one (last_use[i]; i itself when none). Arrays of g->n. */
 void kg_liveness(const kg_graph *g, char *live, int *last_use);
+/* The shape constants: konst[i] = 1 for a live node that runs (an op with a
+ * runner, not a collective) and reads no input, only weights whose data
+ * does not change during a forward (kg_node.varies) and other such nodes,
+ * and is no output: a function of the weights and the shape alone (SD3's
+ * cropped position table, T5's position bias, Flux's RoPE tables next).
+ * The planned executor and packages compute them once per shape and keep
+ * them on the backend between forwards (kx_consts); eager runs them as it
+ * runs the rest. live from kg_liveness; arrays of g->n. */
+void kg_shape_consts(const kg_graph *g, const char *live, char *konst);
 /* Run one node: buf[j] holds node j's data (f32, or bf16 where out_bf16;
  * a weight node's buf is its f32 data), y receives node n's output. */
 void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, float *const *buf, float *y);

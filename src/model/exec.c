@@ -50,7 +50,7 @@ void km_exec_free(kiln_model *m) {
     for (int i = 0; i < x->n_pkgs; i++) kx_package_close(x->pkgs[i]);
     free(x->pkgs);
     kk_buf_free(m->backend, x->arena);
-    kk_buf_free(m->backend, x->pos);
+    kx_consts_free(&x->consts, m->backend);
     for (int k = 0; k < KA_MAX_OUT; k++) kb_free_aligned(x->spare[k]);
     free(x->package_dir);
     free(x->cache_root);
@@ -515,28 +515,9 @@ static kiln_status run_planned(kiln_model *m, const int64_t *s, const float *con
             kb_log(KILN_LOG_DEBUG, "planned executor: a %.1f MiB arena", (double)plan.arena_bytes / (1 << 20));
         }
     }
-    /* nodes made from weights alone (a cropped position table) are kept
-     * from the forward before when the shape is the same */
-    float **fixed = st ? NULL : calloc((size_t)g.n, sizeof *fixed);
-    if (!st && !fixed) st = kb_fail(KILN_ERR_NOMEM, "planned executor: out of memory");
-    for (int i = 0; !st && i < g.n; i++) {
-        const kg_node *n = &g.nodes[i], *t = n->src[0] >= 0 ? &g.nodes[n->src[0]] : NULL;
-        if (n->op != KG_POS_CROP || !t || t->op != KG_WEIGHT || !t->data || plan.place[i].kind != KX_ARENA) continue;
-        km_exec *x = &m->exec;
-        int64_t key[5] = {(int64_t)(intptr_t)t->data, n->iparam[0], n->iparam[1], n->iparam[2], n->shape[2]};
-        if (!x->pos || memcmp(key, x->pos_key, sizeof key)) {
-            kk_buf_free(m->backend, x->pos);
-            memset(x->pos_key, 0, sizeof x->pos_key);
-            if (!(x->pos = kk_buf_alloc(m->backend, sizeof(float) * (size_t)kg_numel(n)))) break; /* computed in the arena, then */
-            fixed[n->src[0]] = (float *)t->data; /* its one source, where kg_exec_node reads it */
-            kg_exec_node(&g, m->backend, n, fixed, x->pos);
-            fixed[n->src[0]] = NULL;
-            memcpy(x->pos_key, key, sizeof key);
-        }
-        fixed[i] = x->pos;
-    }
-    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, fixed, in, out);
-    free(fixed);
+    /* the shape constants (a cropped position table) are kept from the
+     * forward before while the shape is the same */
+    if (!st) st = kx_run_planned(&g, &plan, m->backend, m->exec.arena, &m->exec.consts, in, out);
     kx_plan_free(&plan);
     kg_free(&g);
     return st;

@@ -28,7 +28,7 @@ int km_resolve(void *user, const char *name, int *ndim, int64_t shape[4], const 
     memcpy(shape, w->shape, sizeof w->shape);
     *data = w->view;
     *kw = &w->kw;
-    return 1;
+    return w->fsdp ? 2 : 1;
 }
 
 /* the kernels' view: W [shape[0], product of the rest], on the host (the

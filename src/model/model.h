@@ -8,6 +8,7 @@
 #include "kernels/kernels.h"
 #include "kiln.h"
 #include "arch/arch.h"
+#include "compile/compile.h"
 
 #include <pthread.h>
 
@@ -65,11 +66,10 @@ typedef struct km_exec {
     int n_pkgs;
     void *arena;               /* planned executor */
     size_t arena_bytes;
-    /* the planned executor's constant: a position table cropped to the
-     * last shape (it depends on the weights alone), made once per shape and
-     * not every forward; pos_key: the table, M, h, w, D it was made from */
-    float *pos;
-    int64_t pos_key[5];
+    /* the planned executor's shape constants (kg_shape_consts: a position
+     * table cropped to the last shape), made once per shape, not every
+     * forward */
+    kx_consts consts;
     const char *last;          /* the step that ran the last forward */
     /* why the last forward skipped a package it had ("dynamic: batch ...
      * outside the package's range"), "" when none was skipped
