@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "test.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
 #define NOUT 4
@@ -511,6 +512,54 @@ out:
     golden_close(&g);
 }
 
+/* two models in one process, forwards at once on two threads: a kernel's
+ * failure (an id outside the vocabulary, found by the gather) fails the
+ * forward that ran it and never the other model's (kb_run: a run's
+ * failures are its own, not the process's) */
+typedef struct two_arg {
+    kiln_model *m;
+    const float *ids;
+    kiln_status want;
+    int wrong;
+    char why[300];
+} two_arg;
+
+static void *two_runs(void *p) {
+    two_arg *a = p;
+    for (int i = 0; i < 60; i++) {
+        float *out[NOUT] = {0};
+        kiln_status st = run_ids(a->m, a->ids, 4, 77, 1, out);
+        if (st != a->want && !a->wrong++) snprintf(a->why, sizeof a->why, "%s", kiln_last_error());
+        free(out[0]);
+    }
+    return NULL;
+}
+
+TEST(two_models_keep_their_failures) {
+    golden g;
+    if (!golden_open("clip-l-tiny", &g)) return;
+    kiln_open_opts oo = {.dtype = KILN_F32};
+    kiln_model *good = NULL, *bad = NULL;
+    CHECK_OK(kiln_model_open(case_dir("clip-l-tiny"), &oo, &good));
+    CHECK_OK(kiln_model_open(case_dir("clip-l-tiny"), &oo, &bad));
+    float *ids = malloc(sizeof(float) * 4 * 77);
+    memcpy(ids, g.ids, sizeof(float) * 4 * 77);
+    ids[77 + 5] = 49408;
+    if (good && bad) {
+        kiln_model_set_exec(good, "eager"), kiln_model_set_exec(bad, "eager");
+        two_arg a[2] = {{good, g.ids, KILN_OK, 0, ""}, {bad, ids, KILN_ERR_RANGE, 0, ""}};
+        pthread_t t[2];
+        for (int k = 0; k < 2; k++) CHECK(pthread_create(&t[k], NULL, two_runs, &a[k]) == 0);
+        for (int k = 0; k < 2; k++) pthread_join(t[k], NULL);
+        CHECK_MSG(!a[0].wrong, "the good model failed %d of 60 forwards: %s", a[0].wrong, a[0].why);
+        CHECK_MSG(!a[1].wrong, "the bad ids passed %d of 60 forwards: %s", a[1].wrong, a[1].why);
+    }
+    free(ids);
+    kiln_model_free(good);
+    kiln_model_free(bad);
+    golden_close(&g);
+}
+
 /* --quant int8 on the encoder layers' linears: runs and stays close */
 TEST(int8_linears) {
     if (!quant_runs_here(KILN_QUANT_INT8, "clip int8")) return;
@@ -559,6 +608,7 @@ int main(void) {
     RUN(claims);
     RUN(bad_configs);
     RUN(bad_inputs);
+    RUN(two_models_keep_their_failures);
     RUN(fewer_tokens);
     RUN(text_model_without_projection);
     RUN(eos_rule);

@@ -20,21 +20,40 @@ kiln_status kb_fail(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
 /* Prefix the current message with context ("loading x: <old message>"). */
 kiln_status kb_wrap(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
 void kb_clear_error(void);
-/* A failure where no code can be returned: the kernels return nothing and
- * run on OpenMP's worker threads, whose messages (per thread) nobody reads.
- * A kernel that cannot do its work (no memory for its buffers, a oneDNN
- * primitive that failed) defers the failure here, process-wide, and
- * kiln_forward, which notes kb_deferred_mark() before running an executor,
- * fails that executor with kb_deferred_since() after it: the forward then
- * falls back or returns the error, never the numbers the kernel did not
- * write. The message kept is the first since the last mark (the cause, when
- * one failure brings down others). Counted, not cleared, so that forwards
- * running at once (other models, other threads) all see a failure rather
- * than one taking it from the others. */
-void kb_defer_failure(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
-unsigned long kb_deferred_mark(void);
-/* KILN_OK when nothing was deferred since mark; else the code of the
+/* A run's failures, where no code can be returned: the kernels return
+ * nothing and run on OpenMP's worker threads. A kernel that cannot do its
+ * work (no memory for its buffers, a oneDNN primitive that failed, an index
+ * outside its table) records the failure in the run that called it, and the
+ * forward that began the run (kb_run_begin, per step of the execution
+ * chain) fails that step with kb_run_status: it then falls back or returns
+ * the error, never the numbers the kernel did not write. Each run is its
+ * own, so forwards of two models at once, on two threads (and later a
+ * device's streams), keep their own failures. The message kept is the
+ * first since the last mark (the cause, when one failure brings down
+ * others). */
+typedef struct kb_run {
+    unsigned long failures, open; /* failures so far; the count at the last mark */
+    kiln_status code;             /* the first failure's since the mark */
+    char msg[1024];
+} kb_run;
+/* Begin r (zeroed) as the calling thread's run; returns the one it replaces,
+ * for kb_run_end. */
+kb_run *kb_run_begin(kb_run *r);
+void kb_run_end(kb_run *prev);
+/* The calling thread's run: the one begun on it, else the thread's own
+ * record. A kernel that reports from inside an OpenMP parallel region takes
+ * it before the region (worker threads have runs of their own) and reports
+ * with kb_run_fail. */
+kb_run *kb_run_current(void);
+void kb_run_fail(kb_run *r, kiln_status code, const char *fmt, ...) KB_PRINTF(3, 4);
+/* KILN_OK when r recorded nothing since its last mark; else the code of the
  * failure kept, with its message set as this thread's (kb_fail) */
+kiln_status kb_run_status(const kb_run *r);
+/* kb_run_fail on the calling thread's run */
+void kb_defer_failure(kiln_status code, const char *fmt, ...) KB_PRINTF(2, 3);
+/* a mark in the calling thread's run, and what it recorded since (tests
+ * that call kernels directly) */
+unsigned long kb_deferred_mark(void);
 kiln_status kb_deferred_since(unsigned long mark);
 
 /* ---- logging (stderr) --------------------------------------------------- */

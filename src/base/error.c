@@ -18,42 +18,71 @@ kiln_status kb_fail(kiln_status code, const char *fmt, ...) {
     return code;
 }
 
-/* the deferred failures: g_def_count of them so far; the message and code
- * are the first one's since the last mark (g_def_open: the count then),
- * which is the cause where one failure brings down others after it */
-static pthread_mutex_t g_def_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_def_msg[1024];
-static kiln_status g_def_code;
-static unsigned long g_def_count, g_def_open;
+/* the runs: a thread's begun one, else its own record */
+static pthread_mutex_t g_run_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local kb_run g_own;
+static _Thread_local kb_run *g_run;
 
-void kb_defer_failure(kiln_status code, const char *fmt, ...) {
-    char msg[sizeof g_def_msg];
-    va_list ap;
-    va_start(ap, fmt);
+kb_run *kb_run_begin(kb_run *r) {
+    kb_run *prev = g_run;
+    memset(r, 0, sizeof *r);
+    g_run = r;
+    return prev;
+}
+
+void kb_run_end(kb_run *prev) { g_run = prev; }
+
+kb_run *kb_run_current(void) { return g_run ? g_run : &g_own; }
+
+static void run_record(kb_run *r, kiln_status code, const char *fmt, va_list ap) {
+    char msg[sizeof r->msg];
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    pthread_mutex_lock(&g_def_lock);
-    if (g_def_count == g_def_open) {
-        memcpy(g_def_msg, msg, sizeof msg);
-        g_def_code = code;
+    pthread_mutex_lock(&g_run_lock); /* a run's kernels fail on several threads at once */
+    if (r->failures == r->open) {
+        memcpy(r->msg, msg, sizeof msg);
+        r->code = code;
     }
-    g_def_count++;
-    pthread_mutex_unlock(&g_def_lock);
+    r->failures++;
+    pthread_mutex_unlock(&g_run_lock);
     kb_log(KILN_LOG_DEBUG, "deferred failure: %s", msg);
 }
 
+void kb_run_fail(kb_run *r, kiln_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    run_record(r ? r : kb_run_current(), code, fmt, ap);
+    va_end(ap);
+}
+
+void kb_defer_failure(kiln_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    run_record(kb_run_current(), code, fmt, ap);
+    va_end(ap);
+}
+
+kiln_status kb_run_status(const kb_run *r) {
+    kiln_status st = KILN_OK;
+    pthread_mutex_lock(&g_run_lock);
+    if (r->failures != r->open) st = kb_fail(r->code, "%s", r->msg);
+    pthread_mutex_unlock(&g_run_lock);
+    return st;
+}
+
 unsigned long kb_deferred_mark(void) {
-    pthread_mutex_lock(&g_def_lock);
-    unsigned long mark = g_def_open = g_def_count;
-    pthread_mutex_unlock(&g_def_lock);
+    kb_run *r = kb_run_current();
+    pthread_mutex_lock(&g_run_lock);
+    unsigned long mark = r->open = r->failures;
+    pthread_mutex_unlock(&g_run_lock);
     return mark;
 }
 
 kiln_status kb_deferred_since(unsigned long mark) {
+    kb_run *r = kb_run_current();
     kiln_status st = KILN_OK;
-    pthread_mutex_lock(&g_def_lock);
-    if (g_def_count != mark) st = kb_fail(g_def_code, "%s", g_def_msg);
-    pthread_mutex_unlock(&g_def_lock);
+    pthread_mutex_lock(&g_run_lock);
+    if (r->failures != mark) st = kb_fail(r->code, "%s", r->msg);
+    pthread_mutex_unlock(&g_run_lock);
     return st;
 }
 

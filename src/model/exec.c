@@ -577,11 +577,12 @@ kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *i
         int step = m->exec.chain[k], warn = 0, had = 0; /* had: a package of this kind exists */
         int64_t s[KX_MAX_SYMS];
         kx_package *p = NULL;
-        unsigned long mark = kb_deferred_mark(); /* a kernel that could not do its work fails this step */
         if (step < KM_STEP_PLANNED && !shape_ok) {
             snprintf(reason, sizeof reason, "the shape is invalid");
             continue;
         }
+        kb_run run; /* a kernel that could not do its work fails this step, and no other forward's */
+        kb_run *outer = kb_run_begin(&run);
         if (step < KM_STEP_PLANNED && !famdir) {
             snprintf(reason, sizeof reason, "no package folder (set KILN_PACKAGE_DIR or KILN_CACHE_DIR)");
             st = KILN_ERR_UNSUPPORTED;
@@ -618,7 +619,8 @@ kiln_status km_exec_run(kiln_model *m, const int64_t *sym, const float *const *i
         } else {
             st = run_eager(m, sym, in, out);
         }
-        if (!st) st = kb_deferred_since(mark);
+        kb_run_end(outer);
+        if (!st) st = kb_run_status(&run);
         if (!st) {
             m->exec.last = k_steps[step];
             break;

@@ -508,14 +508,17 @@ static void *scratch(int slot, size_t bytes) {
     return buf[slot];
 }
 
-/* scratch for a kernel with no other way to do its work: NULL defers an
- * out-of-memory failure to the forward (kb_defer_failure), which then
- * fails instead of returning the output the kernel did not write */
-static void *scratch_must(int slot, size_t bytes) {
+/* scratch for a kernel with no other way to do its work: NULL records an
+ * out-of-memory failure in run (the forward's: kb_run_current, taken
+ * before a parallel region), which then fails instead of returning the
+ * output the kernel did not write */
+static void *scratch_in(kb_run *run, int slot, size_t bytes) {
     void *p = scratch(slot, bytes);
-    if (!p) kb_defer_failure(KILN_ERR_NOMEM, "out of memory for a %zu-byte kernel work buffer", bytes);
+    if (!p) kb_run_fail(run, KILN_ERR_NOMEM, "out of memory for a %zu-byte kernel work buffer", bytes);
     return p;
 }
+
+static void *scratch_must(int slot, size_t bytes) { return scratch_in(kb_run_current(), slot, bytes); }
 
 void *kk_scratch_must(int slot, size_t bytes) { return scratch_must(slot, bytes); }
 
@@ -1205,25 +1208,25 @@ static void attn_pack_head(int bf, const float *q, const float *k, const float *
 /* one strip of QT (or fewer) queries from i0 of head (b, h): S = Q K^T
  * (kp: K^T packed), exact row softmax into P, O = P V (vp), written to o;
  * on this thread's work buffers; 0 when oneDNN failed (deferred) */
-static int attn_strip(kiln_dtype dt, const uint8_t *qh, const void *kp, const void *vp, float *o, int64_t b, int64_t h,
-                      int64_t i0, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+static int attn_strip(kb_run *run, kiln_dtype dt, const uint8_t *qh, const void *kp, const void *vp, float *o, int64_t b,
+                      int64_t h, int64_t i0, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
     const int bf = dt == KILN_BF16;
     size_t esz = bf ? 2 : 4;
-    float *s = scratch_must(3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
-    uint8_t *p = scratch_must(7, esz * (size_t)(QT * Nk));
+    float *s = scratch_in(run, 3, sizeof(float) * (size_t)(QT * Nk + QT * Dh));
+    uint8_t *p = scratch_in(run, 7, esz * (size_t)(QT * Nk));
     if (!s || !p) return 0;
     float *ot = s + QT * Nk;
     int64_t m = Nq - i0 < QT ? Nq - i0 : QT;
     prim_entry k1 = {.m = m, .k = Dh, .n = Nk, .sa = Dh, .sd = Nk, .dt = dnnl_dt(dt), .wkind = 0};
     if (!run_matmul(&k1, qh + esz * (size_t)(i0 * Dh), kp, NULL, s)) {
-        kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
+        kb_run_fail(run, KILN_ERR_UNSUPPORTED, "oneDNN's attention scores matmul failed");
         return 0;
     }
     for (int64_t r = 0; r < m; r++) /* exact row softmax into P (dt, dense) */
         softmax_row(s + r * Nk, Nk, p + esz * (size_t)(r * Nk), bf);
     prim_entry k2 = {.m = m, .k = Nk, .n = Dh, .sa = Nk, .sd = Dh, .dt = dnnl_dt(dt), .wkind = 0};
     if (!run_matmul(&k2, p, vp, NULL, ot)) {
-        kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
+        kb_run_fail(run, KILN_ERR_UNSUPPORTED, "oneDNN's attention output matmul failed");
         return 0;
     }
     for (int64_t r = 0; r < m; r++)
@@ -1244,6 +1247,7 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
     }
     size_t kp_bytes = dnnl_memory_desc_get_size(&rk->dst), vp_bytes = dnnl_memory_desc_get_size(&rv->dst);
     int nt = omp_get_max_threads();
+    kb_run *run = kb_run_current(); /* the forward's, for the worker threads' failures */
     if (B * H < nt && Nq > QT) {
         /* fewer (batch, head) pairs than threads (the VAE's one head): each
          * head packed by all threads, then its strips shared out (the same
@@ -1259,25 +1263,25 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
                     return;
                 }
 #pragma omp parallel for schedule(dynamic)
-                for (int64_t i0 = 0; i0 < Nq; i0 += QT) attn_strip(dt, qh, kp, vp, o, b, h, i0, Nq, Nk, H, Dh);
+                for (int64_t i0 = 0; i0 < Nq; i0 += QT) attn_strip(run, dt, qh, kp, vp, o, b, h, i0, Nq, Nk, H, Dh);
             }
         return;
     }
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nt)
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
-            uint8_t *qh = scratch_must(0, esz * (size_t)(Nq * Dh));
-            uint8_t *kh = scratch_must(1, esz * (size_t)(Nk * Dh));
-            uint8_t *vh = scratch_must(2, esz * (size_t)(Nk * Dh));
-            void *kp = scratch_must(5, kp_bytes), *vp = scratch_must(6, vp_bytes);
+            uint8_t *qh = scratch_in(run, 0, esz * (size_t)(Nq * Dh));
+            uint8_t *kh = scratch_in(run, 1, esz * (size_t)(Nk * Dh));
+            uint8_t *vh = scratch_in(run, 2, esz * (size_t)(Nk * Dh));
+            void *kp = scratch_in(run, 5, kp_bytes), *vp = scratch_in(run, 6, vp_bytes);
             if (!qh || !kh || !vh || !kp || !vp) continue;
             attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 0);
             if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
-                kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
+                kb_run_fail(run, KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
                 continue;
             }
             for (int64_t i0 = 0; i0 < Nq; i0 += QT)
-                if (!attn_strip(dt, qh, kp, vp, o, b, h, i0, Nq, Nk, H, Dh)) break;
+                if (!attn_strip(run, dt, qh, kp, vp, o, b, h, i0, Nq, Nk, H, Dh)) break;
         }
 }
 

@@ -16,8 +16,10 @@ dnnl_stream_t kk_dnnl_stream(void);
  * conv.c the KK_SCRATCH_CONV_N slots from KK_SCRATCH_CONV. */
 enum { KK_SCRATCH_CONV = 21, KK_SCRATCH_CONV_N = 6, KK_SCRATCH_SLOTS = KK_SCRATCH_CONV + KK_SCRATCH_CONV_N };
 /* This thread's buffer of at least bytes in slot (it only grows); NULL
- * defers an out-of-memory failure to the forward (kb_defer_failure), which
- * then fails instead of returning an output the kernel did not write. */
+ * records an out-of-memory failure in the calling thread's run
+ * (kb_defer_failure: call it where the slot runs, not on a worker thread),
+ * and the forward then fails instead of returning an output the kernel did
+ * not write. */
 void *kk_scratch_must(int slot, size_t bytes);
 
 #endif

@@ -105,11 +105,12 @@ static void ref_attention(const float *q, const float *k, const float *v, float 
                           int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
     const int64_t D = H * Dh;
     const double scale = 1.0 / sqrt((double)Dh);
+    kb_run *run = kb_run_current(); /* the forward's, for the worker threads' failures */
 #pragma omp parallel
     {
         double *p = malloc(sizeof(double) * (size_t)(Nk > 0 ? Nk : 1));
         double *acc = malloc(sizeof(double) * (size_t)Dh);
-        if (!p || !acc) kb_defer_failure(KILN_ERR_NOMEM, "reference attention: out of memory");
+        if (!p || !acc) kb_run_fail(run, KILN_ERR_NOMEM, "reference attention: out of memory");
 #pragma omp for collapse(3) schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H; h++)
