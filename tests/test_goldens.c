@@ -72,7 +72,7 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
         src[n] = 0;
         /* (a machine with no bf16 backend computes in f32, and so does the
          * check backend: nothing is planned in bf16) */
-        const kk_backend *be16 = m->backend->attention_joint_bf16 ? m->backend : NULL;
+        const kk_backend *be16 = kk_supports(m->backend, KK_SLOT_ATTENTION, KK_FMT_BF16, NULL) ? m->backend : NULL;
         int qk_norm = kiln_model_config(m)->qk_norm_rms, want = be16 && be16->attention_joint_bf16 && !qk_norm;
         static gen_call calls[4096];
         int nc = gen_calls(src, calls, 4096), bf16_in = 0, segs = 0, pairs = 0;
@@ -88,7 +88,7 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
          * reads that layout, each GEMM reading its segment in place (the
          * context's after the image tokens' rows); elsewhere in bf16 rows,
          * through token slices that move pairs */
-        int blocked = want && kk_amx_ready() && m->backend->blocked_io;
+        int blocked = want && kk_amx_ready() && kk_supports(m->backend, KK_SLOT_LINEAR, KK_FMT_BLOCKED, NULL);
         CHECK_MSG(segs == blocked && !pairs == !(want && !blocked),
                   "package %s: %s GEMM reading a token segment in place, %d token slices of bf16 rows, with%s "
                   "qk-norm, %s bf16 backend, %s AMX", r.path, segs ? "a" : "no", pairs, qk_norm ? "" : "out",

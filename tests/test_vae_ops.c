@@ -282,7 +282,11 @@ static kiln_status build_shared(void *user, const int64_t *s, kg_graph *g) {
     return g->status;
 }
 
-static int any_weight(const kk_weight *w) { return w != NULL; }
+/* the bf16 backend's formats, with a convolution that takes bf16 on any weight */
+static const kk_backend *g_f16;
+static int any_weight(int slot, int fmt, const kk_weight *w) {
+    return slot == KK_SLOT_CONV2D && fmt == KK_FMT_BF16 ? 1 : g_f16->supports(slot, fmt, w);
+}
 
 /* kg_plan_bf16's convolution outputs: bf16 rows where a conv reads one as x
  * and every other reader is a channels-last group norm (build_shared's A;
@@ -290,16 +294,17 @@ static int any_weight(const kk_weight *w) { return w != NULL; }
  * alone (build's strided conv) or another op (build's first conv, read by
  * the upsample) reads it, or it is an output; the planned run in those
  * formats within bf16 rounding of eager's f32. The backend is the bf16 one
- * with a conv_bf16_io that takes any weight (the test's are f32 row-major,
- * which its convolutions read too). */
+ * with a convolution that takes bf16 on any weight (the test's are f32
+ * row-major, which its convolutions read too). */
 TEST(plan_bf16_conv_outputs) {
     const kk_backend *f16 = kk_fast(KILN_BF16);
-    if (!f16 || !f16->conv_bf16_io) {
+    if (!f16 || !kk_supports(f16, KK_SLOT_CONV2D, KK_FMT_BF16, NULL)) {
         fprintf(stderr, "  no fast bf16 backend on this machine: skipped\n");
         return;
     }
     kk_backend be = *f16;
-    be.conv_bf16_io = any_weight;
+    g_f16 = f16;
+    be.supports = any_weight;
     const int64_t h = 6;
     for (int i = 0; i < N_IN; i++) {
         g_in[i] = malloc(sizeof(float) * numel(i, h));
@@ -451,9 +456,9 @@ TEST(fast_conv_matches_reference) {
                           dt ? "bf16" : "f32", er);
             }
             free(r), free(yr), free(ys);
-            /* bf16 rows in (a group norm's, conv_bf16_io): the bits of the f32 x rounded by the conv itself */
+            /* bf16 rows in (a group norm's): the bits of the f32 x rounded by the conv itself */
             const kk_backend *f16 = kk_fast(KILN_BF16);
-            if (f16 && f16->conv_bf16_io && 1) {
+            if (f16 && kk_supports(f16, KK_SLOT_CONV2D, KK_FMT_BF16, NULL)) {
                 uint16_t *xh = malloc(sizeof(uint16_t) * nx);
                 float *y3 = malloc(sizeof(float) * ny);
                 for (size_t k = 0; k < nx; k++) xh[k] = kt_f32_to_bf16(xl[k]);
@@ -463,7 +468,7 @@ TEST(fast_conv_matches_reference) {
                 void *pk = kb_alloc_aligned(pb);
                 CHECK_OK(kk_fast_conv_pack(w, p.Cout, p.Cin, p.kh, p.kw, KILN_BF16, pk));
                 kk_weight hv = {.M = p.Cout, .K = p.Cin * p.kh * p.kw, .packed = pk, .packed_dtype = KILN_BF16};
-                CHECK(f16->conv_bf16_io(&hv) && !f16->conv_bf16_io(&wv));
+                CHECK(kk_supports(f16, KK_SLOT_CONV2D, KK_FMT_BF16, &hv) && !kk_supports(f16, KK_SLOT_CONV2D, KK_FMT_BF16, &wv));
                 f16->conv2d(xl, &hv, geo[i].bias ? b : NULL, NULL, yl, &pl);
                 kk_conv ph = pl;
                 ph.x_bf16 = 1;
@@ -685,9 +690,9 @@ TEST(fast_group_norm_matches_reference) {
         double el = rel_l2(yb, y0, n);
         fprintf(stderr, "    channels last: fast vs reference %.3g\n", el);
         CHECK_MSG(el < 1e-6, "geometry %zu: fast channels-last group norm error %.3g", i, el);
-        /* bf16 rows (a conv's input, conv_bf16_io): the f32 values rounded, nearest even */
+        /* bf16 rows (a conv's input): the f32 values rounded, nearest even */
         const kk_backend *f16 = kk_fast(KILN_BF16);
-        if (f16 && f16->conv_bf16_io) {
+        if (f16 && kk_supports(f16, KK_SLOT_GROUP_NORM, KK_FMT_BF16, NULL)) {
             uint16_t *yh = malloc(sizeof(uint16_t) * n);
             f16->group_norm(xl, wp, bp, (float *)yh, Bg, Cg, Sg, geo[i].G, 1e-6f, geo[i].silu, 1, 0, 1);
             size_t off = 0;

@@ -68,7 +68,7 @@ void kg_shape_consts(const kg_graph *g, const char *live, char *konst) {
     char *value = konst;
     for (int i = 0; i < g->n; i++) {
         const kg_node *n = &g->nodes[i];
-        int v = n->op == KG_WEIGHT ? !n->varies : kg_ops[n->op].run && !kg_ops[n->op].host;
+        int v = n->op == KG_WEIGHT ? !n->varies : kg_ops[n->op].run && kg_ops[n->op].slot != KK_SLOT_HOST;
         int any = n->op == KG_WEIGHT;
         for (int s = 0; v && s < KG_MAX_SRC; s++)
             if (n->src[s] >= 0) {

@@ -601,11 +601,21 @@ void kg_fuse(kg_graph *g) {
     free(uses);
 }
 
+/* what the planner asks the backend (kk_supports): a linear's GEMM reading
+ * and writing bf16 rows, or the blocked layout, on its weight; a
+ * convolution reading and writing channels-last bf16 rows on its weight */
+static int linear_takes(const kk_backend *be, const kg_graph *g, const kg_node *n, int fmt) {
+    return n->op == KG_LINEAR && kk_supports(be, KK_SLOT_LINEAR, fmt, g->nodes[n->src[1]].kw);
+}
+static int conv_takes_bf16(const kk_backend *be, const kg_graph *g, const kg_node *n) {
+    return n->op == KG_CONV2D && kk_supports(be, KK_SLOT_CONV2D, KK_FMT_BF16, g->nodes[n->src[1]].kw);
+}
+
 /* node i has live readers, and every one is a linear on bf16-capable
  * weights taking it as its input or (slices set) a token slice of an even
  * width (moved as pairs of bf16 values) whose readers are all such linears;
  * and i is no output */
-static int read_by_bf16_gemms(const kg_graph *g, const char *live, int i, int slices) {
+static int read_by_bf16_gemms(const kg_graph *g, const kk_backend *be, const char *live, int i, int slices) {
     int found = 0;
     for (int o = 0; o < g->n_outputs; o++)
         if (g->outputs[o] == i) return 0;
@@ -614,8 +624,9 @@ static int read_by_bf16_gemms(const kg_graph *g, const char *live, int i, int sl
         for (int s = 0; live[j] && s < KG_MAX_SRC; s++) {
             if (c->src[s] != i) continue;
             found = 1;
-            if (c->op == KG_LINEAR && s == 0 && kk_weight_bf16_io(g->nodes[c->src[1]].kw)) continue;
-            if (!(slices && c->op == KG_SLICE_TOKENS && s == 0 && c->shape[2] % 2 == 0 && read_by_bf16_gemms(g, live, j, 0)))
+            if (s == 0 && linear_takes(be, g, c, KK_FMT_BF16)) continue;
+            if (!(slices && c->op == KG_SLICE_TOKENS && s == 0 && c->shape[2] % 2 == 0 &&
+                  kk_supports(be, KK_SLOT_SLICE_ROWS, KK_FMT_BF16, NULL) && read_by_bf16_gemms(g, be, live, j, 0)))
                 return 0;
         }
     }
@@ -629,7 +640,7 @@ static int read_by_blocked_gemms(const kg_graph *g, const kk_backend *be, const 
     for (int j = i + 1; j < g->n; j++) {
         const kg_node *c = &g->nodes[j];
         for (int s = 0; live[j] && s < KG_MAX_SRC; s++)
-            if (c->src[s] == i && !(c->op == KG_LINEAR && s == 0 && be->blocked_io(g->nodes[c->src[1]].kw))) return 0;
+            if (c->src[s] == i && !(s == 0 && linear_takes(be, g, c, KK_FMT_BLOCKED))) return 0;
     }
     return 1;
 }
@@ -653,7 +664,7 @@ static void attention_blocked(kg_graph *g, const kk_backend *be, const char *liv
         if (c->op == KG_SLICE_TOKENS) {
             int whole = (c->iparam[0] == 0 && c->iparam[1] == na) || (nb && c->iparam[0] == na && c->iparam[1] == nb);
             if (!whole || !read_by_blocked_gemms(g, be, live, j)) return;
-        } else if (nb || !be->blocked_io(g->nodes[c->src[1]].kw)) { /* with two segments, read whole: rows */
+        } else if (nb || !linear_takes(be, g, c, KK_FMT_BLOCKED)) { /* with two segments, read whole: rows */
             return;
         }
     }
@@ -670,7 +681,7 @@ static void attention_blocked(kg_graph *g, const kk_backend *be, const char *liv
 }
 
 /* A channels-last convolution's output (no residual folded in, on weights
- * conv_bf16_io takes, no output of the graph) goes in bf16 rows where a
+ * the backend's convolution takes bf16 with, no output of the graph) goes in bf16 rows where a
  * convolution reads it as x (on such weights, not an up2), which would round
  * it to bf16 anyway, and every other live reader is a channels-last group
  * norm: the norm's statistics then read the rounded values. That is an
@@ -680,7 +691,7 @@ static void attention_blocked(kg_graph *g, const kk_backend *be, const char *liv
  * against f32 from 9.4e-3 to 1.1e-2 (docs/PERFORMANCE.md). */
 static int conv_read_as_bf16(const kg_graph *g, const kk_backend *be, const char *live, int i) {
     const kg_node *n = &g->nodes[i];
-    if (!live[i] || n->op != KG_CONV2D || !(n->iparam[3] & 1) || n->src[3] >= 0 || !be->conv_bf16_io(g->nodes[n->src[1]].kw))
+    if (!live[i] || !conv_takes_bf16(be, g, n) || !(n->iparam[3] & 1) || n->src[3] >= 0)
         return 0;
     for (int o = 0; o < g->n_outputs; o++)
         if (g->outputs[o] == i) return 0;
@@ -689,7 +700,7 @@ static int conv_read_as_bf16(const kg_graph *g, const kk_backend *be, const char
         const kg_node *c = &g->nodes[j];
         for (int s = 0; live[j] && s < KG_MAX_SRC; s++) {
             if (c->src[s] != i) continue;
-            if (c->op == KG_CONV2D && s == 0 && c->iparam[3] == 1 && be->conv_bf16_io(g->nodes[c->src[1]].kw)) conv = 1;
+            if (s == 0 && c->iparam[3] == 1 && conv_takes_bf16(be, g, c)) conv = 1;
             else if (!(c->op == KG_GROUP_NORM && s == 0 && c->iparam[2])) return 0;
         }
     }
@@ -697,9 +708,11 @@ static int conv_read_as_bf16(const kg_graph *g, const kk_backend *be, const char
 }
 
 void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
-    if (g->status || g->n < 1 || !be->linear_io || !be->layernorm_modulate_bf16 || !be->modulate_bf16) return;
+    if (g->status || g->n < 1 || !kk_supports(be, KK_SLOT_LINEAR, KK_FMT_BF16, NULL) ||
+        !kk_supports(be, KK_SLOT_LAYERNORM_MODULATE, KK_FMT_BF16, NULL) || !kk_supports(be, KK_SLOT_MODULATE, KK_FMT_BF16, NULL))
+        return;
     size_t nn = (size_t)g->n;
-    /* ok[i]: every consumer so far is a linear reading i as its input, on weights that take bf16 (kk_weight_bf16_io) */
+    /* ok[i]: every consumer so far is a linear reading i as its input, on weights its GEMM reads bf16 with */
     char *ok = malloc(nn), *used = calloc(nn, 1), *live = malloc(nn);
     int *last = malloc(sizeof(int) * nn);
     if (!ok || !used || !live || !last) {
@@ -721,8 +734,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
             kg_id src = n->src[s];
             if (src < 0) continue;
             used[src] = 1;
-            const kk_weight *kw = n->op == KG_LINEAR ? g->nodes[n->src[1]].kw : NULL;
-            if (!(n->op == KG_LINEAR && s == 0 && kk_weight_bf16_io(kw))) ok[src] = 0;
+            if (!(s == 0 && linear_takes(be, g, n, KK_FMT_BF16))) ok[src] = 0;
         }
     }
     for (int i = 0; i < g->n; i++) {
@@ -731,29 +743,29 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
         if (producer && used[i] && ok[i]) n->out_bf16 = KK_FMT_BF16;
         /* a linear producing bf16 needs bf16-capable weights itself, and one
          * writing the residual stream (a gate_add folded in) stays f32 */
-        if (n->op == KG_LINEAR && n->out_bf16) {
-            const kk_weight *kw = g->nodes[n->src[1]].kw;
-            if (!kk_weight_bf16_io(kw) || n->iparam[1]) n->out_bf16 = KK_FMT_F32;
-        }
+        if (n->op == KG_LINEAR && n->out_bf16 && (!linear_takes(be, g, n, KK_FMT_BF16) || n->iparam[1]))
+            n->out_bf16 = KK_FMT_F32;
     }
     /* blocked where every consumer's GEMM reads that layout as it is (and a
      * linear producer's GEMM writes it), so no GEMM packs its input */
-    if (be->blocked_io) {
+    int blocked = kk_supports(be, KK_SLOT_LINEAR, KK_FMT_BLOCKED, NULL);
+    if (blocked) {
         memset(ok, 1, nn);
         for (int i = 0; i < g->n; i++) {
             const kg_node *n = &g->nodes[i];
-            if (live[i] && n->op == KG_LINEAR && n->src[0] >= 0 && !be->blocked_io(g->nodes[n->src[1]].kw))
-                ok[n->src[0]] = 0;
+            if (live[i] && n->op == KG_LINEAR && n->src[0] >= 0 && !linear_takes(be, g, n, KK_FMT_BLOCKED)) ok[n->src[0]] = 0;
         }
         for (int i = 0; i < g->n; i++) {
             kg_node *n = &g->nodes[i];
-            if (n->out_bf16 && ok[i] && (n->op != KG_LINEAR || be->blocked_io(g->nodes[n->src[1]].kw)))
+            int slot = kg_ops[n->op].slot;
+            if (n->out_bf16 && ok[i] && (n->op == KG_LINEAR ? linear_takes(be, g, n, KK_FMT_BLOCKED)
+                                                           : kk_supports(be, slot, KK_FMT_BLOCKED, NULL)))
                 n->out_bf16 = KK_FMT_BLOCKED;
         }
     }
     /* q, k and v as bf16 rows where an attention is the only reader of all of
      * them and linears make them all: the attention packs them as they are */
-    if (be->attention_joint_bf16) {
+    if (kk_supports(be, KK_SLOT_ATTENTION, KK_FMT_BF16, NULL)) {
         memset(used, 0, nn); /* readers: 0, 1, or 2 for more */
         for (int i = 0; i < g->n; i++)
             for (int s = 0; live[i] && s < KG_MAX_SRC; s++)
@@ -767,7 +779,7 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
                 kg_id src = n->src[s];
                 if (src < 0) continue; /* a joint attention's absent second query segment */
                 const kg_node *p = &g->nodes[src];
-                all = p->op == KG_LINEAR && used[src] == 1 && !p->iparam[1] && kk_weight_bf16_io(g->nodes[p->src[1]].kw);
+                all = used[src] == 1 && !p->iparam[1] && linear_takes(be, g, p, KK_FMT_BF16);
             }
             for (int s = 0; s < ns && all; s++)
                 if (n->src[s] >= 0) g->nodes[n->src[s]].out_bf16 = KK_FMT_BF16;
@@ -778,25 +790,25 @@ void kg_plan_bf16(kg_graph *g, const kk_backend *be) {
         for (int i = 0; i < g->n; i++) {
             kg_node *n = &g->nodes[i];
             if (!live[i] || !plain_attention(n) || g->nodes[n->src[1]].out_bf16 != KK_FMT_BF16 ||
-                !read_by_bf16_gemms(g, live, i, 1))
+                !read_by_bf16_gemms(g, be, live, i, 1))
                 continue;
             n->out_bf16 = KK_FMT_BF16;
             for (int j = i + 1; j < g->n; j++)
                 if (live[j] && g->nodes[j].op == KG_SLICE_TOKENS && g->nodes[j].src[0] == i) g->nodes[j].out_bf16 = KK_FMT_BF16;
-            if (be->blocked_io) attention_blocked(g, be, live, i);
+            if (blocked && kk_supports(be, KK_SLOT_ATTENTION, KK_FMT_BLOCKED, NULL)) attention_blocked(g, be, live, i);
         }
     }
     /* a channels-last group norm in bf16 rows where only convolutions read
-     * it (as x, on weights conv_bf16_io takes, not an up2): they would
+     * it (as x, on weights the backend's convolution takes bf16 with, not an up2): they would
      * round it to bf16 first anyway (the VAE's norm + SiLU before each conv) */
-    if (be->conv_bf16_io) {
+    if (kk_supports(be, KK_SLOT_CONV2D, KK_FMT_BF16, NULL) && kk_supports(be, KK_SLOT_GROUP_NORM, KK_FMT_BF16, NULL)) {
         memset(ok, 1, nn);
         for (int o = 0; o < g->n_outputs; o++) ok[g->outputs[o]] = 0;
         for (int i = 0; i < g->n; i++) {
             const kg_node *n = &g->nodes[i];
             for (int s = 0; live[i] && s < KG_MAX_SRC; s++) {
                 kg_id src = n->src[s];
-                if (src >= 0 && !(n->op == KG_CONV2D && s == 0 && n->iparam[3] == 1 && be->conv_bf16_io(g->nodes[n->src[1]].kw)))
+                if (src >= 0 && !(s == 0 && n->iparam[3] == 1 && conv_takes_bf16(be, g, n)))
                     ok[src] = 0;
             }
         }

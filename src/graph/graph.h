@@ -17,7 +17,7 @@ typedef int kg_id; /* index into g->nodes; -1 = none */
 /* The ops: one table, ops.def (each op's meaning, its parameters and the
  * function every executor runs it with). */
 typedef enum kg_op {
-#define KG_OP(id, name, gemm_src, host, run) KG_##id,
+#define KG_OP(id, name, gemm_src, slot, run) KG_##id,
 #include "graph/ops.def"
 #undef KG_OP
     KG_OP_COUNT
@@ -62,15 +62,15 @@ typedef void (*kg_run_fn)(const kg_ctx *x, const kg_call *c);
 typedef struct kg_op_info {
     const char *name;
     int gemm_src;
-    int host; /* runs on host memory only (the collectives) */
+    int slot; /* the backend slot it runs on (KK_SLOT_*; HOST: on host memory itself) */
     kg_run_fn run;
 } kg_op_info;
 extern const kg_op_info kg_ops[KG_OP_COUNT];
-/* The function that runs op on backend be: its runner where be runs it (a
- * host op on a backend whose memory is the host's, any other op the backend
- * supports in f32), else one that runs it on the host backend (kk_host) on
- * copies of its sources, copying the output back: ggml's scheduler's split,
- * one op at a time. NULL for nodes executors never run. */
+/* The function that runs op on backend be: its runner where be runs its
+ * slot in f32 (kk_supports; a host op where be's memory is the host's),
+ * else one that runs it on the host backend (kk_host) on copies of its
+ * sources, copying the output back: ggml's scheduler's split, one op at a
+ * time. NULL for nodes executors never run. */
 kg_run_fn kg_runner(const kk_backend *be, kg_op op);
 /* "input,weight,linear,...": the table's names in order (the packages' ABI) */
 const char *kg_op_table_names(void);
@@ -193,13 +193,14 @@ kg_id kg_push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a, kg
 /* Fusion for a backend: linear + tanh-GELU into one linear with an epilogue,
  * layernorm + modulate into one op. The graph computes the same function. */
 void kg_fuse(kg_graph *g);
-/* For a backend with bf16 activation I/O: keep in bf16 the outputs of
- * linear, layernorm_modulate and modulate nodes that only linears with bf16
- * packed weights consume, so those GEMMs need no conversion pass; blocked
- * (KK_FMT_BLOCKED) where the backend's GEMMs read it as it is (blocked_io),
- * so they need no packing pass either. The q, k and v an attention alone
- * reads go in bf16 rows where the backend's attention takes them so
- * (attention_joint_bf16). */
+/* The formats between ops, as the backend wants them (it is asked, op by
+ * op and weight by weight: kk_supports; a backend that answers f32 only
+ * gets nothing planned): keep in bf16 the outputs of linear,
+ * layernorm_modulate and modulate nodes that only linears whose GEMM reads
+ * bf16 on their weight consume, so those GEMMs need no conversion pass;
+ * blocked (KK_FMT_BLOCKED) where the GEMMs read that layout as it is, so
+ * they need no packing pass either. The q, k and v an attention alone reads
+ * go in bf16 rows where the backend's attention takes them so. */
 void kg_plan_bf16(kg_graph *g, const kk_backend *be);
 /* The bytes of a node's output in its format (out_bf16). */
 size_t kg_out_bytes(const kg_node *n);

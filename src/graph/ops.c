@@ -257,12 +257,11 @@ static void kg_run_on_host(const kg_ctx *x, const kg_call *c) {
 
 kg_run_fn kg_runner(const kk_backend *be, kg_op op) {
     if ((unsigned)op >= KG_OP_COUNT || !kg_ops[op].run) return NULL;
-    int here = kg_ops[op].host ? kk_host_memory(be) : kk_supports(be, op, KK_FMT_F32, NULL);
-    return here ? kg_ops[op].run : kg_run_on_host;
+    return kk_supports(be, kg_ops[op].slot, KK_FMT_F32, NULL) ? kg_ops[op].run : kg_run_on_host;
 }
 
 const kg_op_info kg_ops[KG_OP_COUNT] = {
-#define KG_OP(id, name, gemm_src, host, run) [KG_##id] = {name, gemm_src, host, run},
+#define KG_OP(id, name, gemm_src, slot, run) [KG_##id] = {name, gemm_src, KK_SLOT_##slot, run},
 #include "graph/ops.def"
 #undef KG_OP
 };
@@ -271,7 +270,7 @@ const char *kg_op_name(kg_op op) { return (unsigned)op < KG_OP_COUNT ? kg_ops[op
 
 const char *kg_op_table_names(void) {
     static const char names[] =
-#define KG_OP(id, name, gemm_src, host, run) name ","
+#define KG_OP(id, name, gemm_src, slot, run) name ","
 #include "graph/ops.def"
 #undef KG_OP
         "";

@@ -67,8 +67,9 @@ void kk_buf_unmap(const kk_backend *be, void *buf, const void *host) {
     if (buf && buf != host && !kk_host_memory(be)) be->unmap(buf);
 }
 
-int kk_supports(const kk_backend *be, int op, int fmt, const kk_weight *w) {
-    return be->supports ? be->supports(op, fmt, w) : 1;
+int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w) {
+    if (slot == KK_SLOT_HOST) return kk_host_memory(be);
+    return be->supports ? be->supports(slot, fmt, w) : fmt == KK_FMT_F32;
 }
 
 /* ---- weights ------------------------------------------------------------------ */

@@ -89,16 +89,51 @@ void kk_block_segments(const float *x, int64_t B, int64_t Na, int64_t Nb, int64_
  * up2 (with nhwc): x nearest-upsampled 2x, then a 3x3 conv padded 1, folded
  * into one: w is the sub-pixel form [4 Cout, Cin, 2, 2] of the 3x3 weight
  * (kk_conv_up2_weight), kh = kw = 2, Ho = 2 H, Wo = 2 W, stride and pads 1.
- * x_bf16 (with nhwc, not up2; conv_bf16_io backends only): x is bf16 rows.
+ * x_bf16 (with nhwc, not up2; where supports(CONV2D, BF16, w)): x is bf16 rows.
  * residual: a tensor of y's shape and layout is added to y (the slot's
  * res; kg_fuse folds a resnet's add into its conv). y_bf16 (with nhwc, no
- * residual; conv_bf16_io backends only): y is written as bf16 rows, the f32
+ * residual; where supports(CONV2D, BF16, w)): y is written as bf16 rows, the f32
  * sums (+ b) rounded to nearest even. */
 typedef struct kk_conv {
     int64_t B, Cin, H, W, Cout, kh, kw, Ho, Wo;
     int64_t stride, pad_lo, pad_hi;
     int64_t nhwc, up2, x_bf16, residual, y_bf16;
 } kk_conv;
+
+/* The backend's slots by kind, for kk_backend.supports and ops.def (each op
+ * names the slot it runs on): an op's main slot; KK_SLOT_HOST for the ops
+ * that run on host memory themselves (the collectives). */
+typedef enum kk_slot {
+    KK_SLOT_HOST,
+    KK_SLOT_LINEAR, /* linear, linear_io, linear_gate_add */
+    KK_SLOT_SILU,
+    KK_SLOT_GELU_TANH,
+    KK_SLOT_LAYERNORM,
+    KK_SLOT_LAYERNORM_MODULATE,
+    KK_SLOT_RMSNORM_HEADS,
+    KK_SLOT_MODULATE,
+    KK_SLOT_GATE_ADD,
+    KK_SLOT_ATTENTION, /* attention, attention_joint, attention_joint_bf16, attention_ex */
+    KK_SLOT_CONV2D,
+    KK_SLOT_GROUP_NORM,
+    KK_SLOT_UNARY,
+    KK_SLOT_BINARY,
+    KK_SLOT_GATHER_ROWS,
+    KK_SLOT_AFFINE_ROWS,
+    KK_SLOT_RMSNORM_ROWS,
+    KK_SLOT_SLICE_ROWS,
+    KK_SLOT_CONCAT_ROWS,
+    KK_SLOT_PATCHIFY,
+    KK_SLOT_UNPATCHIFY,
+    KK_SLOT_TIMESTEP_PROJ,
+    KK_SLOT_POS_CROP,
+    KK_SLOT_UPSAMPLE,
+    KK_SLOT_LOGVAR_STD,
+    KK_SLOT_SELECT_TOKEN,
+    KK_SLOT_REL_POS_BIAS,
+    KK_SLOT_COPY,
+    KK_SLOT_COUNT
+} kk_slot;
 
 typedef struct kk_backend {
     const char *name;
@@ -159,15 +194,6 @@ typedef struct kk_backend {
                                     int64_t B, int64_t N, int64_t D, float eps, int y_fmt);
     void (*modulate_bf16)(const float *x, const float *shift, const float *scale, uint16_t *y, int64_t B,
                           int64_t N, int64_t D, int y_fmt);
-    /* Optional: 1 when linear_io and linear_gate_add on w read KK_FMT_BLOCKED
-     * x (and linear_io writes it) with no conversion (kg_plan_bf16 asks) */
-    int (*blocked_io)(const kk_weight *w);
-    /* Optional: 1 when conv2d on w reads channels-last bf16 x (kk_conv.x_bf16)
-     * and writes it (kk_conv.y_bf16), and group_norm reads and writes it
-     * (x_bf16, y_bf16): a group norm only convolutions read then hands them
-     * bf16, and so does a convolution another convolution reads beside
-     * group norms (kg_plan_bf16 asks) */
-    int (*conv_bf16_io)(const kk_weight *w);
 
     /* ---- memory: every activation, weight and input of a forward lives in
      * the backend's memory. Executors get buffers through kk_buf_alloc /
@@ -186,12 +212,24 @@ typedef struct kk_backend {
      * once per model; released by unmap */
     void *(*map)(const void *host, size_t bytes);
     void (*unmap)(void *buf);
-    /* Optional: 1 when the backend runs op (a kg_op of ops.def) with its
-     * output in format fmt (KK_FMT_*), reading the GEMM weight w (NULL for
-     * ops without one). NULL: every op in f32, and bf16 formats where the
-     * slots taking them are set. An op a backend does not run runs on the
-     * host (kk_host) with its values copied there and back. */
-    int (*supports)(int op, int fmt, const kk_weight *w);
+    /* Optional: 1 when the backend runs its slot `slot` (KK_SLOT_*) on
+     * activations in format fmt (KK_FMT_*), reading GEMM weight w (NULL: any
+     * weight, or none). The planner asks it (kg_plan_bf16: which formats
+     * the backend wants between ops), and so does every executor before it
+     * runs an op (kg_runner: an op whose slot a backend does not run in f32
+     * runs on the host, kk_host, its values copied there and back). NULL:
+     * every slot in f32 only. The CPU backend in bf16 (fast.c) answers:
+     *   LINEAR      BF16 on weights packed bf16 or quantized (linear_io,
+     *               linear_gate_add read it; kk_weight_bf16_io), BLOCKED
+     *               where its AMX GEMM reads the weight's input blocked
+     *   LAYERNORM_MODULATE, MODULATE   BF16 and BLOCKED (the _bf16 slots)
+     *   ATTENTION   BF16: q, k, v in bf16 rows, the output in any format
+     *               (attention_joint_bf16)
+     *   CONV2D      BF16 on weights packed bf16: channels-last bf16 x read
+     *               (kk_conv.x_bf16) and y written (y_bf16)
+     *   GROUP_NORM  BF16: channels-last bf16 rows read and written
+     *   SLICE_ROWS  BF16: rows of bf16 pairs moved as f32 units */
+    int (*supports)(int slot, int fmt, const kk_weight *w);
 
     /* ---- weights: what the weight cache stores for this backend, so a
      * forward reads exactly what its kernels consume (docs/cache.md).
@@ -223,7 +261,7 @@ typedef struct kk_backend {
     void (*conv2d)(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
     /* The group norm of x [B,C,S] (nhwc: [B,S,C]) over G groups, * w + b,
      * SiLU when silu, as kk_group_norm computes it; x_bf16 / y_bf16 (nhwc,
-     * conv_bf16_io backends only): x is read / y is written as bf16 rows
+     * where supports(GROUP_NORM, BF16)): x is read / y is written as bf16 rows
      * (void *) */
     void (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,
                        int64_t G, float eps, int silu, int nhwc, int x_bf16, int y_bf16);
@@ -271,8 +309,10 @@ void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t
  * be's memory is the host's; NULL out of memory (host NULL: NULL) */
 void *kk_buf_map(const kk_backend *be, const void *host, size_t bytes);
 void kk_buf_unmap(const kk_backend *be, void *buf, const void *host);
-/* Whether be runs op with its output in fmt on GEMM weight w (kk_backend.supports). */
-int kk_supports(const kk_backend *be, int op, int fmt, const kk_weight *w);
+/* Whether be runs slot (KK_SLOT_*) on activations in fmt with GEMM weight
+ * w (kk_backend.supports; NULL: f32 only). KK_SLOT_HOST: where be's memory
+ * is the host's. */
+int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w);
 /* 1 when be stores linear and convolution weights packed (pack_layout) */
 int kk_packs(const kk_backend *be);
 /* be's packed layout of a weight (kk_backend.pack_layout); "rowmajor" and

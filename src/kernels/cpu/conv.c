@@ -376,7 +376,7 @@ static int up2_run(int bf16, const float *x, const kk_weight *w, const float *b,
 static void fast_conv(int bf16, const float *x, const kk_weight *w, const float *b, const float *res, float *y,
                       const kk_conv *p) {
     if (w->packed && w->packed_dtype == KILN_F32) bf16 = 0;
-    /* bf16 rows in (a group norm's) or out (conv_bf16_io): only oneDNN reads
+    /* bf16 rows in (a group norm's) or out (kk_fast_conv_bf16_io): only oneDNN reads
      * and writes them, and the up2 bands write them */
     if (p->x_bf16 || p->y_bf16) {
         int ok = p->nhwc && !(p->up2 && p->x_bf16) && kk_dnnl_engine();

@@ -10,7 +10,7 @@
  * (kernels.h); the reference's loops where oneDNN declines */
 void kk_fast_conv2d_f32(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
 void kk_fast_conv2d_bf16(const float *x, const kk_weight *w, const float *b, const float *res, float *y, const kk_conv *p);
-/* conv_bf16_io slot of the bf16 backend: w packed bf16 */
+/* whether the bf16 backend's convolution reads and writes bf16 rows on w (supports(CONV2D, BF16, w)): w packed bf16 */
 int kk_fast_conv_bf16_io(const kk_weight *w);
 /* group_norm slot: x [B,C,S] (nhwc: [B,S,C]) over G groups, statistics in double */
 void kk_fast_group_norm(const float *x, const float *w, const float *b, float *y, int64_t B, int64_t C, int64_t S,

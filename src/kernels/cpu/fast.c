@@ -1423,6 +1423,23 @@ static const char *fast_weight_dtype_error(kiln_dtype dt) {
     return msg;
 }
 
+/* the formats the bf16 backend's slots take (kk_backend.supports); w NULL: some weight */
+static int supports_bf16(int slot, int fmt, const kk_weight *w) {
+    if (fmt == KK_FMT_F32) return 1;
+    switch (slot) {
+    case KK_SLOT_LINEAR:
+        if (fmt == KK_FMT_BF16) return !w || kk_weight_bf16_io(w);
+        return fmt == KK_FMT_BLOCKED && (w ? fast_blocked_io(w) : amx_bf16(KILN_BF16));
+    case KK_SLOT_LAYERNORM_MODULATE:
+    case KK_SLOT_MODULATE:
+    case KK_SLOT_ATTENTION: return fmt == KK_FMT_BF16 || fmt == KK_FMT_BLOCKED;
+    case KK_SLOT_CONV2D: return fmt == KK_FMT_BF16 && (!w || kk_fast_conv_bf16_io(w));
+    case KK_SLOT_GROUP_NORM:
+    case KK_SLOT_SLICE_ROWS: return fmt == KK_FMT_BF16;
+    default: return 0;
+    }
+}
+
 #define FAST_COMMON                                                                                                 \
     .silu = fast_silu, .gelu_tanh = fast_gelu, .layernorm = fast_layernorm,                                        \
     .layernorm_modulate = fast_ln_modulate, .rmsnorm_heads = fast_rmsnorm_heads,                                   \
@@ -1441,8 +1458,7 @@ static const kk_backend k_fast_bf16 = {.name = "fast-bf16", .linear = linear_bf1
                                        .attention_joint_bf16 = attention_joint_bf16_in,
                                        .linear_gate_add = linear_gate_add_bf16,
                                        .linear_io = linear_io_bf16, .layernorm_modulate_bf16 = fast_ln_modulate_bf16,
-                                       .modulate_bf16 = fast_modulate_bf16, .blocked_io = fast_blocked_io,
-                                       .conv_bf16_io = kk_fast_conv_bf16_io,
+                                       .modulate_bf16 = fast_modulate_bf16, .supports = supports_bf16,
                                        FAST_COMMON};
 
 const kk_backend *kk_fast(kiln_dtype dt) {
