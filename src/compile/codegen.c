@@ -139,7 +139,7 @@ static char *signature(const kx_export *x, const kx_plan *p, const kg_region *rg
     for (int i = rg->start; i < rg->end; i++) {
         const kg_node *n = &x->g.nodes[i];
         out(&b, "%s %d %d %a|", kg_op_name(n->op), (int)p->place[i].kind, n->out_bf16, (double)n->fparam);
-        if (n->op == KG_WEIGHT) out(&b, "w%d%d ", n->kw != NULL, n->data != NULL);
+        if (kg_is_weight(n)) out(&b, "w%d%d ", n->kw != NULL, n->data != NULL);
         for (int k = 0; k < 8; k++) {
             kx_expr_str(k < 4 ? &x->dim[i][k] : &x->ip[i][k - 4], x->sym, x->nsym, es, sizeof es);
             out(&b, "%s,", es);

@@ -563,7 +563,7 @@ static char *manifest_text(const kx_compile_req *r, const kx_export *x, const kx
     cJSON *ins = cJSON_AddArrayToObject(m, "inputs");
     for (int i = 0; i < x->g.n; i++) {
         const kg_node *n = &x->g.nodes[i];
-        if (n->op != KG_INPUT) continue;
+        if (!kg_is_input(n)) continue;
         cJSON *in = cJSON_CreateObject();
         cJSON_AddStringToObject(in, "name", n->name);
         cJSON_AddNumberToObject(in, "slot", (double)n->iparam[0]);

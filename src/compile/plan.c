@@ -60,9 +60,9 @@ kiln_status kx_plan_graph(const kg_graph *g, kx_plan *p) {
         if (konst[i]) { /* kept between forwards: an area of their own */
             p->place[i] = (kx_place){KX_CONST, (int64_t)p->const_bytes};
             p->const_bytes += (kg_out_bytes(nd) + 63) & ~(size_t)63;
-        } else if (nd->op == KG_INPUT) {
+        } else if (kg_is_input(nd)) {
             p->place[i] = (kx_place){KX_INPUT, nd->iparam[0]};
-        } else if (nd->op == KG_WEIGHT) {
+        } else if (kg_is_weight(nd)) {
             p->place[i] = (kx_place){KX_WEIGHT, p->n_weights};
             p->weights[p->n_weights++] = i;
         } else {
@@ -139,7 +139,7 @@ static char *consts_sig(const kg_graph *g, const kx_plan *p, size_t *len) {
             kg_id src = n->src[s];
             if (src < 0) continue;
             const kg_node *m = &g->nodes[src];
-            if (m->op == KG_WEIGHT) fprintf(f, " w%p,%p", (const void *)m->data, (const void *)m->kw);
+            if (kg_is_weight(m)) fprintf(f, " w%p,%p", (const void *)m->data, (const void *)m->kw);
             else fprintf(f, " c%lld", (long long)p->place[src].at);
         }
         fputc(';', f);

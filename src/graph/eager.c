@@ -34,12 +34,11 @@ void kg_exec_node(const kg_graph *g, const kk_backend *be, const kg_node *n, flo
     exec_node(g, be, n, buf, y);
     if (on) {
         char cat[48];
-        if (on == 2 && n->op == KG_LINEAR) {
-            const kg_node *x = &g->nodes[n->src[0]]; /* K from the input: a conv weight has more dimensions */
-            int64_t N = n->shape[n->ndim - 1], rows = 1;
-            for (int d = 0; d < n->ndim - 1; d++) rows *= n->shape[d];
-            snprintf(cat, sizeof cat, "op linear %lldx%lld->%lld", (long long)rows, (long long)x->shape[x->ndim - 1],
-                     (long long)N);
+        int gs = kg_ops[n->op].gemm_src;
+        const kk_weight *kw = gs >= 0 && n->src[gs] >= 0 ? g->nodes[n->src[gs]].kw : NULL;
+        if (on == 2 && kw && kw->M) { /* as a GEMM: rows x K -> M (a convolution's K: Cin kh kw) */
+            snprintf(cat, sizeof cat, "op %s %lldx%lld->%lld", kg_op_name(n->op), (long long)(kg_numel(n) / kw->M),
+                     (long long)kw->K, (long long)kw->M);
         } else
             snprintf(cat, sizeof cat, "op %s", kg_op_name(n->op));
         kb_ledger_add(cat, kb_now() - t0, NULL);
@@ -68,8 +67,8 @@ void kg_shape_consts(const kg_graph *g, const char *live, char *konst) {
     char *value = konst;
     for (int i = 0; i < g->n; i++) {
         const kg_node *n = &g->nodes[i];
-        int v = n->op == KG_WEIGHT ? !n->varies : kg_ops[n->op].run && kg_ops[n->op].slot != KK_SLOT_HOST;
-        int any = n->op == KG_WEIGHT;
+        int v = kg_is_weight(n) ? !n->varies : kg_ops[n->op].run && kg_ops[n->op].slot != KK_SLOT_HOST;
+        int any = kg_is_weight(n);
         for (int s = 0; v && s < KG_MAX_SRC; s++)
             if (n->src[s] >= 0) {
                 v = value[n->src[s]];
@@ -78,13 +77,13 @@ void kg_shape_consts(const kg_graph *g, const char *live, char *konst) {
         value[i] = (char)(v && any);
     }
     for (int i = 0; i < g->n; i++)
-        if (g->nodes[i].op == KG_WEIGHT || !live[i]) konst[i] = 0;
+        if (kg_is_weight(&g->nodes[i]) || !live[i]) konst[i] = 0;
     for (int o = 0; o < g->n_outputs; o++) konst[g->outputs[o]] = 0;
     /* and no constant reads one of those outputs (computed after it) */
     for (int i = 0; i < g->n; i++)
         for (int s = 0; konst[i] && s < KG_MAX_SRC; s++) {
             kg_id src = g->nodes[i].src[s];
-            if (src >= 0 && g->nodes[src].op != KG_WEIGHT && !konst[src]) konst[i] = 0;
+            if (src >= 0 && !kg_is_weight(&g->nodes[src]) && !konst[src]) konst[i] = 0;
         }
 }
 
@@ -111,11 +110,11 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     for (int i = 0; i < n && st == KILN_OK; i++) {
         const kg_node *nd = &g->nodes[i];
         if (!live[i]) continue;
-        if (nd->op == KG_INPUT) {
+        if (kg_is_input(nd)) {
             buf[i] = (float *)inputs[nd->iparam[0]];
             continue;
         }
-        if (nd->op == KG_WEIGHT) {
+        if (kg_is_weight(nd)) {
             buf[i] = (float *)nd->data;
             continue;
         }
@@ -131,8 +130,8 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
         for (int s = 0; s < KG_MAX_SRC; s++) {
             kg_id src = nd->src[s];
             if (src < 0 || last_use[src] != i) continue;
-            kg_op sop = g->nodes[src].op;
-            if (sop != KG_INPUT && sop != KG_WEIGHT && out_slot[src] < 0 && buf[src]) {
+            const kg_node *sn = &g->nodes[src];
+            if (!kg_is_input(sn) && !kg_is_weight(sn) && out_slot[src] < 0 && buf[src]) {
                 kk_buf_free(be, buf[src]);
                 buf[src] = NULL;
             }
@@ -140,8 +139,8 @@ kiln_status kg_run_eager(const kg_graph *g, const kk_backend *be, const float *c
     }
     /* anything still owned (error paths, nodes without consumers) */
     for (int i = 0; i < n; i++) {
-        kg_op op = g->nodes[i].op;
-        if (buf[i] && op != KG_INPUT && op != KG_WEIGHT && out_slot[i] < 0) kk_buf_free(be, buf[i]);
+        const kg_node *nd = &g->nodes[i];
+        if (buf[i] && !kg_is_input(nd) && !kg_is_weight(nd) && out_slot[i] < 0) kk_buf_free(be, buf[i]);
     }
     free(buf);
     free(last_use);

@@ -89,6 +89,12 @@ typedef struct kg_node {
     int out_bf16;         /* set by kg_plan_bf16: the output's format, KK_FMT_* (f32; bf16 rows or blocked) */
 } kg_node;
 
+/* The nodes executors bind instead of running (ops.def's INPUT and
+ * WEIGHT): an input takes the forward's buffer of its slot, a weight the
+ * model's data. Executors ask these, never an op number. */
+static inline int kg_is_input(const kg_node *n) { return n->op == KG_INPUT; }
+static inline int kg_is_weight(const kg_node *n) { return n->op == KG_WEIGHT; }
+
 /* Resolves a weight name to its shape, f32 data (NULL when the weight only
  * exists packed) and kernel view; returns 0 if unknown, 2 for a weight
  * whose data changes during a forward (an FSDP block's: kg_node.varies),

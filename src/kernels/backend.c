@@ -67,8 +67,17 @@ void kk_buf_unmap(const kk_backend *be, void *buf, const void *host) {
     if (buf && buf != host && !kk_host_memory(be)) be->unmap(buf);
 }
 
+const char *kk_slot_name(int slot) {
+    static const char *const names[KK_SLOT_COUNT] = {
+        "host", "linear", "silu", "gelu_tanh", "layernorm", "layernorm_modulate", "rmsnorm_heads", "modulate",
+        "gate_add", "attention", "conv2d", "group_norm", "unary", "binary", "gather_rows", "affine_rows",
+        "rmsnorm_rows", "slice_rows", "concat_rows", "patchify", "unpatchify", "timestep_proj", "pos_crop",
+        "upsample_nearest", "logvar_std", "select_token", "rel_pos_bias", "copy"};
+    return slot >= 0 && slot < KK_SLOT_COUNT ? names[slot] : "?";
+}
+
 int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w) {
-    if (slot == KK_SLOT_HOST) return kk_host_memory(be);
+    if (slot == KK_SLOT_HOST) return fmt == KK_FMT_F32 && kk_host_memory(be);
     return be->supports ? be->supports(slot, fmt, w) : fmt == KK_FMT_F32;
 }
 

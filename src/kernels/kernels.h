@@ -222,9 +222,10 @@ typedef struct kk_backend {
      *   LINEAR      BF16 on weights packed bf16 or quantized (linear_io,
      *               linear_gate_add read it; kk_weight_bf16_io), BLOCKED
      *               where its AMX GEMM reads the weight's input blocked
-     *   LAYERNORM_MODULATE, MODULATE   BF16 and BLOCKED (the _bf16 slots)
-     *   ATTENTION   BF16: q, k, v in bf16 rows, the output in any format
-     *               (attention_joint_bf16)
+     *   LAYERNORM_MODULATE, MODULATE   BF16, and BLOCKED with AMX (the
+     *               _bf16 slots)
+     *   ATTENTION   BF16: q, k, v in bf16 rows, the output in bf16 rows,
+     *               or BLOCKED with AMX (attention_joint_bf16)
      *   CONV2D      BF16 on weights packed bf16: channels-last bf16 x read
      *               (kk_conv.x_bf16) and y written (y_bf16)
      *   GROUP_NORM  BF16: channels-last bf16 rows read and written
@@ -310,9 +311,11 @@ void kk_copy_from_host(const kk_backend *be, void *buf, const void *host, size_t
 void *kk_buf_map(const kk_backend *be, const void *host, size_t bytes);
 void kk_buf_unmap(const kk_backend *be, void *buf, const void *host);
 /* Whether be runs slot (KK_SLOT_*) on activations in fmt with GEMM weight
- * w (kk_backend.supports; NULL: f32 only). KK_SLOT_HOST: where be's memory
- * is the host's. */
+ * w (kk_backend.supports; NULL: f32 only). KK_SLOT_HOST: in f32 where be's
+ * memory is the host's. */
 int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w);
+/* "linear", "attention", ...: a slot kind's name (the slot's own, as the struct names it) */
+const char *kk_slot_name(int slot);
 /* 1 when be stores linear and convolution weights packed (pack_layout) */
 int kk_packs(const kk_backend *be);
 /* be's packed layout of a weight (kk_backend.pack_layout); "rowmajor" and

@@ -1432,7 +1432,8 @@ static int supports_bf16(int slot, int fmt, const kk_weight *w) {
         return fmt == KK_FMT_BLOCKED && (w ? fast_blocked_io(w) : amx_bf16(KILN_BF16));
     case KK_SLOT_LAYERNORM_MODULATE:
     case KK_SLOT_MODULATE:
-    case KK_SLOT_ATTENTION: return fmt == KK_FMT_BF16 || fmt == KK_FMT_BLOCKED;
+    case KK_SLOT_ATTENTION: /* they write blocked rows for the AMX GEMM, which alone reads them */
+        return fmt == KK_FMT_BF16 || (fmt == KK_FMT_BLOCKED && amx_bf16(KILN_BF16));
     case KK_SLOT_CONV2D: return fmt == KK_FMT_BF16 && (!w || kk_fast_conv_bf16_io(w));
     case KK_SLOT_GROUP_NORM:
     case KK_SLOT_SLICE_ROWS: return fmt == KK_FMT_BF16;
