@@ -831,6 +831,8 @@ KILN_API const char *kiln_cpu_class(int hardware);
  * "cpu, reference, check" (check: the reference kernels on memory the host
  * cannot touch, which proves the backend boundary; for tests). */
 KILN_API const char *kiln_backends(void);
+/* 1 when name is one of kiln_backends(). */
+KILN_API int kiln_backend_known(const char *name);
 
 /* The timing ledger: per category seconds and counts, printed at exit with
  * kiln_timings_print() (the CLI does it for --timings or KILN_TIMINGS=1). */

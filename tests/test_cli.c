@@ -32,6 +32,47 @@ TEST(info_reports_the_model) {
     CHECK_RUN(1, "no such file or folder", "info /nonexistent");
 }
 
+/* --backend: the check backend runs the reference kernels, so its output is
+ * the reference's bit for bit (packages and all); unknown names and a
+ * conflict with --reference are refused */
+TEST(backend_option) {
+    char dir[256];
+    test_tmpdir(dir, sizeof dir, "cli-backend");
+    const char *m = golden_path("sd3-tiny", NULL), *io = golden_path("sd3-tiny", "io.safetensors");
+    CHECK_RUN(0, "forward:", "forward %s --reference --exec eager --inputs %s --output %s/ref.safetensors", m, io, dir);
+    CHECK_RUN(0, "forward:", "forward %s --backend check --exec eager --inputs %s --output %s/chk.safetensors", m, io, dir);
+    CHECK_RUN(0, "published", "compile %s --backend check --package-dir %s/pk --latent 32x32 --context-len 154 "
+                             "--dim batch=1:4,ctx_len=1:200", m, dir);
+    CHECK_RUN(0, "forward:", "forward %s --backend check --exec dynamic --package-dir %s/pk --inputs %s "
+                             "--output %s/pkg.safetensors", m, dir, io, dir);
+    CHECK_RUN(0, "forward:", "forward %s --reference --exec dynamic --package-dir %s/pk --inputs %s "
+                             "--output %s/refpkg.safetensors", m, dir, io, dir);
+    const char *names[2][2] = {{"ref", "chk"}, {"refpkg", "pkg"}};
+    for (int k = 0; k < 2; k++) {
+        char a[400], b[400];
+        snprintf(a, sizeof a, "%s/%s.safetensors", dir, names[k][0]);
+        snprintf(b, sizeof b, "%s/%s.safetensors", dir, names[k][1]);
+        st_file *fa = NULL, *fb = NULL;
+        CHECK_OK(st_open(a, &fa));
+        CHECK_OK(st_open(b, &fb));
+        if (fa && fb) {
+            size_t n1, n2;
+            float *x = golden_tensor(fa, "sample", &n1), *y = golden_tensor(fb, "sample", &n2);
+            CHECK_MSG(n1 == n2 && !memcmp(x, y, sizeof(float) * n1), "--backend check (%s) differs from --reference",
+                      names[k][1]);
+            free(x), free(y);
+        }
+        st_close(fa), st_close(fb);
+    }
+    CHECK_RUN(2, "--backend gpu: unknown (the backends: cpu, reference, check)", "forward %s --backend gpu --inputs %s "
+              "--output %s/x.safetensors", m, io, dir);
+    CHECK_RUN(1, "the reference kernels and the check backend were both asked for", "forward %s --reference --backend "
+              "check --inputs %s --output %s/x.safetensors", m, io, dir);
+    CHECK_RUN(1, "the check kernels compute in F32 only, not BF16", "forward %s --backend check --dtype bf16 --inputs %s "
+              "--output %s/x.safetensors", m, io, dir);
+    test_rmrf(dir);
+}
+
 TEST(forward_matches_golden) {
     char dir[256];
     test_tmpdir(dir, sizeof dir, "cli-fwd");
@@ -344,6 +385,7 @@ int main(void) {
     RUN(help_everywhere);
     RUN(info_reports_the_model);
     RUN(forward_matches_golden);
+    RUN(backend_option);
     RUN(generate_matches_golden);
     RUN(demo_runs);
     RUN(cache_commands);

@@ -138,6 +138,8 @@ const char cli_common_help[] =
     "  --quiet             no progress lines and no warnings: errors only\n"
     "  --dtype bf16|f32    GEMM and attention precision (default bf16; f32 matches diffusers to 1e-5)\n"
     "  --reference         the reference kernels (plain loops, f32; the test oracle)\n"
+    "  --backend NAME      cpu (default, or KILN_BACKEND), reference or check (the reference\n"
+    "                      kernels on memory the host cannot touch: proves the backend boundary)\n"
     "  --quant SCHEME      none (default), int8 or fp8: quantize the model's block linear\n"
     "                      weights at conversion (int8: per-channel weights, per-token activations,\n"
     "                      int32 GEMM; fp8: e4m3 weights computed as bf16); see docs/cli.md\n"
@@ -167,7 +169,7 @@ cli_common cli_common_defaults(void) {
     c.mesh_rows = d.mesh_rows;
     c.mesh_cols = d.mesh_cols;
     c.parallel = d.parallel;
-    c.dtype = KILN_BF16;
+    c.dtype = KILN_DTYPE_INVALID; /* the backend's default: bf16 on the cpu one, else f32 */
     return c;
 }
 
@@ -211,6 +213,13 @@ int cli_common_opt(const char *cmd, int argc, char **argv, int *i, cli_common *c
         c->reference = 1;
         c->dtype = KILN_F32;
         return 1;
+    }
+    if ((r = cli_opt(cmd, argc, argv, i, "--backend", &c->backend))) {
+        if (r > 0 && !kiln_backend_known(c->backend)) {
+            cli_error(cmd, "--backend %s: unknown (the backends: %s)", c->backend, kiln_backends());
+            return -1;
+        }
+        return r;
     }
     if (cli_flag(argv, *i, "--no-create-cache")) return c->no_create_cache = 1;
     if (cli_flag(argv, *i, "--no-package")) {
@@ -499,6 +508,7 @@ kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name,
     o.config_path = c->config;
     o.dtype = c->dtype;
     o.reference = c->reference;
+    o.backend = c->backend;
     o.quant = c->quant;
     o.quant_layers = c->quant_layers;
     return o;

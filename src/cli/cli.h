@@ -86,6 +86,7 @@ typedef struct cli_common {
     kiln_parallel parallel;
     kiln_dtype dtype; /* --dtype bf16|f32, default bf16 */
     int reference;    /* --reference: the reference kernels (f32) */
+    const char *backend; /* --backend NAME (NULL: KILN_BACKEND, else cpu) */
     const char *exec;        /* --exec CHAIN / --no-package */
     const char *package_dir; /* --package-dir */
     kiln_quant quant; /* --quant none|int8|fp8 (default none) */

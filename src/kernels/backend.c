@@ -25,6 +25,10 @@ const char *kk_backend_names(void) { return "cpu, reference, check"; }
 
 const char *kiln_backends(void) { return kk_backend_names(); }
 
+int kiln_backend_known(const char *name) {
+    return name && (!strcmp(name, "cpu") || kk_backend_get(name, KILN_F32) || kk_backend_get(name, KILN_BF16));
+}
+
 const char *kk_backend_family(const kk_backend *be) {
     if (be == kk_reference()) return "reference";
     if (be == kk_check()) return "check";
