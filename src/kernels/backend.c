@@ -39,8 +39,6 @@ const kk_backend *kk_host(void) { return kk_reference(); }
 
 /* ---- memory ------------------------------------------------------------------- */
 
-int kk_host_memory(const kk_backend *be) { return !be || !be->alloc; }
-
 void *kk_buf_alloc(const kk_backend *be, size_t bytes) {
     return kk_host_memory(be) ? kb_alloc_aligned(bytes) : be->alloc(bytes);
 }
@@ -78,11 +76,6 @@ const char *kk_slot_name(int slot) {
         "rmsnorm_rows", "slice_rows", "concat_rows", "patchify", "unpatchify", "timestep_proj", "pos_crop",
         "upsample_nearest", "logvar_std", "select_token", "rel_pos_bias", "copy"};
     return slot >= 0 && slot < KK_SLOT_COUNT ? names[slot] : "?";
-}
-
-int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w) {
-    if (slot == KK_SLOT_HOST) return fmt == KK_FMT_F32 && kk_host_memory(be);
-    return be->supports ? be->supports(slot, fmt, w) : fmt == KK_FMT_F32;
 }
 
 /* ---- weights ------------------------------------------------------------------ */

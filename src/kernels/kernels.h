@@ -301,7 +301,7 @@ typedef struct kk_backend {
 /* ---- a backend through its slots, with the defaults of kk_backend
  * (src/kernels/backend.c) ---- */
 /* 1 when the host reads and writes be's buffers directly (no alloc slot) */
-int kk_host_memory(const kk_backend *be);
+static inline int kk_host_memory(const kk_backend *be) { return !be || !be->alloc; }
 void *kk_buf_alloc(const kk_backend *be, size_t bytes);
 void kk_buf_free(const kk_backend *be, void *p);
 void kk_copy_to_host(const kk_backend *be, void *host, const void *buf, size_t bytes);
@@ -313,7 +313,10 @@ void kk_buf_unmap(const kk_backend *be, void *buf, const void *host);
 /* Whether be runs slot (KK_SLOT_*) on activations in fmt with GEMM weight
  * w (kk_backend.supports; NULL: f32 only). KK_SLOT_HOST: in f32 where be's
  * memory is the host's. */
-int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w);
+static inline int kk_supports(const kk_backend *be, int slot, int fmt, const kk_weight *w) {
+    if (slot == KK_SLOT_HOST) return fmt == KK_FMT_F32 && kk_host_memory(be);
+    return be->supports ? be->supports(slot, fmt, w) : fmt == KK_FMT_F32;
+}
 /* "linear", "attention", ...: a slot kind's name (the slot's own, as the struct names it) */
 const char *kk_slot_name(int slot);
 /* 1 when be stores linear and convolution weights packed (pack_layout) */
