@@ -436,9 +436,12 @@ kiln_status kx_package_load(kx_package *p, const kk_backend *be, const kg_dist *
             if (p->m->place[i].kind == KX_CONST) p->P[i] = (char *)p->const_area + p->m->place[i].at;
         }
     }
-    if (st) {
+    if (st) { /* nothing of a failed load stays: a NOMEM load is tried again */
         if (p->dl) dlclose(p->dl);
         p->dl = NULL;
+        kk_buf_free(be, p->arena);
+        kk_buf_free(be, p->const_area);
+        p->arena = p->const_area = NULL;
     }
     if (st == KILN_ERR_NOMEM) { /* passing: the next forward tries again */
         free(p->P);

@@ -17,6 +17,7 @@
  * lanes, summed in blocks of 16 keys. */
 #include "kernels/cpu/attn_ex.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/onednn.h"
 #include "base/base.h"
 #include "kernels/kernels.h"
 
@@ -237,15 +238,8 @@ int kk_attention_ex_avx512(const void *q, const void *k, const void *v, int bf16
     int nt = omp_get_max_threads();
     size_t per = (size_t)(Dh * a.Nkp + Nk * a.Dv + 3 * RQ * a.Nkp) + 16; /* floats; 16: keeps slices 64-byte aligned */
     per = (per + 15) / 16 * 16;
-    static _Thread_local float *buf;
-    static _Thread_local size_t cap;
-    if (cap < per * (size_t)nt) {
-        kb_free_aligned(buf);
-        buf = kb_alloc_aligned(sizeof(float) * per * (size_t)nt);
-        cap = buf ? per * (size_t)nt : 0;
-        if (!buf) return 0;
-    }
-    float *work = buf;
+    float *work = kk_scratch(KK_SCRATCH_ATTN_EX, sizeof(float) * per * (size_t)nt);
+    if (!work) return 0;
     int64_t tiles = (Nq + QT - 1) / QT;
 #pragma omp parallel for collapse(3) schedule(dynamic) num_threads(nt)
     for (int64_t b = 0; b < B; b++)

@@ -40,8 +40,6 @@
 /* ---- oneDNN engine, primitive table ------------------------------------------- */
 
 static dnnl_engine_t g_eng;
-/* streams are per thread: attention runs matmuls from several threads at once */
-static _Thread_local dnnl_stream_t t_stream;
 static int g_ok;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -57,9 +55,49 @@ static int engine(void) {
     return g_ok;
 }
 
+/* ---- per thread: a stream (attention runs matmuls from several threads at
+ * once) and the work buffers, freed when the thread exits (a pool's
+ * threads, a server's request threads) ---- */
+
+typedef struct {
+    dnnl_stream_t stream;
+    void *buf[KK_SCRATCH_SLOTS];
+    size_t cap[KK_SCRATCH_SLOTS];
+} thread_state;
+
+static _Thread_local thread_state *t_state;
+static pthread_key_t g_state_key;
+static pthread_once_t g_state_once = PTHREAD_ONCE_INIT;
+
+static void thread_exit(void *arg) {
+    thread_state *ts = arg;
+    for (int i = 0; i < KK_SCRATCH_SLOTS; i++) kb_free_aligned(ts->buf[i]);
+    if (ts->stream) dnnl_stream_destroy(ts->stream);
+    free(ts);
+    t_state = NULL;
+}
+
+static void make_state_key(void) {
+    if (pthread_key_create(&g_state_key, thread_exit)) abort(); /* only fails when the process is out of keys */
+}
+
+/* NULL when out of memory */
+static thread_state *tstate(void) {
+    if (!t_state) {
+        pthread_once(&g_state_once, make_state_key);
+        thread_state *ts = calloc(1, sizeof *ts);
+        if (!ts) return NULL;
+        pthread_setspecific(g_state_key, ts);
+        t_state = ts;
+    }
+    return t_state;
+}
+
 static dnnl_stream_t stream(void) {
-    if (!t_stream && dnnl_stream_create(&t_stream, g_eng, dnnl_stream_default_flags) != dnnl_success) t_stream = NULL;
-    return t_stream;
+    thread_state *ts = tstate();
+    if (ts && !ts->stream && dnnl_stream_create(&ts->stream, g_eng, dnnl_stream_default_flags) != dnnl_success)
+        ts->stream = NULL;
+    return ts ? ts->stream : NULL;
 }
 
 dnnl_engine_t kk_dnnl_engine(void) { return engine() ? g_eng : NULL; }
@@ -496,16 +534,16 @@ kiln_status kk_fast_unpack(const kk_weight *w, float *out) {
 
 /* ---- scratch --------------------------------------------------------------------- */
 
-/* A per-thread buffer that only grows. */
+/* A per-thread buffer that only grows (freed when the thread exits). */
 static void *scratch(int slot, size_t bytes) {
-    static _Thread_local void *buf[KK_SCRATCH_SLOTS];
-    static _Thread_local size_t cap[KK_SCRATCH_SLOTS];
-    if (cap[slot] < bytes) {
-        kb_free_aligned(buf[slot]);
-        buf[slot] = kb_alloc_aligned(bytes);
-        cap[slot] = buf[slot] ? bytes : 0;
+    thread_state *ts = tstate();
+    if (!ts) return NULL;
+    if (ts->cap[slot] < bytes) {
+        kb_free_aligned(ts->buf[slot]);
+        ts->buf[slot] = kb_alloc_aligned(bytes);
+        ts->cap[slot] = ts->buf[slot] ? bytes : 0;
     }
-    return buf[slot];
+    return ts->buf[slot];
 }
 
 /* scratch for a kernel with no other way to do its work: NULL records an
@@ -521,6 +559,8 @@ static void *scratch_in(kb_run *run, int slot, size_t bytes) {
 static void *scratch_must(int slot, size_t bytes) { return scratch_in(kb_run_current(), slot, bytes); }
 
 void *kk_scratch_must(int slot, size_t bytes) { return scratch_must(slot, bytes); }
+
+void *kk_scratch(int slot, size_t bytes) { return scratch(slot, bytes); }
 
 
 /* ---- vectorizable helpers, compiled per CPU (ifunc dispatch) ------------------ */
