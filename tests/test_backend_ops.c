@@ -247,16 +247,31 @@ static kiln_status b_patchify(kg_graph *g) {
 }
 static kiln_status b_unpatchify(kg_graph *g) {
     kg_mark_output(g, kg_unpatchify(g, IN("x", 3, B, 16, 16), 2, 4, 4, 4));
+    kg_mark_output(g, kg_unpatchify_cfirst(g, IN("y", 3, B, 12, 16), 2, 3, 4, 4)); /* Flux's order */
     return g->status;
 }
 static kiln_status b_timestep_proj(kg_graph *g) {
     kg_mark_output(g, kg_timestep_proj(g, IN("t", 1, B), 32));
+    kg_mark_output(g, kg_timestep_proj_scaled(g, IN("t", 1, B), 16, 1000.0f)); /* Flux's */
     return g->status;
 }
 /* the position table cropped to 3 x 4 (a shape constant), added to x */
 static kiln_status b_pos_crop(kg_graph *g) {
     kg_id pos = kg_pos_crop(g, Wt(g, "pos", W_DATA, 3, 1, 64, D, 0), 8, 3, 4);
     kg_mark_output(g, kg_add(g, IN("x", 3, B, N, D), pos));
+    return g->status;
+}
+/* Flux's rotary table (a shape constant) for 2 text and 2 x 3 image
+ * tokens, applied to projected q of 2 heads of 8 */
+static kiln_status b_rope_table(kg_graph *g) {
+    kg_id t = kg_rope_table(g, 2, 2, 3, (int[]){2, 2, 4}, 10000.0f);
+    kg_mark_output(g, kg_add(g, IN("x", 2, 8, 8), t));
+    return g->status;
+}
+static kiln_status b_rope(kg_graph *g) {
+    kg_id t = kg_rope_table(g, 2, 2, 3, (int[]){2, 2, 4}, 10000.0f);
+    kg_id q = kg_linear(g, IN("x", 3, B, 8, D), LIN("q.w", 16, D), -1);
+    kg_mark_output(g, kg_rope(g, q, t, 2));
     return g->status;
 }
 static kiln_status b_shard(kg_graph *g) {
@@ -362,6 +377,8 @@ static const row k_rows[] = {
     {KG_UNPATCHIFY, b_unpatchify, 0, 0, NULL},
     {KG_TIMESTEP_PROJ, b_timestep_proj, 1e-6, 0, NULL},
     {KG_POS_CROP, b_pos_crop, 0, 0, NULL},
+    {KG_ROPE_TABLE, b_rope_table, 0, 0, NULL},
+    {KG_ROPE, b_rope, 2e-2, 0, NULL},
     {KG_LN_MODULATE, b_ln_modulate, 2e-2, 0, NULL},
     {KG_ALIAS, NULL, 0, 0, "folded into its producer by kg_fuse, never run"},
     {KG_SHARD, b_shard, 0, 0, NULL},

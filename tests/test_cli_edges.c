@@ -197,10 +197,14 @@ TEST(make_model_any_family) {
     CHECK_RUN(0, "image 0 ->", "$K generate %s/seeded --prompt 'a cat' --steps 1 --output %s/seeded.png", g_dir, g_dir);
     CHECK_RUN(2, "--inputs and --cond are for an SD3 transformer's config", "$K make-model %s/x --config %s/vae/config.json "
               "--cond %s/x.safetensors", g_dir, pipe, g_dir);
-    CHECK(run(&o, "echo '{\"_class_name\": \"FluxTransformer2DModel\"}' > %s/flux.json", g_dir) == 0);
+    CHECK(run(&o, "echo '{\"_class_name\": \"UNet2DConditionModel\"}' > %s/unet.json", g_dir) == 0);
     free(o);
-    CHECK_RUN(1, "FluxTransformer2DModel, which no model family of kiln runs", "$K make-model %s/x --config %s/flux.json",
+    CHECK_RUN(1, "UNet2DConditionModel, which no model family of kiln runs", "$K make-model %s/x --config %s/unet.json",
               g_dir, g_dir);
+    /* a Flux transformer of the flux-tiny case's config, seeded, runs */
+    CHECK_RUN(0, "(flux, F32 weights, seed 5)", "$K make-model %s/fluxseeded --config %s/goldens/flux-tiny/config.json "
+              "--weights f32 --seed 5", g_dir, test_data_dir());
+    CHECK_RUN(0, "family:         flux", "$K info %s/fluxseeded", g_dir);
     char x[600];
     snprintf(x, sizeof x, "%s/x", g_dir);
     CHECK(!kb_is_dir(x)); /* nothing written for the refused ones */

@@ -450,9 +450,10 @@ static void e_weight_shape_frac(cJSON *m) {
 }
 static void e_weight_dtype(cJSON *m) { cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "weights"), 0), "dtype", cJSON_CreateString("F9")); }
 static void e_weight_dropped(cJSON *m) { cJSON_DeleteItemFromArray(cJSON_GetObjectItem(m, "weights"), 0); }
-static void e_five_inputs(cJSON *m) {
+/* one input more than KX_MAX_IN (8) */
+static void e_nine_inputs(cJSON *m) {
     cJSON *ins = cJSON_GetObjectItem(m, "inputs");
-    cJSON_AddItemToArray(ins, cJSON_Duplicate(cJSON_GetArrayItem(ins, 0), 1));
+    for (int i = cJSON_GetArraySize(ins); i < 9; i++) cJSON_AddItemToArray(ins, cJSON_Duplicate(cJSON_GetArrayItem(ins, 0), 1));
 }
 static void e_five_symbols(cJSON *m) {
     cJSON *s = cJSON_GetObjectItem(m, "symbols");
@@ -469,8 +470,8 @@ TEST(manifest_reproducers) {
         void (*f)(cJSON *);
         const char *want;
     } cases[] = {
-        {e_slot99, "input hidden_states has a slot that is not an integer in [0, 3]"},
-        {e_slot_neg, "input hidden_states has a slot that is not an integer in [0, 3]"},
+        {e_slot99, "input hidden_states has a slot that is not an integer in [0, 7]"},
+        {e_slot_neg, "input hidden_states has a slot that is not an integer in [0, 7]"},
         {e_slot_frac, "has a slot that is not an integer"},
         {e_slot_dup, "share slot 0"},
         {e_coef_min, "coefficient that is not an integer of magnitude <= 2^32"},
@@ -498,7 +499,7 @@ TEST(manifest_reproducers) {
         {e_weight_shape_frac, "has a shape that is not integers"},
         {e_weight_dtype, "has dtype 'F9'"},
         {e_weight_dropped, "which is not placed as weight 0"},
-        {e_five_inputs, "has more than 4 inputs"},
+        {e_nine_inputs, "has more than 8 inputs"},
         {e_five_symbols, "has more than 4 symbols"},
         {e_sha, "has no library_sha256"},
         {e_symbols_object, "has symbols that are not a list"},
@@ -579,7 +580,7 @@ TEST(edited_manifest_is_refused_at_open) {
     sig[65] = 0;
     snprintf(path, sizeof path, "%s/signature", pkg);
     spit(path, sig);
-    CHECK_FAILS(kx_package_open(pkg, &p), KILN_ERR_CORRUPT, "slot that is not an integer in [0, 3]");
+    CHECK_FAILS(kx_package_open(pkg, &p), KILN_ERR_CORRUPT, "slot that is not an integer in [0, 7]");
     kx_package_close(p);
     falls_back(root, "edited and re-signed manifest");
     /* no signature file at all */

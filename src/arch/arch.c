@@ -3,6 +3,7 @@
  * input checks against a family's shapes. */
 #include "arch/arch.h"
 #include "arch/clip/clip.h"
+#include "arch/flux/flux.h"
 #include "arch/sd3/sd3.h"
 #include "arch/t5/t5.h"
 #include "arch/vae/vae.h"
@@ -20,8 +21,9 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 /* the built-in families first (the first is the default for a config no
  * family claims: its parser names what is wrong), then registered ones */
-static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3, &ka_vae_decoder, &ka_clip, &ka_t5, &ka_vae_encoder};
-static int g_n = 5;
+static const ka_arch *g_arch[KA_MAX_FAMILIES] = {&ka_sd3,        &ka_vae_decoder, &ka_clip,        &ka_t5,
+                                                 &ka_vae_encoder, &ka_flux,        &ka_flux_schnell};
+static int g_n = 7;
 static const kc_renamer *g_ren[KA_MAX_FAMILIES + 1];
 
 int ka_count(void) {

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define KA_MAX_SYMS 4 /* symbolic dimensions of a family's forward (the compiler's KX_MAX_SYMS) */
-#define KA_MAX_IO 4   /* named inputs of a forward, and outputs in the table's static list */
+#define KA_MAX_IO 8   /* named inputs of a forward, and outputs in the table's static list */
 #define KA_MAX_OUT 80 /* outputs of a config (ka_arch.outputs): every hidden state of a text encoder */
 
 /* How tensor parallel splits a weight: column-parallel linears keep a block

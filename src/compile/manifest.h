@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KX_MAX_IN 4            /* a forward's inputs (SD3: hidden, context, pooled, timestep) */
+#define KX_MAX_IN 8            /* a forward's inputs (KA_MAX_IO; Flux-dev: 5) */
 #define KX_MAX_OUT KG_MAX_OUTPUTS /* and outputs (SD3: sample; a text encoder: every hidden state) */
 #define KX_SYM_MAX (1LL << 30) /* a symbol's largest value (tokens, batch rows) */
 #define KX_COEF_MAX (1LL << 32) /* |coefficient| of a dimension's polynomial */

@@ -68,7 +68,9 @@ void kg_shape_consts(const kg_graph *g, const char *live, char *konst) {
     for (int i = 0; i < g->n; i++) {
         const kg_node *n = &g->nodes[i];
         int v = kg_is_weight(n) ? !n->varies : kg_ops[n->op].run && kg_ops[n->op].slot != KK_SLOT_HOST;
-        int any = kg_is_weight(n);
+        int any = kg_is_weight(n), srcs = 0; /* an op of no sources (a rotary table) is one of the shape */
+        for (int s = 0; s < KG_MAX_SRC; s++) srcs += n->src[s] >= 0;
+        if (!srcs && v) any = 1;
         for (int s = 0; v && s < KG_MAX_SRC; s++)
             if (n->src[s] >= 0) {
                 v = value[n->src[s]];

@@ -375,7 +375,7 @@ kg_id kg_patchify(kg_graph *g, kg_id x, int p) {
     return id;
 }
 
-kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c) {
+static kg_id unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c, int cfirst) {
     if (!ok(g, x, -1, -1)) return -1;
     const kg_node *X = node(g, x);
     if (X->ndim != 3 || X->shape[1] != h * w || X->shape[2] != (int64_t)p * p * c)
@@ -388,19 +388,64 @@ kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c
         ip[0] = p;
         ip[1] = h;
         ip[2] = w;
-        ip[3] = c;
+        ip[3] = cfirst;
     }
     return id;
 }
 
-kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim) {
+kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c) {
+    return unpatchify(g, x, p, h, w, c, 0);
+}
+
+kg_id kg_unpatchify_cfirst(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c) {
+    return unpatchify(g, x, p, h, w, c, 1);
+}
+
+kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim) { return kg_timestep_proj_scaled(g, t, dim, 1.0f); }
+
+kg_id kg_timestep_proj_scaled(kg_graph *g, kg_id t, int dim, float scale) {
     if (!ok(g, t, -1, -1)) return -1;
     const kg_node *T = node(g, t);
     if (T->ndim != 1 || dim <= 0 || dim % 2)
         return fail(g, KILN_ERR_SHAPE, "timestep_proj: timestep must be [B], dim even");
     int64_t shape[2] = {T->shape[0], dim};
     kg_id id = push(g, KG_TIMESTEP_PROJ, 2, shape, t, -1, -1);
-    if (id >= 0) g->nodes[id].iparam[0] = dim;
+    if (id >= 0) {
+        g->nodes[id].iparam[0] = dim;
+        g->nodes[id].fparam = scale;
+    }
+    return id;
+}
+
+kg_id kg_rope_table(kg_graph *g, int64_t T, int64_t h, int64_t w, const int axes[3], float theta) {
+    if (g->status != KILN_OK) return -1;
+    for (int a = 0; a < 3; a++)
+        if (axes[a] < 0 || axes[a] % 2 || axes[a] > 0xfffe)
+            return fail(g, KILN_ERR_SHAPE, "rope_table: axis %d has %d channels (even, 0 to 65534)", a, axes[a]);
+    if (T < 0 || h <= 0 || w <= 0 || !(theta > 0))
+        return fail(g, KILN_ERR_SHAPE, "rope_table: %lld text tokens and %lldx%lld image tokens, theta %g",
+                    (long long)T, (long long)h, (long long)w, (double)theta);
+    int64_t shape[2] = {T + h * w, (int64_t)axes[0] + axes[1] + axes[2]};
+    kg_id id = push(g, KG_ROPE_TABLE, 2, shape, -1, -1, -1);
+    if (id >= 0) {
+        int64_t *ip = g->nodes[id].iparam;
+        ip[0] = T;
+        ip[1] = h;
+        ip[2] = w;
+        ip[3] = (int64_t)axes[0] | (int64_t)axes[1] << 16;
+        g->nodes[id].fparam = theta;
+    }
+    return id;
+}
+
+kg_id kg_rope(kg_graph *g, kg_id x, kg_id table, int heads) {
+    if (!ok(g, x, table, -1)) return -1;
+    const kg_node *X = node(g, x), *Tb = node(g, table);
+    if (X->ndim != 3 || heads <= 0 || X->shape[2] % heads || Tb->ndim != 2 || Tb->shape[0] != X->shape[1] ||
+        Tb->shape[1] * heads != X->shape[2] || Tb->shape[1] % 2)
+        return fail(g, KILN_ERR_SHAPE, "rope: x must be [B,N,%d*Dh] and the table [N,Dh] with Dh even", heads);
+    kg_id id = push(g, KG_ROPE, 3, X->shape, x, table, -1);
+    if (id >= 0) g->nodes[id].iparam[0] = heads;
     return id;
 }
 

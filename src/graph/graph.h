@@ -174,8 +174,18 @@ kg_id kg_concat(kg_graph *g, kg_id a, kg_id b, int axis);
 void kg_shape_str(const kg_node *n, char *buf, size_t cap);
 kg_id kg_patchify(kg_graph *g, kg_id x, int p);
 kg_id kg_unpatchify(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c);
+/* the inverse of kg_patchify (a token's features in the order c, py, px):
+ * Flux's _unpack_latents */
+kg_id kg_unpatchify_cfirst(kg_graph *g, kg_id x, int p, int64_t h, int64_t w, int64_t c);
 kg_id kg_timestep_proj(kg_graph *g, kg_id t, int dim);
+/* of t * scale (Flux: 1000, its timestep and guidance come in [0, 1] and as is) */
+kg_id kg_timestep_proj_scaled(kg_graph *g, kg_id t, int dim, float scale);
 kg_id kg_pos_crop(kg_graph *g, kg_id table, int64_t max, int64_t h, int64_t w);
+/* Flux's rotary table for T text then h x w image tokens over axes (their
+ * channel counts, even), theta: [T + h*w, sum of axes] (ops.def ROPE_TABLE) */
+kg_id kg_rope_table(kg_graph *g, int64_t T, int64_t h, int64_t w, const int axes[3], float theta);
+/* x [B,N,heads*Dh] rotated by table [N,Dh] */
+kg_id kg_rope(kg_graph *g, kg_id x, kg_id table, int heads);
 void kg_mark_output(kg_graph *g, kg_id x); /* named "out<i>" */
 /* x is the graph's next output, under a name (under 48 characters) */
 void kg_output(kg_graph *g, kg_id x, const char *name);

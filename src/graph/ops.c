@@ -160,10 +160,23 @@ static void kg_run_patchify(const kg_ctx *x, const kg_call *c) {
 }
 
 static void kg_run_unpatchify(const kg_ctx *x, const kg_call *c) {
-    x->be->unpatchify(F(0), Y, YS[0], c->ip[0], c->ip[1], c->ip[2], c->ip[3]);
+    x->be->unpatchify(F(0), Y, YS[0], c->ip[0], c->ip[1], c->ip[2], YS[1], (int)c->ip[3]);
 }
 
-static void kg_run_timestep_proj(const kg_ctx *x, const kg_call *c) { x->be->timestep_proj(F(0), Y, YS[0], c->ip[0]); }
+static void kg_run_timestep_proj(const kg_ctx *x, const kg_call *c) {
+    x->be->timestep_proj(F(0), Y, YS[0], c->ip[0], c->fp);
+}
+
+static void kg_run_rope_table(const kg_ctx *x, const kg_call *c) {
+    int64_t axes[3] = {c->ip[3] & 0xffff, c->ip[3] >> 16, 0};
+    axes[2] = YS[1] - axes[0] - axes[1];
+    x->be->rope_table(Y, c->ip[0], c->ip[1], c->ip[2], axes, c->fp);
+}
+
+static void kg_run_rope(const kg_ctx *x, const kg_call *c) {
+    int64_t H = c->ip[0];
+    x->be->rope(F(0), F(1), Y, YS[0], YS[1], H, YS[2] / H);
+}
 
 static void kg_run_pos_crop(const kg_ctx *x, const kg_call *c) {
     x->be->pos_crop(F(0), Y, c->ip[0], c->ip[1], c->ip[2], YS[2]);

@@ -73,7 +73,7 @@ const char *kk_slot_name(int slot) {
     static const char *const names[KK_SLOT_COUNT] = {
         "host", "linear", "silu", "gelu_tanh", "layernorm", "layernorm_modulate", "rmsnorm_heads", "modulate",
         "gate_add", "attention", "conv2d", "group_norm", "unary", "binary", "gather_rows", "affine_rows",
-        "rmsnorm_rows", "slice_rows", "concat_rows", "patchify", "unpatchify", "timestep_proj", "pos_crop",
+        "rmsnorm_rows", "slice_rows", "concat_rows", "patchify", "unpatchify", "timestep_proj", "pos_crop", "rope",
         "upsample_nearest", "logvar_std", "select_token", "rel_pos_bias", "copy"};
     return slot >= 0 && slot < KK_SLOT_COUNT ? names[slot] : "?";
 }

@@ -127,6 +127,7 @@ typedef enum kk_slot {
     KK_SLOT_UNPATCHIFY,
     KK_SLOT_TIMESTEP_PROJ,
     KK_SLOT_POS_CROP,
+    KK_SLOT_ROPE, /* rope_table, rope */
     KK_SLOT_UPSAMPLE,
     KK_SLOT_LOGVAR_STD,
     KK_SLOT_SELECT_TOKEN,
@@ -286,9 +287,11 @@ typedef struct kk_backend {
     void (*slice_rows)(const float *x, float *y, int64_t rows, int64_t stride, int64_t off, int64_t len);
     void (*concat_rows)(const float *a, int64_t na, const float *b, int64_t nb, float *y, int64_t rows);
     void (*patchify)(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p);
-    void (*unpatchify)(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C);
-    void (*timestep_proj)(const float *t, float *y, int64_t B, int64_t dim);
+    void (*unpatchify)(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C, int cfirst);
+    void (*timestep_proj)(const float *t, float *y, int64_t B, int64_t dim, float scale);
     void (*pos_crop)(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D);
+    void (*rope_table)(float *y, int64_t T, int64_t h, int64_t w, const int64_t axes[3], float theta);
+    void (*rope)(const float *x, const float *table, float *y, int64_t B, int64_t N, int64_t H, int64_t Dh);
     void (*upsample_nearest)(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f, int nhwc);
     void (*logvar_std)(const float *x, float *y, int64_t n);
     void (*select_token)(const float *x, const float *ids, float *y, int64_t B, int64_t T, int64_t D, int64_t eos);
@@ -353,12 +356,25 @@ const kk_backend *kk_host(void);
 /* Data movement shared by every executor (src/kernels/layout.c). */
 /* x [B,C,H,W] -> y [B,(H/p)(W/p),C*p*p] */
 void kk_patchify(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p);
-/* x [B,h*w,p*p*C] -> y [B,C,h*p,w*p] */
-void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C);
-/* t [B] -> y [B,dim] sinusoidal (cos | sin) */
-void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim);
+/* x [B,h*w,p*p*C] -> y [B,C,h*p,w*p]; a token's features in the order
+ * (py, px, c) (SD3's unpatchify), or with cfirst (c, py, px) (Flux's
+ * _unpack_latents, the inverse of patchify) */
+void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C, int cfirst);
+/* t [B] -> y [B,dim] sinusoidal (cos | sin) of t * scale */
+void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim, float scale);
 /* table [M*M,D] -> y [h*w,D], centre crop */
 void kk_pos_crop(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D);
+/* Flux's rotary table y [T + h*w, Dh], Dh = axes[0] + axes[1] + axes[2]:
+ * T text tokens at position ids (0, 0, 0), then the h x w image tokens
+ * row-major at (0, row, col) (FluxPipeline's txt_ids, img_ids); for each
+ * axis a its axes[a]/2 pairs j have the angle id[a] / theta^(2j/axes[a])
+ * (diffusers' FluxPosEmbed, in double), and y[n, 2i] = cos, y[n, 2i+1] =
+ * sin of the pair i (the axes' pairs in order) */
+void kk_rope_table(float *y, int64_t T, int64_t h, int64_t w, const int64_t axes[3], float theta);
+/* x [B,N,H*Dh] rotated by table [N,Dh] (kk_rope_table's): each head's
+ * adjacent channel pair (x0, x1) -> (x0 c - x1 s, x1 c + x0 s), as
+ * diffusers' apply_rotary_emb(use_real_unbind_dim=-1) */
+void kk_rope(const float *x, const float *table, float *y, int64_t B, int64_t N, int64_t H, int64_t Dh);
 /* y [n] = a [n] + b [i % nb] */
 void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t nb);
 /* y [rows,len] = x [rows, off .. off+len) of rows of stride floats */

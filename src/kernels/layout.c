@@ -31,35 +31,45 @@ void kk_patchify(const float *x, float *y, int64_t B, int64_t C, int64_t H, int6
         }
 }
 
-/* x [B,h*w,p*p*C] (feature order py, px, c) -> y [B,C,h*p,w*p]: one output
- * row (c, ty * p + py) at a time, written in order, the tokens' rows read
- * p*p*C floats apart (6.7x faster than a token at a time, whose C values go
- * to C planes: 0.043 against 0.288 ms for 16 x 64 x 64) */
-void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C) {
+/* x [B,h*w,p*p*C] (feature order py, px, c; cfirst: c, py, px) -> y
+ * [B,C,h*p,w*p]: one output row (c, ty * p + py) at a time, written in
+ * order, the tokens' rows read p*p*C floats apart (6.7x faster than a token
+ * at a time, whose C values go to C planes: 0.043 against 0.288 ms for 16 x
+ * 64 x 64) */
+void kk_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C, int cfirst) {
     int64_t H = h * p, W = w * p, F = p * p * C;
+    int64_t sc = cfirst ? p * p : 1, sy = cfirst ? p : p * C, sx = cfirst ? 1 : C; /* feature strides */
 #pragma omp parallel for collapse(2) schedule(static) if (B * C * H * W > 2 * PIECE)
     for (int64_t b = 0; b < B; b++)
         for (int64_t c = 0; c < C; c++)
             for (int64_t ty = 0; ty < h; ty++)
                 for (int64_t py = 0; py < p; py++) {
-                    const float *in = x + (b * h + ty) * w * F + py * p * C + c;
+                    const float *in = x + (b * h + ty) * w * F + py * sy + c * sc;
                     float *yr = y + ((b * C + c) * H + ty * p + py) * W;
                     for (int64_t tx = 0; tx < w; tx++)
-                        for (int64_t px = 0; px < p; px++) yr[tx * p + px] = in[tx * F + px * C];
+                        for (int64_t px = 0; px < p; px++) yr[tx * p + px] = in[tx * F + px * sx];
                 }
 }
 
 /* diffusers' get_timestep_embedding(flip_sin_to_cos=True, shift 0, max_period
- * 10000): [cos(t f_i), sin(t f_i)] with f_i = exp(-ln(10000) i / half). */
-void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim) {
+ * 10000) of t * scale (Flux scales by 1000 first): [cos(a_i), sin(a_i)],
+ * a_i = t f_i, in float32 as diffusers computes it whatever the model's
+ * dtype: f_i = exp(float(-ln 10000) * i / half) rounded to f32, the product
+ * rounded to f32 (at t = 1000 that rounding moves an angle by up to 6e-5,
+ * which the references keep); sin and cos of that angle correctly rounded. */
+void kk_timestep_proj(const float *t, float *y, int64_t B, int64_t dim, float scale) {
     int64_t half = dim / 2;
-    for (int64_t b = 0; b < B; b++)
+    const float nl = (float)-log(10000.0);
+    for (int64_t b = 0; b < B; b++) {
+        float tb = (float)((double)t[b] * (double)scale);
         for (int64_t i = 0; i < half; i++) {
-            double f = exp(-log(10000.0) * (double)i / (double)half);
-            double a = (double)t[b] * f;
+            float e = (nl * (float)i) / (float)half;
+            float f = (float)exp((double)e);
+            double a = (double)(tb * f);
             y[b * dim + i] = (float)cos(a);
             y[b * dim + half + i] = (float)sin(a);
         }
+    }
 }
 
 static void copy_par(float *y, const float *x, int64_t n) {
@@ -451,4 +461,35 @@ void kk_rel_pos_bias(const float *table, int64_t num_buckets, int64_t H, int64_t
             for (int64_t j = 0; j < Nk; j++) yr[j] = table[br[j] * H + h];
         }
     free(bk);
+}
+
+void kk_rope_table(float *y, int64_t T, int64_t h, int64_t w, const int64_t axes[3], float theta) {
+    int64_t Dh = axes[0] + axes[1] + axes[2], N = T + h * w;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t k = n - T, id[3] = {0, k >= 0 ? k / w : 0, k >= 0 ? k % w : 0};
+        float *row = y + n * Dh;
+        for (int a = 0, i = 0; a < 3; a++)
+            for (int64_t j = 0; j < axes[a] / 2; j++, i++) {
+                double ang = (double)id[a] / pow((double)theta, (double)(2 * j) / (double)axes[a]);
+                row[2 * i] = (float)cos(ang);
+                row[2 * i + 1] = (float)sin(ang);
+            }
+    }
+}
+
+void kk_rope(const float *x, const float *table, float *y, int64_t B, int64_t N, int64_t H, int64_t Dh) {
+#pragma omp parallel for collapse(2) schedule(static) if (B * N * H * Dh > 2 * PIECE)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *t = table + n * Dh;
+            for (int64_t hd = 0; hd < H; hd++) {
+                const float *xr = x + ((b * N + n) * H + hd) * Dh;
+                float *yr = y + ((b * N + n) * H + hd) * Dh;
+                for (int64_t i = 0; i < Dh; i += 2) {
+                    float x0 = xr[i], x1 = xr[i + 1], c = t[i], s = t[i + 1];
+                    yr[i] = x0 * c + -x1 * s;
+                    yr[i + 1] = x1 * c + x0 * s;
+                }
+            }
+        }
 }

@@ -295,22 +295,34 @@ static void c_patchify(const float *x, float *y, int64_t B, int64_t C, int64_t H
     R->patchify(x, y, B, C, H, W, p);
     LEAVE();
 }
-static void c_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C) {
+static void c_unpatchify(const float *x, float *y, int64_t B, int64_t p, int64_t h, int64_t w, int64_t C, int cfirst) {
     ENTER("unpatchify");
     O(x), O(y);
-    R->unpatchify(x, y, B, p, h, w, C);
+    R->unpatchify(x, y, B, p, h, w, C, cfirst);
     LEAVE();
 }
-static void c_timestep_proj(const float *t, float *y, int64_t B, int64_t dim) {
+static void c_timestep_proj(const float *t, float *y, int64_t B, int64_t dim, float scale) {
     ENTER("timestep_proj");
     O(t), O(y);
-    R->timestep_proj(t, y, B, dim);
+    R->timestep_proj(t, y, B, dim, scale);
     LEAVE();
 }
 static void c_pos_crop(const float *table, float *y, int64_t M, int64_t h, int64_t w, int64_t D) {
     ENTER("pos_crop");
     O(table), O(y);
     R->pos_crop(table, y, M, h, w, D);
+    LEAVE();
+}
+static void c_rope_table(float *y, int64_t T, int64_t h, int64_t w, const int64_t axes[3], float theta) {
+    ENTER("rope_table");
+    O(y);
+    R->rope_table(y, T, h, w, axes, theta);
+    LEAVE();
+}
+static void c_rope(const float *x, const float *table, float *y, int64_t B, int64_t N, int64_t H, int64_t Dh) {
+    ENTER("rope");
+    O(x), O(table), O(y);
+    R->rope(x, table, y, B, N, H, Dh);
     LEAVE();
 }
 static void c_upsample_nearest(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W, int64_t f,
@@ -379,6 +391,8 @@ static const kk_backend k_check = {
     .unpatchify = c_unpatchify,
     .timestep_proj = c_timestep_proj,
     .pos_crop = c_pos_crop,
+    .rope_table = c_rope_table,
+    .rope = c_rope,
     .upsample_nearest = c_upsample_nearest,
     .logvar_std = c_logvar_std,
     .select_token = c_select_token,

@@ -13,6 +13,7 @@ void kk_host_copy(void *dst, const void *src, size_t bytes);
     .binary = kk_binary, .gather_rows = kk_gather_rows, .affine_rows = kk_affine_rows,                                \
     .rmsnorm_rows = kk_rmsnorm_rows, .slice_rows = kk_slice_rows, .concat_rows = kk_concat_rows,                      \
     .patchify = kk_patchify, .unpatchify = kk_unpatchify, .timestep_proj = kk_timestep_proj, .pos_crop = kk_pos_crop, \
+    .rope_table = kk_rope_table, .rope = kk_rope,                                                                   \
     .upsample_nearest = kk_upsample_nearest, .logvar_std = kk_logvar_std, .select_token = kk_select_token,          \
     .rel_pos_bias = kk_rel_pos_bias, .copy = kk_host_copy
 

@@ -1,0 +1,359 @@
+/* test_flux.c - the Flux.1 families (src/arch/flux/) against the flux-tiny
+ * (dev style: guidance embedding) and flux-schnell-tiny goldens (diffusers'
+ * FluxTransformer2DModel in float64 from bf16 weights): the configs and
+ * their refusals; the rotary table against FluxPosEmbed's formula; the
+ * model's own 2x2 packing against the cases' packed tensors; each case's
+ * sample through the weight cache (a miss, then a hit) on every path
+ * (eager, planned, reference kernels, a dynamic package, a fixed-shape
+ * package) in f32 within 1e-5 and bf16 within 1e-2 relative L2; one dynamic
+ * package over h, w and batch serving several sizes (non-square, the
+ * smallest and largest of its range) bit for bit like the planned executor
+ * (the same fused graph) and within 1e-6 of eager (unfused). */
+#include "arch/flux/flux.h"
+#include "base/base.h"
+#include "golden_util.h"
+#include "kernels/kernels.h"
+#include "test.h"
+
+#include <math.h>
+
+/* a case's inputs as the family takes them, and its expected sample */
+typedef struct {
+    kiln_tensor *t;
+    size_t n;
+    kiln_tensor in[5];
+    int n_in;
+    const kiln_tensor *want; /* sample_unpacked */
+    size_t n_out;
+} golden_io;
+
+static int io_open(const char *c, golden_io *g) {
+    memset(g, 0, sizeof *g);
+    if (kiln_tensors_read(golden_path(c, "io.safetensors"), &g->t, &g->n)) return 0;
+    const char *from[5] = {"latents_unpacked", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"};
+    const char *to[5] = {"latents", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"};
+    for (int k = 0; k < 5; k++) {
+        const kiln_tensor *t = kiln_tensors_find(g->t, g->n, from[k]);
+        if (!t) break;
+        g->in[k] = *t;
+        g->in[k].name = to[k];
+        g->n_in = k + 1;
+    }
+    g->want = kiln_tensors_find(g->t, g->n, "sample_unpacked");
+    if (!g->want || g->n_in < 4) return 0;
+    g->n_out = ka_numel(g->want->ndim, g->want->shape);
+    return 1;
+}
+
+static float *forward(kiln_model *m, const golden_io *io) {
+    float *out = calloc(io->n_out, sizeof(float));
+    kiln_output o = {.name = "sample", .data = out, .capacity = io->n_out};
+    CHECK_OK(kiln_run(m, io->in, (size_t)io->n_in, &o, 1));
+    return out;
+}
+
+static char *config_text(const char *c) {
+    char *text = NULL;
+    size_t len;
+    CHECK_OK(kb_read_file(golden_path(c, "config.json"), &text, &len));
+    return text;
+}
+
+TEST(configs_are_read_and_checked) {
+    char *dev = config_text("flux-tiny"), *schnell = config_text("flux-schnell-tiny");
+    CHECK(ka_for_config(dev) == &ka_flux && ka_for_config(schnell) == &ka_flux_schnell);
+    CHECK(ka_find("flux") == &ka_flux && ka_find("flux-schnell") == &ka_flux_schnell);
+    flux_config c;
+    CHECK_OK(flux_config_parse(dev, &c));
+    CHECK(c.in_channels == 64 && c.out_channels == 64 && c.num_layers == 2 && c.num_single_layers == 2 &&
+          c.num_attention_heads == 2 && c.attention_head_dim == 16 && c.joint_attention_dim == 32 &&
+          c.pooled_projection_dim == 32 && c.axes_dims_rope[0] == 4 && c.axes_dims_rope[1] == 4 &&
+          c.axes_dims_rope[2] == 8 && c.guidance_embeds == 1);
+    char *back = flux_config_to_json(&c);
+    flux_config c2;
+    CHECK(back && ka_for_config(back) == &ka_flux);
+    CHECK_OK(flux_config_parse(back, &c2));
+    CHECK(!memcmp(&c, &c2, sizeof c));
+    free(back);
+    /* the families' weight lists: schnell lacks the guidance embedder */
+    ka_spec *s = NULL;
+    size_t n = 0, n2 = 0;
+    CHECK_OK(flux_weight_spec(&c, &s, &n));
+    free(s);
+    CHECK_OK(flux_config_parse(schnell, &c2));
+    CHECK_OK(flux_weight_spec(&c2, &s, &n2));
+    free(s);
+    CHECK_MSG(n == 112 && n2 == 108, "%zu and %zu weights (the files hold 112 and 108)", n, n2);
+    /* each family refuses the other's config */
+    CHECK_FAILS(ka_flux.config_parse(schnell, &c), KILN_ERR_CONFIG, "guidance_embeds = false: that is the flux-schnell");
+    CHECK_FAILS(ka_flux_schnell.config_parse(dev, &c), KILN_ERR_CONFIG, "guidance_embeds = true: that is the flux family");
+    /* values named */
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"axes_dims_rope\": [16, 56, 58]}", &c),
+                KILN_ERR_CONFIG, "axes_dims_rope sum to 130, attention_head_dim is 128");
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"axes_dims_rope\": [16, 56]}", &c),
+                KILN_ERR_CONFIG, "must be a list of 3 integers");
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"axes_dims_rope\": [15, 57, 56]}", &c),
+                KILN_ERR_CONFIG, "axes_dims_rope[0] = 15 must be even");
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"in_channels\": 62, \"out_channels\": 62}", &c),
+                KILN_ERR_CONFIG, "a multiple of 4");
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"patch_size\": 2}", &c), KILN_ERR_CONFIG,
+                "patch_size = 2 is impossible");
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"num_layers\": 0, \"num_single_layers\": 0}", &c),
+                KILN_ERR_CONFIG, "no blocks");
+    CHECK_FAILS(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\", \"guidance_embeds\": 1}", &c),
+                KILN_ERR_CONFIG, "\"guidance_embeds\" must be true or false");
+    /* the released sizes are the defaults: Flux.1-schnell's config without guidance_embeds */
+    CHECK_OK(flux_config_parse("{\"_class_name\": \"FluxTransformer2DModel\"}", &c));
+    CHECK(c.num_layers == 19 && c.num_single_layers == 38 && c.attention_head_dim == 128 && c.joint_attention_dim == 4096 &&
+          !c.guidance_embeds);
+    free(dev);
+    free(schnell);
+}
+
+/* FluxPosEmbed: ids (0, row, col) of each image patch after T text tokens
+ * at 0; theta 10000; each axis's channel pairs rotated by id / theta^(2j/d) */
+TEST(rotary_table_is_flux_pos_embed) {
+    int axes[3] = {4, 4, 8};
+    int64_t T = 3, h = 2, w = 5, Dh = 16, N = T + h * w;
+    float *y = malloc(sizeof(float) * (size_t)(N * Dh));
+    kk_rope_table(y, T, h, w, (int64_t[]){4, 4, 8}, 10000.0f);
+    int bad = 0;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t id[3] = {0, n < T ? 0 : (n - T) / w, n < T ? 0 : (n - T) % w};
+        int i = 0;
+        for (int a = 0; a < 3; a++)
+            for (int j = 0; j < axes[a] / 2; j++, i++) {
+                double ang = (double)id[a] * pow(10000.0, -2.0 * j / axes[a]);
+                bad += fabs(y[n * Dh + 2 * i] - cos(ang)) > 1e-7 || fabs(y[n * Dh + 2 * i + 1] - sin(ang)) > 1e-7;
+            }
+    }
+    CHECK_MSG(!bad, "%d table entries differ from the formula", bad);
+    /* text rows do not rotate: x * 1 + rot * 0 */
+    float x[16], r[16];
+    for (int i = 0; i < 16; i++) x[i] = (float)i - 7.5f;
+    kk_rope(x, y, r, 1, 1, 1, 16);
+    CHECK(!memcmp(x, r, sizeof x));
+    /* an image row turns each pair by its angle */
+    kk_rope(x, y + (T + 6) * Dh, r, 1, 1, 1, 16);
+    double ang = 1.0 * pow(10000.0, -2.0 * 1 / 8); /* axis 2 (col 1 of row 1), pair 1 */
+    int i = (2 + 2 + 1) * 2;
+    CHECK(fabs(r[i] - (x[i] * cos(ang) - x[i + 1] * sin(ang))) < 1e-6 && fabs(r[i + 1] - (x[i + 1] * cos(ang) + x[i] * sin(ang))) < 1e-6);
+    free(y);
+    /* the graph refuses what it cannot rotate */
+    kg_graph g;
+    kg_init(&g, NULL, NULL);
+    CHECK(kg_rope_table(&g, 2, 2, 2, (int[]){3, 4, 8}, 10000.0f) < 0 && strstr(kiln_last_error(), "axis 0 has 3 channels"));
+    kg_free(&g);
+    kg_init(&g, NULL, NULL);
+    kg_id t = kg_rope_table(&g, 2, 2, 2, (int[]){4, 4, 8}, 10000.0f);
+    kg_id q = kg_input(&g, "q", 3, (int64_t[]){1, 5, 32});
+    CHECK(kg_rope(&g, q, t, 2) < 0 && strstr(kiln_last_error(), "rope: x must be [B,N,2*Dh]"));
+    kg_free(&g);
+}
+
+/* the model packs the latent as FluxPipeline._pack_latents: the case's
+ * packed hidden_states from its latents_unpacked, through a graph of the
+ * model's own patchify, and unpacks as _unpack_latents */
+TEST(packing_is_flux_pipeline_s) {
+    const char *cases[2] = {"flux-tiny", "flux-schnell-tiny"};
+    for (int c = 0; c < 2; c++) {
+        kiln_tensor *t = NULL;
+        size_t n = 0;
+        CHECK_OK(kiln_tensors_read(golden_path(cases[c], "io.safetensors"), &t, &n));
+        if (!t) continue;
+        const kiln_tensor *u = kiln_tensors_find(t, n, "latents_unpacked"), *p = kiln_tensors_find(t, n, "hidden_states");
+        const kiln_tensor *su = kiln_tensors_find(t, n, "sample_unpacked"), *sp = kiln_tensors_find(t, n, "sample");
+        CHECK(u && p && su && sp);
+        if (u && p && su && sp) {
+            int64_t B = u->shape[0], C = u->shape[1], H = u->shape[2], W = u->shape[3];
+            kg_graph g;
+            kg_init(&g, NULL, NULL);
+            kg_mark_output(&g, kg_patchify(&g, kg_input(&g, "x", 4, u->shape), 2));
+            kg_mark_output(&g, kg_unpatchify_cfirst(&g, kg_input(&g, "y", 3, sp->shape), 2, H / 2, W / 2, C));
+            size_t np = ka_numel(3, p->shape), nu = ka_numel(4, u->shape);
+            float *o[2] = {malloc(sizeof(float) * np), malloc(sizeof(float) * nu)};
+            const float *in[2] = {u->data, sp->data};
+            CHECK_OK(kg_run_eager(&g, kk_reference(), in, o));
+            CHECK_MSG(!memcmp(o[0], p->data, sizeof(float) * np), "%s: packed latents differ", cases[c]);
+            CHECK_MSG(!memcmp(o[1], su->data, sizeof(float) * nu), "%s: unpacked sample differs", cases[c]);
+            CHECK(B == p->shape[0] && p->shape[1] == (H / 2) * (W / 2) && p->shape[2] == 4 * C);
+            free(o[0]);
+            free(o[1]);
+            kg_free(&g);
+        }
+        kiln_tensors_free(t);
+    }
+}
+
+typedef struct {
+    const char *label;
+    kiln_dtype dtype;
+    int reference;
+    const char *exec;
+    double tol;
+} mode;
+
+/* f32 measured 2.8e-6 (flux-tiny) and 1.1e-6 (schnell); bf16 below 1e-2 */
+static const mode k_modes[] = {
+    {"f32 eager", KILN_F32, 0, "eager", 1e-5},
+    {"f32 planned", KILN_F32, 0, "planned", 1e-5},
+    {"f32 reference kernels", KILN_F32, 1, "eager", 1e-5},
+    {"f32 dynamic package", KILN_F32, 0, "dynamic", 1e-5},
+    {"f32 fixed package", KILN_F32, 0, "fixed", 1e-5},
+    {"bf16 eager", KILN_BF16, 0, "eager", 1e-2},
+    {"bf16 planned", KILN_BF16, 0, "planned", 1e-2},
+    {"bf16 dynamic package", KILN_BF16, 0, "dynamic", 1e-2},
+    {"bf16 fixed package", KILN_BF16, 0, "fixed", 1e-2},
+};
+
+static void golden_case(const char *c, const char *family) {
+    char root[256], pkgs[300];
+    test_tmpdir(root, sizeof root, "flux");
+    snprintf(pkgs, sizeof pkgs, "%s/packages", root);
+    golden_io io;
+    CHECK(io_open(c, &io));
+    if (!io.want) return;
+    for (size_t k = 0; k < sizeof k_modes / sizeof *k_modes; k++) {
+        const mode *md = &k_modes[k];
+        if (md->dtype == KILN_BF16 && !kk_fast(KILN_BF16)) {
+            fprintf(stderr, "  %s, %s: no bf16 GEMM on this CPU: skipped\n", c, md->label);
+            continue;
+        }
+        kiln_load_opts o = kiln_load_defaults();
+        o.model_name = c;
+        o.component = "transformer";
+        o.cache_root = root;
+        o.source = golden_path(c, NULL);
+        o.dtype = md->dtype;
+        o.reference = md->reference;
+        kiln_model *m = NULL;
+        CHECK_OK(kiln_load_model(&o, &m));
+        if (!m) continue;
+        if (!strcmp(kiln_model_origin(m), "miss")) { /* the first load converts; the next maps */
+            kiln_model_free(m);
+            m = NULL;
+            CHECK_OK(kiln_load_model(&o, &m));
+            if (!m) continue;
+        }
+        CHECK_MSG(!strcmp(kiln_model_origin(m), "hit"), "%s: origin %s", md->label, kiln_model_origin(m));
+        CHECK(!strcmp(kiln_model_family(m), family) && kiln_model_n_inputs(m) == io.n_in);
+        CHECK_OK(kiln_model_set_package_dir(m, pkgs));
+        if (!strcmp(md->exec, "dynamic")) {
+            kiln_compile_opts co = kiln_compile_defaults();
+            co.height = (int)io.in[0].shape[2];
+            co.width = (int)io.in[0].shape[3];
+            co.context_len = (int)io.in[1].shape[1];
+            co.batch = (int)io.in[0].shape[0];
+            co.dims = "batch=1:2,h_tok=2:8,w_tok=2:12";
+            kiln_compile_result r;
+            CHECK_OK(kiln_compile(m, &co, &r));
+        }
+        CHECK_OK(kiln_model_set_exec(m, md->exec));
+        float *got = forward(m, &io);
+        CHECK_MSG(!strcmp(kiln_model_last_exec(m), md->exec), "%s: ran by %s (%s)", md->label, kiln_model_last_exec(m),
+                  kiln_model_exec_note(m));
+        double err = rel_l2(got, io.want->data, io.n_out);
+        fprintf(stderr, "  %s, %s: relative L2 error %.3g\n", c, md->label, err);
+        CHECK_MSG(err <= md->tol, "%s %s: error %.3g > %.2g", c, md->label, err, md->tol);
+        free(got);
+        kiln_model_free(m);
+    }
+    kiln_tensors_free(io.t);
+    test_rmrf(root);
+}
+
+TEST(flux_dev_golden_on_every_path) { golden_case("flux-tiny", "flux"); }
+TEST(flux_schnell_golden_on_every_path) { golden_case("flux-schnell-tiny", "flux-schnell"); }
+
+/* one package over batch, h and w serves each size bit for bit like the
+ * planned executor, which runs the same fused graph (its rotary table made
+ * from the symbols at run time, kept while the shape stays), and within
+ * 1e-6 of eager (the model's ops unfused, one kernel each) */
+TEST(one_package_serves_many_sizes) {
+    char root[256], pkgs[300];
+    test_tmpdir(root, sizeof root, "fluxsizes");
+    snprintf(pkgs, sizeof pkgs, "%s/packages", root);
+    kiln_open_opts oo = {.dtype = KILN_F32};
+    kiln_model *eager = NULL, *planned = NULL, *pk = NULL;
+    CHECK_OK(kiln_model_open(golden_path("flux-tiny", NULL), &oo, &eager));
+    CHECK_OK(kiln_model_open(golden_path("flux-tiny", NULL), &oo, &planned));
+    CHECK_OK(kiln_model_open(golden_path("flux-tiny", NULL), &oo, &pk));
+    if (!eager || !planned || !pk) return;
+    CHECK_OK(kiln_model_set_exec(eager, "eager"));
+    CHECK_OK(kiln_model_set_exec(planned, "planned"));
+    CHECK_OK(kiln_model_set_package_dir(pk, pkgs));
+    kiln_compile_opts co = kiln_compile_defaults();
+    co.batch = 1, co.height = 8, co.width = 8, co.context_len = 7;
+    co.dims = "batch=1:3,h_tok=1:6,w_tok=1:9";
+    kiln_compile_result r;
+    CHECK_OK(kiln_compile(pk, &co, &r));
+    CHECK_OK(kiln_model_set_exec(pk, "dynamic"));
+    /* (B, H, W): the smallest, non-square both ways, the largest */
+    const int64_t sizes[][3] = {{1, 2, 2}, {2, 4, 18}, {3, 12, 6}, {1, 12, 18}, {2, 6, 10}};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int64_t B = sizes[k][0], H = sizes[k][1], W = sizes[k][2], T = 7;
+        size_t nl = (size_t)(B * 16 * H * W), nc = (size_t)(B * T * 32);
+        float *lat = malloc(sizeof(float) * nl), *ctx = malloc(sizeof(float) * nc), pool[3 * 32], ts[3] = {0.9f, 0.3f, 1.0f},
+              gd[3] = {3.5f, 1.0f, 5.0f};
+        kiln_noise(100 + k, lat, nl);
+        kiln_noise(200 + k, ctx, nc);
+        kiln_noise(300 + k, pool, (size_t)(B * 32));
+        kiln_tensor in[5] = {{"latents", KILN_F32, 4, {B, 16, H, W}, lat},
+                             {"encoder_hidden_states", KILN_F32, 3, {B, T, 32}, ctx},
+                             {"pooled_projections", KILN_F32, 2, {B, 32}, pool},
+                             {"timestep", KILN_F32, 1, {B}, ts},
+                             {"guidance", KILN_F32, 1, {B}, gd}};
+        float *a = calloc(nl, sizeof(float)), *b = calloc(nl, sizeof(float)), *e = calloc(nl, sizeof(float));
+        kiln_output oa = {.name = "sample", .data = a, .capacity = nl}, ob = {.name = "sample", .data = b, .capacity = nl},
+                    oe = {.name = "sample", .data = e, .capacity = nl};
+        CHECK_OK(kiln_run(planned, in, 5, &oa, 1));
+        CHECK_OK(kiln_run(pk, in, 5, &ob, 1));
+        CHECK_OK(kiln_run(eager, in, 5, &oe, 1));
+        CHECK_MSG(!strcmp(kiln_model_last_exec(pk), "dynamic"), "%lldx%lldx%lld: ran by %s (%s)", (long long)B, (long long)H,
+                  (long long)W, kiln_model_last_exec(pk), kiln_model_exec_note(pk));
+        CHECK_MSG(!memcmp(a, b, sizeof(float) * nl), "batch %lld, %lldx%lld: the package differs from planned", (long long)B,
+                  (long long)H, (long long)W);
+        double d = rel_l2(b, e, nl);
+        CHECK_MSG(d <= 1e-6, "batch %lld, %lldx%lld: the package is %.3g from eager", (long long)B, (long long)H,
+                  (long long)W, d);
+        free(a), free(b), free(e), free(lat), free(ctx);
+    }
+    kiln_model_free(eager);
+    kiln_model_free(planned);
+    kiln_model_free(pk);
+    test_rmrf(root);
+}
+
+/* wrong sizes and missing inputs are named */
+TEST(bad_inputs_are_refused) {
+    kiln_open_opts oo = {.dtype = KILN_F32};
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_open(golden_path("flux-tiny", NULL), &oo, &m));
+    golden_io io;
+    CHECK(io_open("flux-tiny", &io));
+    if (!m || !io.want) return;
+    float *out = calloc(io.n_out, sizeof(float));
+    kiln_output o = {.name = "sample", .data = out, .capacity = io.n_out};
+    CHECK_FAILS(kiln_run(m, io.in, 4, &o, 1), KILN_ERR_MISSING, "kiln_run: input guidance is missing");
+    kiln_tensor bad[5];
+    memcpy(bad, io.in, sizeof bad);
+    bad[0].shape[3] = 23; /* an odd latent width */
+    CHECK_FAILS(kiln_run(m, bad, 5, &o, 1), KILN_ERR_SHAPE, "must be even and positive");
+    memcpy(bad, io.in, sizeof bad);
+    bad[0].shape[1] = 15;
+    CHECK_FAILS(kiln_run(m, bad, 5, &o, 1), KILN_ERR_SHAPE, "latents");
+    free(out);
+    kiln_tensors_free(io.t);
+    kiln_model_free(m);
+}
+
+int main(void) {
+    RUN(configs_are_read_and_checked);
+    RUN(rotary_table_is_flux_pos_embed);
+    RUN(packing_is_flux_pipeline_s);
+    RUN(flux_dev_golden_on_every_path);
+    RUN(flux_schnell_golden_on_every_path);
+    RUN(one_package_serves_many_sizes);
+    RUN(bad_inputs_are_refused);
+    return TEST_SUMMARY();
+}
