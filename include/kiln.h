@@ -336,6 +336,10 @@ typedef struct kiln_load_opts {
     /* as kiln_open_opts.backend (the cache holds the weights it reads: the
      * reference and check backends share f32 row-major ones) */
     const char *backend;
+    /* where the model's packages are compiled and looked up
+     * (kiln_model_set_package_dir); NULL: packages/ under the cache root.
+     * A pipeline's components all use it. */
+    const char *package_dir;
 } kiln_load_opts;
 
 KILN_API kiln_load_opts kiln_load_defaults(void);
@@ -568,6 +572,20 @@ typedef struct kiln_pipeline_opts {
                     const int64_t pooled_shape[2], const float *negative_embeds, const float *negative_pooled);
 } kiln_pipeline_opts;
 KILN_API kiln_pipeline_opts kiln_pipeline_defaults(void);
+/* The defaults of p's class: SD3's as kiln_pipeline_defaults; a
+ * FluxPipeline's guidance 3.5 (the distilled guidance, an input of the
+ * transformer: Flux.1-dev) and 512 T5 tokens, or for a transformer without
+ * a guidance embedding (schnell) 4 steps and 256 tokens. For a FluxPipeline
+ * the latents and noise are [B, 16, h, w] (the transformer packs them),
+ * guidance is not CFG (one batch row an image), and negative prompts and a
+ * shift are refused (its shift comes from the image's size). */
+KILN_API kiln_pipeline_opts kiln_pipeline_defaults_of(const kiln_pipeline *p);
+/* "StableDiffusion3Pipeline" or "FluxPipeline" */
+KILN_API const char *kiln_pipeline_class(const kiln_pipeline *p);
+/* The latents' channels (SD3: 16; Flux: 16, the transformer's in_channels /
+ * 4) and the default size in latent cells (a side; x the VAE factor for
+ * pixels: SD3's sample_size, Flux's 128) */
+KILN_API void kiln_pipeline_latent_shape(const kiln_pipeline *p, int *channels, int *default_cells);
 /* The sampled latents [B, C, h, w] (malloc'd; free()) before decoding. */
 KILN_API kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o, float **latents,
                                             int64_t shape[4]);

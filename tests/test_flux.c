@@ -13,9 +13,12 @@
 #include "base/base.h"
 #include "golden_util.h"
 #include "kernels/kernels.h"
+#include "pipeline/flux_pipeline.h"
+#include "cli_util.h"
 #include "test.h"
 
 #include <math.h>
+#include <unistd.h>
 
 /* a case's inputs as the family takes them, and its expected sample */
 typedef struct {
@@ -347,6 +350,218 @@ TEST(bad_inputs_are_refused) {
     kiln_model_free(m);
 }
 
+/* ---- FluxPipeline ------------------------------------------------------------- */
+
+/* [B,C,H,W] -> [B,(H/2)(W/2),4C] as _pack_latents */
+static void pack(const float *x, float *y, int64_t B, int64_t C, int64_t H, int64_t W) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < H / 2; r++)
+            for (int64_t q = 0; q < W / 2; q++)
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t dy = 0; dy < 2; dy++)
+                        for (int64_t dx = 0; dx < 2; dx++)
+                            *y++ = x[((b * C + c) * H + 2 * r + dy) * W + 2 * q + dx];
+}
+
+typedef struct {
+    float *steps[8];
+    float *embeds, *pooled;
+    size_t n_lat, n_emb, n_pool;
+} run_rec;
+
+static void rec_step(void *user, int step, int steps, double sigma, const float *latent) {
+    (void)steps, (void)sigma;
+    run_rec *r = user;
+    if (step >= 1 && step <= 8 && (r->steps[step - 1] = malloc(sizeof(float) * r->n_lat)))
+        memcpy(r->steps[step - 1], latent, sizeof(float) * r->n_lat);
+}
+
+static void rec_cond(void *user, const float *e, const int64_t es[3], const float *p, const int64_t ps[2], const float *ne,
+                     const float *np) {
+    (void)ne, (void)np;
+    run_rec *r = user;
+    r->n_emb = (size_t)(es[0] * es[1] * es[2]);
+    r->n_pool = (size_t)(ps[0] * ps[1]);
+    if ((r->embeds = malloc(sizeof(float) * r->n_emb))) memcpy(r->embeds, e, sizeof(float) * r->n_emb);
+    if ((r->pooled = malloc(sizeof(float) * r->n_pool))) memcpy(r->pooled, p, sizeof(float) * r->n_pool);
+}
+
+/* FluxPipeline's schedule for the case (4 steps, 96 tokens): mu, sigmas and
+ * timesteps as the golden stores them */
+TEST(flux_schedule_is_the_pipeline_s) {
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(golden_path("flux-pipeline-tiny", "io.safetensors"), &t, &n));
+    if (!t) return;
+    const kiln_tensor *mu = kiln_tensors_find(t, n, "mu"), *ts = kiln_tensors_find(t, n, "timesteps"),
+                      *sg = kiln_tensors_find(t, n, "sigmas");
+    CHECK(mu && ts && sg && ts->shape[0] == 4 && sg->shape[0] == 5);
+    if (mu && ts && sg) {
+        kp_schedule s = {3.0, 1000, 1, 0.5, 1.15, 256, 4096};
+        double m;
+        float got_t[4], got_s[5];
+        CHECK_OK(kp_flux_schedule(&s, 4, 96, &m, got_t, got_s));
+        CHECK_MSG(fabs(m - ((const float *)mu->data)[0]) < 1e-7, "mu %.9g, the pipeline's %.9g", m, ((const float *)mu->data)[0]);
+        CHECK_MSG(!memcmp(got_t, ts->data, sizeof got_t), "timesteps %g %g %g %g differ", got_t[0], got_t[1], got_t[2], got_t[3]);
+        CHECK_MSG(!memcmp(got_s, sg->data, sizeof got_s), "sigmas %g %g %g %g %g differ", got_s[0], got_s[1], got_s[2],
+                  got_s[3], got_s[4]);
+    }
+    kiln_tensors_free(t);
+}
+
+/* the whole FluxPipeline: the prompt's conditioning, every step's latents,
+ * the decode and the image against the case, f32 */
+TEST(flux_pipeline_golden) {
+    const char *c = "flux-pipeline-tiny";
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(golden_path(c, "io.safetensors"), &t, &n));
+    if (!t) return;
+    const kiln_tensor *noise = kiln_tensors_find(t, n, "noise_unpacked"), *pe = kiln_tensors_find(t, n, "prompt_embeds"),
+                      *pp = kiln_tensors_find(t, n, "pooled_prompt_embeds"), *dec = kiln_tensors_find(t, n, "image_decoded"),
+                      *img = kiln_tensors_find(t, n, "image");
+    CHECK(noise && pe && pp && dec && img);
+    kiln_load_opts lo = kiln_load_defaults();
+    char root[256];
+    test_tmpdir(root, sizeof root, "fluxpipe");
+    lo.cache_root = root;
+    lo.model_name = c;
+    lo.dtype = KILN_F32;
+    kiln_pipeline *p = NULL;
+    CHECK_OK(kiln_pipeline_open(golden_path(c, NULL), &lo, &p));
+    if (!p || !noise || !pe || !pp || !dec || !img) {
+        kiln_pipeline_free(p);
+        kiln_tensors_free(t);
+        return;
+    }
+    CHECK(!strcmp(kiln_pipeline_class(p), "FluxPipeline") && kiln_pipeline_vae_scale(p) == 2);
+    kiln_pipeline_opts o = kiln_pipeline_defaults_of(p);
+    CHECK(o.guidance == 3.5 && o.max_sequence_length == 512 && o.steps == 28);
+    const char *prompt = "a tiny astronaut hatching from an egg on the moon";
+    o.prompts = &prompt;
+    o.n_prompts = 1;
+    o.height = 32, o.width = 48, o.steps = 4, o.max_sequence_length = 32;
+    o.noise = noise->data;
+    run_rec r = {.n_lat = ka_numel(4, noise->shape)};
+    o.on_step = rec_step, o.on_cond = rec_cond, o.user = &r;
+    float *lat = NULL;
+    int64_t sh[4];
+    CHECK_OK(kiln_pipeline_generate(p, &o, &lat, sh));
+    if (lat) {
+        CHECK(sh[0] == 1 && sh[1] == 16 && sh[2] == 16 && sh[3] == 24);
+        double e1 = r.embeds ? rel_l2(r.embeds, pe->data, r.n_emb) : 1, e2 = r.pooled ? rel_l2(r.pooled, pp->data, r.n_pool) : 1;
+        fprintf(stderr, "  flux pipeline: prompt_embeds %.3g, pooled_prompt_embeds %.3g\n", e1, e2);
+        CHECK_MSG(e1 <= 1e-5 && e2 <= 1e-5, "conditioning: %.3g and %.3g", e1, e2);
+        float packed[96 * 64];
+        for (int k = 0; k < 4; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "latents_step%d", k + 1);
+            const kiln_tensor *want = kiln_tensors_find(t, n, name);
+            CHECK(want && r.steps[k]);
+            if (!want || !r.steps[k]) continue;
+            pack(r.steps[k], packed, 1, 16, 16, 24);
+            double e = rel_l2(packed, want->data, 96 * 64);
+            fprintf(stderr, "  flux pipeline: step %d latents %.3g\n", k + 1, e);
+            CHECK_MSG(e <= 1e-5, "step %d: %.3g", k + 1, e);
+        }
+        /* the decode (latents / 0.3611 + 0.1159 from the VAE's config) and the image */
+        size_t ni = (size_t)(32 * 48 * 3);
+        float *sample = malloc(sizeof(float) * ni);
+        uint8_t *rgb = malloc(ni);
+        kiln_vae_opts vo = kiln_vae_defaults();
+        CHECK_OK(kiln_vae_decode_rgb(kiln_pipeline_vae(p), lat, sh, &vo, rgb, sample, NULL));
+        double ed = rel_l2(sample, dec->data, ni);
+        fprintf(stderr, "  flux pipeline: image_decoded %.3g\n", ed);
+        CHECK_MSG(ed <= 1e-5, "image_decoded: %.3g", ed);
+        int off = 0, worst = 0;
+        for (size_t i = 0; i < ni; i++) {
+            int want = (int)lrint((double)((const float *)img->data)[i] * 255.0), d = abs((int)rgb[i] - want);
+            off += d > 0;
+            if (d > worst) worst = d;
+        }
+        fprintf(stderr, "  flux pipeline: %d of %zu pixel values off by at most %d\n", off, ni, worst);
+        CHECK_MSG(worst <= 1 && off <= (int)(ni / 1000) + 1, "%d pixel values differ (at most %d levels)", off, worst);
+        free(sample);
+        free(rgb);
+    }
+    for (int k = 0; k < 8; k++) free(r.steps[k]);
+    free(r.embeds);
+    free(r.pooled);
+    free(lat);
+    /* what a Flux pipeline refuses, by name */
+    o.on_step = NULL, o.on_cond = NULL;
+    o.negative_prompt = "blurry";
+    CHECK_FAILS(kiln_pipeline_generate(p, &o, &lat, sh), KILN_ERR_UNSUPPORTED, "negative prompt");
+    o.negative_prompt = NULL;
+    o.shift = 3;
+    CHECK_FAILS(kiln_pipeline_generate(p, &o, &lat, sh), KILN_ERR_UNSUPPORTED, "use_dynamic_shifting");
+    o.shift = 0;
+    o.width = 50;
+    CHECK_FAILS(kiln_pipeline_generate(p, &o, &lat, sh), KILN_ERR_SHAPE, "must be a multiple of 4");
+    kiln_pipeline_free(p);
+    kiln_tensors_free(t);
+    test_rmrf(root);
+}
+
+/* kiln generate on the FluxPipeline folder: --noise (unpacked, kiln packs
+ * it), the case's prompt and settings, a PNG whose pixels are the case's
+ * image; what a Flux pipeline refuses, named, with nothing written */
+TEST(flux_generate_cli) {
+    const char *c = "flux-pipeline-tiny";
+    char dir[256], noise[400], png[400], cache[400];
+    test_tmpdir(dir, sizeof dir, "fluxcli");
+    snprintf(noise, sizeof noise, "%s/noise.safetensors", dir);
+    snprintf(png, sizeof png, "%s/out.png", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(golden_path(c, "io.safetensors"), &t, &n));
+    const kiln_tensor *nu = t ? kiln_tensors_find(t, n, "noise_unpacked") : NULL, *img = t ? kiln_tensors_find(t, n, "image") : NULL;
+    CHECK(nu && img);
+    if (!nu || !img) {
+        kiln_tensors_free(t);
+        return;
+    }
+    kiln_tensor nt = *nu;
+    nt.name = "noise";
+    CHECK_OK(kiln_tensors_write(noise, 1, &nt));
+    char *o = NULL;
+    int rc = run_kiln(&o, "generate '%s' --prompt 'a tiny astronaut hatching from an egg on the moon' --noise '%s' --steps 4 "
+                      "--max-sequence-length 32 --output '%s' --cache-dir '%s' --dtype f32", golden_path(c, NULL), noise, png, cache);
+    CHECK_MSG(rc == 0 && o && strstr(o, "guidance 3.5"), "rc %d: %s", rc, o ? o : "");
+    free(o);
+    uint8_t *rgb = NULL;
+    int h = 0, w = 0;
+    CHECK_OK(kiln_png_read(png, &rgb, &h, &w));
+    if (rgb) {
+        CHECK(h == 32 && w == 48);
+        int off = 0, worst = 0;
+        for (int i = 0; i < h * w * 3 && h == 32 && w == 48; i++) {
+            int d = abs((int)rgb[i] - (int)lrint((double)((const float *)img->data)[i] * 255.0));
+            off += d > 0;
+            worst = d > worst ? d : worst;
+        }
+        CHECK_MSG(worst <= 1 && off <= 5, "%d pixel values differ, by up to %d", off, worst);
+        free(rgb);
+    }
+    /* refusals: a negative prompt, a shift, a size off the grid; no file written */
+    unlink(png);
+    rc = run_kiln(&o, "generate '%s' --prompt x --negative-prompt blurry --steps 1 --output '%s' --cache-dir '%s'",
+                  golden_path(c, NULL), png, cache);
+    CHECK_MSG(rc == 1 && o && strstr(o, "a Flux pipeline samples without one"), "rc %d: %s", rc, o ? o : "");
+    free(o);
+    rc = run_kiln(&o, "generate '%s' --prompt x --shift 2 --steps 1 --output '%s' --cache-dir '%s'", golden_path(c, NULL), png, cache);
+    CHECK_MSG(rc == 1 && o && strstr(o, "use_dynamic_shifting"), "rc %d: %s", rc, o ? o : "");
+    free(o);
+    rc = run_kiln(&o, "generate '%s' --prompt x --width 50 --height 32 --steps 1 --output '%s' --cache-dir '%s'",
+                  golden_path(c, NULL), png, cache);
+    CHECK_MSG(rc == 1 && o && strstr(o, "width 50 px: must be a multiple of 4"), "rc %d: %s", rc, o ? o : "");
+    free(o);
+    CHECK(access(png, F_OK) != 0);
+    kiln_tensors_free(t);
+    test_rmrf(dir);
+}
+
 int main(void) {
     RUN(configs_are_read_and_checked);
     RUN(rotary_table_is_flux_pos_embed);
@@ -355,5 +570,8 @@ int main(void) {
     RUN(flux_schnell_golden_on_every_path);
     RUN(one_package_serves_many_sizes);
     RUN(bad_inputs_are_refused);
+    RUN(flux_schedule_is_the_pipeline_s);
+    RUN(flux_pipeline_golden);
+    RUN(flux_generate_cli);
     return TEST_SUMMARY();
 }

@@ -371,10 +371,16 @@ TEST(pipeline_errors) {
     CHECK_RUN_WITH(run_kiln, 1, "e.jpg: expected a file name ending in .png", "generate '%s' --prompt x --output '%s'", pipe, jpg);
     CHECK(access(jpg, F_OK) != 0);
     /* another pipeline class, and components that do not fit each other */
-    char *bad = kb_strfmt("%s/flux", g_dir), *out = NULL;
+    char *bad = kb_strfmt("%s/sdxl", g_dir), *out = NULL;
+    CHECK(kiln_sh(&out, "mkdir -p '%s' && echo '{\"_class_name\": \"StableDiffusionXLPipeline\"}' > '%s/model_index.json'", bad, bad) == 0);
+    free(out);
+    CHECK_RUN_WITH(run_kiln, 1, "names the pipeline class StableDiffusionXLPipeline", "generate '%s' --prompt x --output '%s'", bad, png);
+    free(bad);
+    /* a FluxPipeline folder without its parts: the first one missing, named */
+    bad = kb_strfmt("%s/flux", g_dir);
     CHECK(kiln_sh(&out, "mkdir -p '%s' && echo '{\"_class_name\": \"FluxPipeline\"}' > '%s/model_index.json'", bad, bad) == 0);
     free(out);
-    CHECK_RUN_WITH(run_kiln, 1, "names the pipeline class FluxPipeline", "generate '%s' --prompt x --output '%s'", bad, png);
+    CHECK_RUN_WITH(run_kiln, 1, "no transformer/ folder", "generate '%s' --prompt x --output '%s'", bad, png);
     free(bad);
     bad = kb_strfmt("%s/mixed", g_dir);
     CHECK(kiln_sh(&out, "cp -r '%s' '%s' && rm -rf '%s/transformer' && cp -r '%s' '%s/transformer'", pipe, bad, bad,

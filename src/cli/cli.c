@@ -511,6 +511,7 @@ kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name,
     o.backend = c->backend;
     o.quant = c->quant;
     o.quant_layers = c->quant_layers;
+    o.package_dir = c->package_dir;
     return o;
 }
 

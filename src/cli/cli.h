@@ -152,6 +152,7 @@ typedef struct pipe_args {
     const char *prompt, *prompts_file, *negative, *latents_out, *tensor_out, *vae_tile, *vae_memory, *memory;
     long width, height, ipp, msl, micro_batch;
     int low_memory, compile;
+    int steps_set, guidance_set, msl_set; /* given on the command line: else the pipeline class's defaults */
 } pipe_args;
 /* kiln generate PIPELINE ... (generate_pipeline.c): g holds --steps,
  * --guidance, --shift, --seed. Returns the exit code. */

@@ -26,7 +26,7 @@ static int help(void) {
     printf("usage: %s\n\n"
            "Flow-matching Euler sampling (diffusers' FlowMatchEulerDiscreteScheduler) with\n"
            "classifier-free guidance, B images in one backbone batch (CFG: 2B rows, uncond first).\n\n"
-           "From a diffusers StableDiffusion3Pipeline folder (model_index.json, scheduler/,\n"
+           "From a diffusers StableDiffusion3Pipeline or FluxPipeline folder (model_index.json, scheduler/,\n"
            "text_encoder*/, tokenizer*/, transformer/, vae/), as its __call__: each component loads\n"
            "through the weight cache under its own key; the prompt is encoded (kiln encode), sampled\n"
            "with the scheduler config's shift, and decoded by the VAE. Or from an all-in-one SD3 /\n"
@@ -222,7 +222,10 @@ int cmd_generate(int argc, char **argv) {
         if ((r = cli_opt("generate", argc, argv, &i, "--max-sequence-length", &v)) &&
             (r < 0 || cli_parse_int("generate", "--max-sequence-length", v, 1, 512, &pa.msl)))
             return 2;
-        if (r) continue;
+        if (r) {
+            pa.msl_set = 1;
+            continue;
+        }
         if ((r = cli_common_opt("generate", argc, argv, &i, &com)) ||
             (r = cli_opt("generate", argc, argv, &i, "--cond", &cond)) ||
             (r = cli_opt("generate", argc, argv, &i, "--output", &output)) ||
@@ -234,6 +237,7 @@ int cmd_generate(int argc, char **argv) {
         if ((r = cli_opt("generate", argc, argv, &i, "--steps", &v))) {
             if (r < 0 || cli_parse_int("generate", "--steps", v, 1, 10000, &l)) return 2;
             o.steps = (int)l;
+            pa.steps_set = 1;
         } else if ((r = cli_opt("generate", argc, argv, &i, "--shift", &v))) {
             if (r < 0 || cli_parse_double("generate", "--shift", v, &o.shift)) return 2;
             shift_set = 1;
@@ -243,6 +247,7 @@ int cmd_generate(int argc, char **argv) {
                                        "sigma' = shift sigma / (1 + (shift - 1) sigma); SD3 uses 3.0)", v);
         } else if ((r = cli_opt("generate", argc, argv, &i, "--guidance", &v))) {
             if (r < 0 || cli_parse_double("generate", "--guidance", v, &o.guidance)) return 2;
+            pa.guidance_set = 1;
             if (!(o.guidance >= 0) || !isfinite(o.guidance))
                 return cli_usage_error("generate", k_usage, "--guidance %s: must be 0 or more (above 1 it is classifier-free "
                                        "guidance's scale; 1 or less samples the prompt alone)", v);

@@ -178,8 +178,6 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     for (int r = 0; r < n; r++) {
         kp_prompt *q = &reqs[r];
         if (!q->negative && pa->negative && !(q->negative = kb_strdup(pa->negative))) goto out0;
-        if (!q->steps) q->steps = g->steps;
-        if (!q->has_guidance) q->guidance = g->guidance;
         if (!q->width) q->width = (int)pa->width;
         if (!q->height) q->height = (int)pa->height;
         if (!q->images) q->images = (int)pa->ipp;
@@ -221,8 +219,22 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         goto done;
     }
     if (!quiet) fprintf(stderr, "%s: pipeline ready in %.2f s (%s)\n", cmd, kb_now() - t0, dir);
-    const kiln_config *c = kiln_model_config(kiln_pipeline_transformer(p));
-    int f = kiln_pipeline_vae_scale(p), C = c->in_channels;
+    /* the run's steps, guidance and T5 length: given, else the pipeline class's */
+    kiln_pipeline_opts pd = kiln_pipeline_defaults_of(p);
+    int flux = !strcmp(kiln_pipeline_class(p), "FluxPipeline");
+    int run_steps = pa->steps_set ? g->steps : pd.steps, msl = pa->msl_set ? (int)pa->msl : pd.max_sequence_length;
+    double run_guidance = pa->guidance_set ? g->guidance : pd.guidance;
+    for (int r = 0; r < n; r++) {
+        if (!reqs[r].steps) reqs[r].steps = run_steps;
+        if (!reqs[r].has_guidance) reqs[r].guidance = run_guidance;
+        if (flux && reqs[r].negative) {
+            rc = cli_error(cmd, "%s: a negative prompt%s; a Flux pipeline samples without one (guidance-distilled)", dir,
+                           pa->prompts_file ? " in the prompts file or --negative-prompt" : " (--negative-prompt)");
+            goto done;
+        }
+    }
+    int f = kiln_pipeline_vae_scale(p), C = 0, cells = 0;
+    kiln_pipeline_latent_shape(p, &C, &cells);
     int64_t sn[4] = {0};
     if (noise_file) { /* the noise sets the size unless a prompt sets its own (then they must agree) */
         if ((s = st_open(noise_file, &nf))) {
@@ -239,8 +251,8 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
     /* every size is one the pipeline makes, before any work */
     for (int r = 0; r < n; r++) {
         kp_prompt *q = &reqs[r];
-        if (!q->width) q->width = nz ? (int)sn[3] * f : c->sample_size * f;
-        if (!q->height) q->height = nz ? (int)sn[2] * f : c->sample_size * f;
+        if (!q->width) q->width = nz ? (int)sn[3] * f : cells * f;
+        if (!q->height) q->height = nz ? (int)sn[2] * f : cells * f;
         if ((s = kiln_pipeline_check_size(p, q->height, q->width, NULL, NULL))) {
             rc = pa->prompts_file ? cli_fail(cmd, kb_wrap(s, "%s line %d", pa->prompts_file, q->line)) : cli_fail(cmd, s);
             goto done;
@@ -321,10 +333,10 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
             if (nz) memcpy(noise + (size_t)k * bper, nz + (size_t)jobs[k].index * bper, sizeof(float) * bper);
             else kiln_noise(jobs[k].seed, noise + (size_t)k * bper, bper);
         }
-        kiln_pipeline_opts po = kiln_pipeline_defaults();
+        kiln_pipeline_opts po = pd;
         po.prompts = prompts;
         po.n_prompts = np;
-        po.negative_prompts = negs;
+        po.negative_prompts = flux ? NULL : negs;
         po.images_per_prompt = q0->images;
         po.height = q0->height;
         po.width = q0->width;
@@ -332,7 +344,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
         po.guidance = q0->guidance;
         po.shift = g->shift;
         po.noise = noise;
-        po.max_sequence_length = (int)pa->msl;
+        po.max_sequence_length = msl;
         po.low_memory = pa->low_memory;
         po.compile = pa->compile;
         po.max_batch = (int)pa->micro_batch;
@@ -365,7 +377,7 @@ int cli_generate_pipeline(const char *dir, const cli_common *com, const pipe_arg
             break;
         }
         if ((s = write_images(p, pa, jobs, B, noise_file != NULL, lat, sh, model, &outs, img, quiet))) break;
-        if (pa->tensor_out && (s = write_tensors(pa->tensor_out, &rs, q0->guidance > 1, lat, sh, img, ish))) break;
+        if (pa->tensor_out && (s = write_tensors(pa->tensor_out, &rs, !flux && q0->guidance > 1, lat, sh, img, ish))) break;
         tensors_written = pa->tensor_out != NULL;
     }
     free(done_req);
@@ -415,26 +427,28 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
     kiln_pipeline *p = NULL;
     float *lat = NULL;
     int64_t sh[4];
+    int flux = 0;
     double t0 = kb_now();
     char *pkg = kcache_package_root(com->package_dir, kcache_root(com->cache_dir));
     int before = cli_count_packages(pkg);
     if (!quiet)
-        fprintf(stderr, "compile: %s: one step of a request of %d image%s (%s) through every component, each compiling "
-                "the shapes it runs\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG");
+        fprintf(stderr, "compile: %s: one step of a request of %d image%s through every component, each compiling "
+                "the shapes it runs\n", dir, images, images == 1 ? "" : "s");
     kiln_status s = kiln_pipeline_check_size_early(dir, com->tokenizers, height, width); /* before any conversion */
     if (!s) s = kiln_pipeline_open_file(dir, com->tokenizers, &lo, &p);
     if (!s) {
         /* one step of a request compiles every shape the request runs: text
          * encoders, the transformer's CFG batch, the decoder */
         const char *prompts[1] = {""};
-        kiln_pipeline_opts po = kiln_pipeline_defaults();
+        kiln_pipeline_opts po = kiln_pipeline_defaults_of(p); /* a Flux pipeline's T5 length and guidance */
+        flux = !strcmp(kiln_pipeline_class(p), "FluxPipeline");
         po.prompts = prompts;
         po.n_prompts = 1;
         po.images_per_prompt = images;
         po.width = width;
         po.height = height;
         po.steps = 1;
-        po.guidance = guidance;
+        if (!flux) po.guidance = guidance; /* Flux's is an input, not a CFG batch */
         po.compile = 1;
         s = kiln_pipeline_generate(p, &po, &lat, sh);
         kiln_model *vae = s ? NULL : kiln_pipeline_vae(p);
@@ -457,12 +471,12 @@ int cli_pipeline_compile(const char *dir, const cli_common *com, int images, int
     int made = cli_count_packages(pkg) - before;
     if (made > 0)
         printf("compiled %s for %d image%s a request (%s) at %dx%d in %.2f s: %d package%s published under %s "
-               "(kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG",
-               px_w, px_h, kb_now() - t0, made, made == 1 ? "" : "s", pkg ? pkg : "the package folder");
+               "(kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s",
+               flux ? "guidance-distilled: no CFG" : guidance > 1 ? "CFG" : "no CFG", px_w, px_h, kb_now() - t0, made, made == 1 ? "" : "s", pkg ? pkg : "the package folder");
     else
         printf("%s is already compiled for %d image%s a request (%s) at %dx%d: every component's packages were under "
-               "%s (kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s", guidance > 1 ? "CFG" : "no CFG",
-               px_w, px_h, pkg ? pkg : "the package folder");
+               "%s (kiln package ls lists them)\n", dir, images, images == 1 ? "" : "s",
+               flux ? "guidance-distilled: no CFG" : guidance > 1 ? "CFG" : "no CFG", px_w, px_h, pkg ? pkg : "the package folder");
     free(pkg);
     return 0;
 }

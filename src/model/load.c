@@ -409,6 +409,10 @@ static kiln_status load_flow(const kiln_load_opts *o, km_compute cp, const kd_me
 
 kiln_status kiln_load_model(const kiln_load_opts *o, kiln_model **out) {
     kiln_status st = load_model(o, out);
+    if (!st && o->package_dir && (st = kiln_model_set_package_dir(*out, o->package_dir))) {
+        kiln_model_free(*out);
+        *out = NULL;
+    }
     if (st || (*out)->exec.cache_root) return st;
     /* packages live beside the weights by default */
     const char *root = kcache_root(o->cache_root);

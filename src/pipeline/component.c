@@ -232,3 +232,50 @@ kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_l
     kp_component_done(base, component, t0, *out);
     return KILN_OK;
 }
+
+/* ---- prompts through an encoder ---------------------------------------------- */
+
+/* A prompt longer than an encoder reads is cut off, as in diffusers, which
+ * warns; so does this, naming the encoder (label) and the prompt's start */
+static void warn_truncated(const char *label, const char *prompt, int n_tokens, int len) {
+    int cut = 0;
+    while (prompt[cut] && cut < 40) cut++;
+    while (cut > 0 && prompt[cut] && ((unsigned char)prompt[cut] & 0xC0) == 0x80) cut--; /* a whole UTF-8 character */
+    kb_log(KILN_LOG_WARN, "the prompt \"%.*s%s\" is %d tokens; %s reads %d, the rest is cut off (as in diffusers)", cut,
+           prompt, prompt[cut] ? "..." : "", n_tokens, label, len);
+}
+
+/* one encoder over n prompts: ids [n, len] through kiln_run; the outputs
+ * asked for (names[k]) land in bufs[k] (malloc'd), their shapes in sh[k];
+ * label names the encoder in a truncation warning (NULL: none) */
+kiln_status kp_encode_ids(kiln_model *m, const kiln_tokenizer *tok, const char *const *prompts, int n, int len,
+                              const char *label, int k_out, const char *const *names, float **bufs, int64_t (*sh)[3]) {
+    size_t cells = (size_t)n * (size_t)len;
+    int64_t *ids = malloc(sizeof(int64_t) * cells);
+    float *f = malloc(sizeof(float) * cells);
+    kiln_status st = ids && f ? KILN_OK : KILN_ERR_NOMEM;
+    for (int p = 0; p < n && !st; p++) {
+        int nt = 0;
+        st = kiln_tokenize(tok, prompts[p], len, ids + (size_t)p * (size_t)len, NULL, &nt);
+        if (st) st = kb_wrap(st, "prompt %d", p);
+        else if (label && nt > len) warn_truncated(label, prompts[p], nt, len);
+    }
+    for (size_t i = 0; !st && i < cells; i++) f[i] = (float)ids[i]; /* ids < 2^24: exact */
+    kiln_tensor in = {"input_ids", KILN_F32, 2, {n, len}, f};
+    kiln_output out[2];
+    memset(out, 0, sizeof out);
+    for (int k = 0; k < k_out; k++) out[k].name = names[k];
+    if (!st) st = kiln_run(m, &in, 1, out, (size_t)k_out); /* shapes */
+    for (int k = 0; k < k_out && !st; k++) {
+        size_t c = 1;
+        for (int d = 0; d < out[k].ndim; d++) c *= (size_t)out[k].shape[d];
+        if (!(out[k].data = bufs[k] = malloc(sizeof(float) * c))) st = KILN_ERR_NOMEM;
+        out[k].capacity = c;
+        memset(sh[k], 0, sizeof sh[k]);
+        memcpy(sh[k], out[k].shape, sizeof(int64_t) * (size_t)out[k].ndim);
+    }
+    if (!st) st = kiln_run(m, &in, 1, out, (size_t)k_out);
+    free(ids);
+    free(f);
+    return st;
+}

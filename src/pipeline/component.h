@@ -91,4 +91,11 @@ extern const char *const kp_sd3_parts[];
 /* The error for a tokenizer folder the source lacks: which one, and how to give it */
 kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer);
 
+/* n prompts through one text encoder m: tokenized by tok to len ids each
+ * (padded, truncated; a prompt cut off gets a warning naming label, NULL:
+ * none), input_ids [n, len] through kiln_run; the k_out outputs named
+ * names[k] land in bufs[k] (malloc'd), their shapes in sh[k] */
+kiln_status kp_encode_ids(kiln_model *m, const kiln_tokenizer *tok, const char *const *prompts, int n, int len,
+                          const char *label, int k_out, const char *const *names, float **bufs, int64_t (*sh)[3]);
+
 #endif

@@ -41,4 +41,17 @@ int kp_index_lists(const kp_index *ix, const char *component, const char **cls);
  * for text that is not a JSON object. where: the scheduler folder. */
 kiln_status kp_scheduler_parse(const char *text, size_t n, const char *where, double *shift, int *num_train_timesteps);
 
+/* The whole schedule, dynamic shifting included where allow_dynamic (a
+ * Flux pipeline's: the shift mu from the image's sequence length on the
+ * line through (base_image_seq_len, base_shift) and (max_image_seq_len,
+ * max_shift), time_shift_type "exponential"); refusals as kp_scheduler_parse */
+typedef struct kp_schedule {
+    double shift;
+    int num_train_timesteps;
+    int dynamic;
+    double base_shift, max_shift;
+    int64_t base_seq, max_seq;
+} kp_schedule;
+kiln_status kp_scheduler_parse_full(const char *text, size_t n, const char *where, int allow_dynamic, kp_schedule *out);
+
 #endif

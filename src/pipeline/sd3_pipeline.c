@@ -1,5 +1,6 @@
 /* sd3_pipeline.c - a diffusers StableDiffusion3Pipeline folder (SD3,
- * SD3.5) as one object: model_index.json names the class and components,
+ * SD3.5), or a FluxPipeline one (its own parts: flux_pipeline.c), as one
+ * object: model_index.json names the class and components,
  * scheduler/scheduler_config.json the schedule, the components' configs are
  * checked against each other, and a request goes prompt -> conditioning
  * (sd3_text.c) -> flow-matching sampling with CFG in one backbone batch
@@ -9,6 +10,7 @@
 #include "kiln.h"
 #include "model/model.h"
 #include "pipeline/component.h"
+#include "pipeline/flux_pipeline.h"
 #include "pipeline/pipeline_files.h"
 
 #include <cjson/cJSON.h>
@@ -29,11 +31,19 @@ struct kiln_pipeline {
     double shift;    /* the scheduler config's */
     int num_train_timesteps;
     int sample_size; /* the transformer's, in latent cells: the default size */
+    kp_flux *flux;   /* a FluxPipeline's text side and sampler; NULL for SD3 */
 };
+
+/* a FluxPipeline folder's parts for kp_check_folder */
+static const char *const k_flux_parts[] = {"transformer", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2",
+                                           "?vae",        "?scheduler",   NULL};
+#define FLUX_DEFAULT_SAMPLE 128 /* FluxPipeline.default_sample_size, in latent cells */
+#define FLUX_MAX_TOKENS 65536   /* packed image tokens (src/arch/flux's limit) */
 
 void kiln_pipeline_free(kiln_pipeline *p) {
     if (!p) return;
     kiln_sd3_text_free(p->text);
+    kp_flux_free(p->flux);
     kiln_model_free(p->transformer);
     kiln_model_free(p->vae);
     free(p->dir);
@@ -107,10 +117,14 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     kp_index index;
     int have_index = 0;
     if ((st = read_index(&src, src.dir != NULL, &index, &have_index))) return st;
-    if (have_index && strcmp(index.cls, "StableDiffusion3Pipeline"))
+    int flux = have_index && !strcmp(index.cls, "FluxPipeline");
+    if (have_index && !flux && strcmp(index.cls, "StableDiffusion3Pipeline"))
         return kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs "
-                       "StableDiffusion3Pipeline (SD3, SD3.5)", src.aux, *index.cls ? index.cls : "(none)");
-    if ((st = kp_check_folder(&src, kp_sd3_parts))) return st; /* every file there, before any component loads */
+                       "StableDiffusion3Pipeline (SD3, SD3.5) and FluxPipeline", src.aux, *index.cls ? index.cls : "(none)");
+    if (flux && !src.dir)
+        return kb_fail(KILN_ERR_UNSUPPORTED, "%s: an all-in-one Flux file is not read yet; give a FluxPipeline folder", dir);
+    /* every file there, before any component loads */
+    if ((st = kp_check_folder(&src, flux ? k_flux_parts : kp_sd3_parts))) return st;
     kiln_pipeline *p = kb_calloc(1, sizeof *p);
     if (!p || !(p->dir = kb_strdup(dir)) || (tokenizers_dir && !(p->tokenizers = kb_strdup(tokenizers_dir)))) {
         if (p) free(p->dir);
@@ -127,17 +141,41 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     }
     p->shift = 3.0;
     p->num_train_timesteps = 1000;
-    /* no scheduler config (an all-in-one file's tokenizers folder without one): SD3's shift 3.0, 1000 steps */
+    /* no scheduler config (an all-in-one file's tokenizers folder without
+     * one): SD3's shift 3.0, 1000 steps; Flux's dynamic shift */
+    kp_schedule sched = {3.0, 1000, flux, 0.5, 1.15, 256, 4096};
     char *spath = kp_aux_path(&p->src, "scheduler/scheduler_config.json"), *stext = NULL;
     size_t slen = 0;
     if (spath && kb_is_file(spath) && !(st = kb_read_file(spath, &stext, &slen))) {
         char *where = kb_strfmt("%s/scheduler", p->src.aux);
-        st = where ? kp_scheduler_parse(stext, slen, where, &p->shift, &p->num_train_timesteps) : KILN_ERR_NOMEM;
+        st = where ? kp_scheduler_parse_full(stext, slen, where, flux, &sched) : KILN_ERR_NOMEM;
+        p->shift = sched.shift;
+        p->num_train_timesteps = sched.num_train_timesteps;
         free(where);
     }
     free(spath);
     free(stext);
     if (!st) st = open_model(p, "transformer", &p->transformer);
+    if (flux) {
+        if (!st) st = kp_flux_open(&p->src, dir, base, p->transformer, &sched, &p->flux);
+        p->sample_size = FLUX_DEFAULT_SAMPLE;
+        p->vae_scale = 8;
+        if (!st && kp_has_component(&p->src, "vae") && !(st = open_model(p, "vae", &p->vae))) {
+            int lc = config_int(p->vae, "latent_channels", 4), tin = config_int(p->transformer, "in_channels", 64);
+            char *js = kiln_model_config_json(p->vae);
+            p->vae_scale = scale_of(js);
+            free(js);
+            if (4 * lc != tin)
+                st = kb_fail(KILN_ERR_CONFIG, "%s: the VAE has %d latent channels, the transformer takes %d packed "
+                             "(4 x the latent's)", dir, lc, tin);
+        }
+        if (st) {
+            kiln_pipeline_free(p);
+            return st;
+        }
+        *out = p;
+        return KILN_OK;
+    }
     const kiln_config *tc = st ? NULL : kiln_model_config(p->transformer);
     if (!st && !tc)
         st = kb_fail(KILN_ERR_CONFIG, "%s/transformer is a %s model, not an SD3 transformer", dir,
@@ -172,6 +210,26 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     }
     *out = p;
     return KILN_OK;
+}
+
+void kiln_pipeline_latent_shape(const kiln_pipeline *p, int *channels, int *default_cells) {
+    int c = !p ? 0 : p->flux ? config_int(p->transformer, "in_channels", 64) / 4 : kiln_model_config(p->transformer)->in_channels;
+    if (channels) *channels = c;
+    if (default_cells) *default_cells = p ? p->sample_size : 0;
+}
+
+const char *kiln_pipeline_class(const kiln_pipeline *p) {
+    return !p ? NULL : p->flux ? "FluxPipeline" : "StableDiffusion3Pipeline";
+}
+
+kiln_pipeline_opts kiln_pipeline_defaults_of(const kiln_pipeline *p) {
+    kiln_pipeline_opts o = kiln_pipeline_defaults();
+    if (p && p->flux) { /* FluxPipeline.__call__'s: 28 steps, guidance 3.5 (dev), T5's 512 tokens */
+        o.guidance = kp_flux_guided(p->flux) ? 3.5 : 0.0;
+        o.max_sequence_length = kp_flux_guided(p->flux) ? 512 : 256;
+        if (!kp_flux_guided(p->flux)) o.steps = 4; /* schnell's few steps */
+    }
+    return o;
 }
 
 kiln_pipeline_opts kiln_pipeline_defaults(void) {
@@ -209,10 +267,28 @@ static kiln_status check_size(const kiln_config *c, int vae_scale, int height, i
     return KILN_OK;
 }
 
+/* Flux: 2x2 latent patches of the VAE's cells, at most FLUX_MAX_TOKENS */
+static kiln_status check_size_flux(int vae_scale, int height, int width) {
+    int f = 2 * vae_scale, hw[2] = {height, width};
+    for (int k = 0; k < 2; k++) {
+        const char *what = k ? "width" : "height";
+        if (hw[k] < f)
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: at least %d (VAE factor %d x 2x2 patches)", what, hw[k], f, vae_scale);
+        if (hw[k] % f)
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x 2x2 patches); the nearest "
+                           "are %d and %d", what, hw[k], f, vae_scale, hw[k] / f * f, hw[k] / f * f + f);
+    }
+    if ((int64_t)(height / f) * (width / f) > FLUX_MAX_TOKENS)
+        return kb_fail(KILN_ERR_SHAPE, "%d x %d px (width x height): %lld image tokens, at most %d", width, height,
+                       (long long)(height / f) * (width / f), FLUX_MAX_TOKENS);
+    return KILN_OK;
+}
+
 kiln_status kiln_pipeline_check_size(const kiln_pipeline *p, int height, int width, int *lat_h, int *lat_w) {
     if (height <= 0 || width <= 0)
         return kb_fail(KILN_ERR_SHAPE, "%d x %d px (width x height): both must be positive", width, height);
-    kiln_status st = check_size(kiln_model_config(p->transformer), p->vae_scale, height, width);
+    kiln_status st = p->flux ? check_size_flux(p->vae_scale, height, width)
+                             : check_size(kiln_model_config(p->transformer), p->vae_scale, height, width);
     if (st) return st;
     if (lat_h) *lat_h = height / p->vae_scale;
     if (lat_w) *lat_w = width / p->vae_scale;
@@ -283,6 +359,25 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     *latents = NULL;
     const kiln_config *c = kiln_model_config(p->transformer);
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1;
+    if (p->flux) {
+        if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
+        if (ipp < 1 || n > KM_MAX_BATCH || ipp > KM_MAX_BATCH || n * ipp > KM_MAX_BATCH)
+            return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: %d prompts x %d images: at most %d images a call",
+                           n, ipp, KM_MAX_BATCH);
+        if (o->steps < 1 || o->steps > 100000)
+            return kb_fail(KILN_ERR_INVALID_ARG, "steps %d: must be between 1 and 100000", o->steps);
+        if (!isfinite(o->guidance)) return kb_fail(KILN_ERR_INVALID_ARG, "guidance must be a finite number");
+        int H = o->height ? o->height : p->sample_size * p->vae_scale, W = o->width ? o->width : p->sample_size * p->vae_scale;
+        int lh, lw;
+        kiln_status st = kiln_pipeline_check_size(p, H, W, &lh, &lw);
+        if (st) return st;
+        kiln_model *comps[4] = {p->transformer, p->vae, kp_flux_text_model(p->flux, 0), kp_flux_text_model(p->flux, 1)};
+        for (int k = 0; k < 4; k++)
+            if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
+        if ((st = kp_flux_generate(p->flux, p->transformer, o, lh, lw, latents))) return st;
+        shape[0] = (int64_t)n * ipp, shape[1] = config_int(p->transformer, "in_channels", 64) / 4, shape[2] = lh, shape[3] = lw;
+        return KILN_OK;
+    }
     if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
     if (ipp < 1 || n > KM_MAX_BATCH / 2 || ipp > KM_MAX_BATCH / 2 || n * ipp > KM_MAX_BATCH / 2) /* before any encoding */
         return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: %d prompts x %d images: at most %d images a call",
