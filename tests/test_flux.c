@@ -562,6 +562,25 @@ TEST(flux_generate_cli) {
     test_rmrf(dir);
 }
 
+/* kiln quality on a Flux transformer: one forward of its example, int8 and
+ * fp8 against bf16 (where this CPU runs them), PASS within the gate */
+TEST(flux_quality_gate) {
+    const char *scheme[2] = {"int8", "fp8"};
+    kiln_quant q[2] = {KILN_QUANT_INT8, KILN_QUANT_FP8};
+    for (int k = 0; k < 2; k++) {
+        if (!quant_runs_here(q[k], "flux quality")) continue;
+        char *o = NULL;
+        int rc = run_kiln(&o, "quality '%s' --quant %s", golden_path("flux-tiny", NULL), scheme[k]);
+        CHECK_MSG(rc == 0 && o && strstr(o, "one forward of the flux family's example") && strstr(o, "PASS"), "%s: rc %d: %s",
+                  scheme[k], rc, o ? o : "");
+        free(o);
+    }
+    char *o = NULL;
+    int rc = run_kiln(&o, "quality '%s' --quant int8 --cond /nonexistent.safetensors", golden_path("flux-tiny", NULL));
+    CHECK_MSG(rc == 1 && o && strstr(o, "--cond is for an SD3 backbone"), "rc %d: %s", rc, o ? o : "");
+    free(o);
+}
+
 int main(void) {
     RUN(configs_are_read_and_checked);
     RUN(rotary_table_is_flux_pos_embed);
@@ -573,5 +592,6 @@ int main(void) {
     RUN(flux_schedule_is_the_pipeline_s);
     RUN(flux_pipeline_golden);
     RUN(flux_generate_cli);
+    RUN(flux_quality_gate);
     return TEST_SUMMARY();
 }
