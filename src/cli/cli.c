@@ -552,6 +552,8 @@ static const char *config_family(const char *model, const cli_common *c) {
     return f;
 }
 
+const char *cli_config_family(const char *model, const cli_common *c) { return config_family(model, c); }
+
 static kiln_status wrong_family(const char *model, const char *got, const char *family, const char *needs) {
     const char *t = kiln_family_title(got);
     return kb_fail(KILN_ERR_INVALID_ARG, "%s is a %s model (%s); this command needs %s (family %s)", model, got,

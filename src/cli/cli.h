@@ -124,6 +124,9 @@ kiln_status cli_load_model_of(const char *model, const cli_common *c, const char
  * (transformer, text_encoder*, vae beside a model_index.json), with the
  * pipeline folder in parent; NULL otherwise */
 const char *cli_pipeline_component(const char *path, char *parent, size_t cap);
+/* the family MODEL's config.json (or --config) names, before anything
+ * loads; NULL when there is none to read or no family claims it */
+const char *cli_config_family(const char *model, const cli_common *c);
 kiln_load_opts cli_load_opts(const char *model, const cli_common *c, char *name, size_t cap);
 /* kiln compile PIPELINE: one step of a request of that many images and size
  * (0: defaults) with compile on, so every component has its packages. */

@@ -1,5 +1,6 @@
 /* cmd_quality.c - kiln quality MODEL --quant SCHEME: the quality gate */
 #include "base/base.h"
+#include "arch/arch.h"
 #include "cli.h"
 
 #include <math.h>
@@ -105,8 +106,16 @@ int cmd_quality(int argc, char **argv) {
     int rc = 1;
     cli_common base = com;
     base.quant = KILN_QUANT_NONE;
-    /* an SD3 backbone samples; another family (Flux) compares one forward of its example */
-    kiln_status s = cli_load_model(model, &base, &mb);
+    /* an SD3 backbone samples; another family (Flux) compares one forward of
+     * its example; a family --quant quantizes nothing of (the VAE) is refused
+     * before anything converts */
+    const char *fam = cli_config_family(model, &com);
+    const ka_arch *fa = fam ? ka_find(fam) : NULL;
+    kiln_status s = KILN_OK;
+    if (fa && !fa->quant_layers)
+        s = kb_fail(KILN_ERR_INVALID_ARG, "%s is a %s model (%s); --quant quantizes none of its layers: kiln quality gates "
+                    "an SD3 or Flux transformer or a text encoder", model, fam, fa->title);
+    if (!s) s = cli_load_model(model, &base, &mb);
     int sampled = !s && !strcmp(kiln_model_family(mb), "sd3");
     if (!s && !sampled && cond_path)
         s = kb_fail(KILN_ERR_INVALID_ARG, "--cond is for an SD3 backbone (sampled); %s is a %s model, checked on one "
