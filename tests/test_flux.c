@@ -581,6 +581,192 @@ TEST(flux_quality_gate) {
     free(o);
 }
 
+/* ---- Black Forest Labs' single file ----------------------------------------- */
+
+/* a diffusers tensor of the case as f32 (malloc'd; its row count in *rows, row width in *cols) */
+static float *case_tensor(kiln_tensor *t, size_t n, const char *name, int64_t *rows, int64_t *cols) {
+    const kiln_tensor *x = kiln_tensors_find(t, n, name);
+    if (!x) {
+        fprintf(stderr, "  no %s\n", name);
+        return NULL;
+    }
+    size_t cnt = ka_numel(x->ndim, x->shape);
+    float *f = malloc(sizeof(float) * cnt);
+    if (f && x->dtype == KILN_F32) memcpy(f, x->data, sizeof(float) * cnt);
+    else if (f) /* bf16 */
+        for (size_t i = 0; i < cnt; i++) {
+            uint32_t u = (uint32_t)((const uint16_t *)x->data)[i] << 16;
+            memcpy(&f[i], &u, 4);
+        }
+    *rows = x->shape[0];
+    *cols = x->ndim > 1 ? x->shape[1] : 1;
+    return f;
+}
+
+typedef struct {
+    kiln_tensor t[160];
+    float *data[160];
+    int n;
+} out_file;
+
+/* parts (diffusers names) stacked along dim 0 into one tensor named name;
+ * swap: the two halves exchanged (diffusers' (scale, shift) back to (shift, scale)) */
+static void put(out_file *o, kiln_tensor *t, size_t n, const char *name, int k, const char *const *parts, int swap) {
+    int64_t rows[4], cols = 0, total = 0;
+    float *p[4];
+    for (int i = 0; i < k; i++) {
+        p[i] = case_tensor(t, n, parts[i], &rows[i], &cols);
+        total += rows[i];
+    }
+    float *d = malloc(sizeof(float) * (size_t)(total * cols));
+    int64_t at = 0;
+    for (int i = 0; i < k; i++) {
+        if (p[i]) memcpy(d + at * cols, p[i], sizeof(float) * (size_t)(rows[i] * cols));
+        at += rows[i];
+        free(p[i]);
+    }
+    if (swap) {
+        float *h = malloc(sizeof(float) * (size_t)(total * cols));
+        memcpy(h, d + total / 2 * cols, sizeof(float) * (size_t)(total / 2 * cols));
+        memcpy(h + total / 2 * cols, d, sizeof(float) * (size_t)(total / 2 * cols));
+        free(d);
+        d = h;
+    }
+    char *nm = kb_strfmt("model.diffusion_model.%s", name);
+    o->data[o->n] = d;
+    o->t[o->n++] = (kiln_tensor){nm, KILN_F32, cols > 1 ? 2 : 1,
+                                 {total, cols}, d};
+    if (o->t[o->n - 1].ndim == 1) o->t[o->n - 1].shape[1] = 0;
+}
+
+/* flux-tiny's weights under BFL's names (fused qkv, linear1, swapped final
+ * modulation) give bit for bit the diffusers folder's sample (f32) */
+TEST(bfl_single_file) {
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(golden_path("flux-tiny", "diffusion_pytorch_model.safetensors"), &t, &n));
+    if (!t) return;
+    out_file *o = calloc(1, sizeof *o);
+    const char *wb[2] = {"weight", "bias"};
+    for (int k = 0; k < 2; k++) {
+        char a[8][160], b[160];
+        const char *pp[4];
+#define P1(from, to)                                                                                                   \
+    do {                                                                                                               \
+        snprintf(a[0], sizeof a[0], "%s.%s", to, wb[k]);                                                               \
+        snprintf(b, sizeof b, "%s.%s", from, wb[k]);                                                                   \
+        pp[0] = a[0];                                                                                                  \
+        put(o, t, n, b, 1, pp, 0);                                                                                     \
+    } while (0)
+        P1("img_in", "x_embedder");
+        P1("txt_in", "context_embedder");
+        P1("time_in.in_layer", "time_text_embed.timestep_embedder.linear_1");
+        P1("time_in.out_layer", "time_text_embed.timestep_embedder.linear_2");
+        P1("guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1");
+        P1("guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2");
+        P1("vector_in.in_layer", "time_text_embed.text_embedder.linear_1");
+        P1("vector_in.out_layer", "time_text_embed.text_embedder.linear_2");
+        P1("final_layer.linear", "proj_out");
+        snprintf(a[0], sizeof a[0], "norm_out.linear.%s", wb[k]);
+        snprintf(b, sizeof b, "final_layer.adaLN_modulation.1.%s", wb[k]);
+        pp[0] = a[0];
+        put(o, t, n, b, 1, pp, 1);
+        for (int i = 0; i < 2; i++) {
+            char from[96], to[96];
+            static const char *const dbl[][2] = {{"img_mod.lin", "norm1.linear"}, {"txt_mod.lin", "norm1_context.linear"},
+                                                 {"img_attn.proj", "attn.to_out.0"}, {"txt_attn.proj", "attn.to_add_out"},
+                                                 {"img_mlp.0", "ff.net.0.proj"}, {"img_mlp.2", "ff.net.2"},
+                                                 {"txt_mlp.0", "ff_context.net.0.proj"}, {"txt_mlp.2", "ff_context.net.2"}};
+            for (size_t d = 0; d < sizeof dbl / sizeof *dbl; d++) {
+                snprintf(from, sizeof from, "double_blocks.%d.%s", i, dbl[d][0]);
+                snprintf(to, sizeof to, "transformer_blocks.%d.%s", i, dbl[d][1]);
+                P1(from, to);
+            }
+            static const char *const qkv[2][3] = {{"to_q", "to_k", "to_v"}, {"add_q_proj", "add_k_proj", "add_v_proj"}};
+            for (int side = 0; side < 2; side++) {
+                for (int j = 0; j < 3; j++) {
+                    snprintf(a[j], sizeof a[j], "transformer_blocks.%d.attn.%s.%s", i, qkv[side][j], wb[k]);
+                    pp[j] = a[j];
+                }
+                snprintf(b, sizeof b, "double_blocks.%d.%s_attn.qkv.%s", i, side ? "txt" : "img", wb[k]);
+                put(o, t, n, b, 3, pp, 0);
+            }
+            static const char *const sgl[3] = {"to_q", "to_k", "to_v"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(a[j], sizeof a[j], "single_transformer_blocks.%d.attn.%s.%s", i, sgl[j], wb[k]);
+                pp[j] = a[j];
+            }
+            snprintf(a[3], sizeof a[3], "single_transformer_blocks.%d.proj_mlp.%s", i, wb[k]);
+            pp[3] = a[3];
+            snprintf(b, sizeof b, "single_blocks.%d.linear1.%s", i, wb[k]);
+            put(o, t, n, b, 4, pp, 0);
+            snprintf(from, sizeof from, "single_blocks.%d.linear2", i);
+            snprintf(to, sizeof to, "single_transformer_blocks.%d.proj_out", i);
+            P1(from, to);
+            snprintf(from, sizeof from, "single_blocks.%d.modulation.lin", i);
+            snprintf(to, sizeof to, "single_transformer_blocks.%d.norm.linear", i);
+            P1(from, to);
+        }
+#undef P1
+    }
+    /* the q/k norm scales */
+    for (int i = 0; i < 2; i++) {
+        static const char *const nm[][2] = {{"img_attn.norm.query_norm.scale", "attn.norm_q.weight"},
+                                            {"img_attn.norm.key_norm.scale", "attn.norm_k.weight"},
+                                            {"txt_attn.norm.query_norm.scale", "attn.norm_added_q.weight"},
+                                            {"txt_attn.norm.key_norm.scale", "attn.norm_added_k.weight"}};
+        char from[128], to[128];
+        const char *pp[1] = {to};
+        for (int j = 0; j < 4; j++) {
+            snprintf(from, sizeof from, "double_blocks.%d.%s", i, nm[j][0]);
+            snprintf(to, sizeof to, "transformer_blocks.%d.%s", i, nm[j][1]);
+            put(o, t, n, from, 1, pp, 0);
+        }
+        for (int j = 0; j < 2; j++) {
+            snprintf(from, sizeof from, "single_blocks.%d.norm.%s_norm.scale", i, j ? "key" : "query");
+            snprintf(to, sizeof to, "single_transformer_blocks.%d.attn.norm_%s.weight", i, j ? "k" : "q");
+            put(o, t, n, from, 1, pp, 0);
+        }
+    }
+    char dir[256], file[400];
+    test_tmpdir(dir, sizeof dir, "fluxbfl");
+    snprintf(file, sizeof file, "%s/flux1-tiny.safetensors", dir);
+    CHECK_OK(kiln_tensors_write(file, (size_t)o->n, o->t));
+    CHECK_MSG(o->n == 2 * (10 + 2 * (8 + 2 + 1 + 2)) + 2 * 6, "%d tensors", o->n); /* as BFL: 84 for 2 + 2 blocks */
+    /* its config from the case; without one, the axes cannot be read from heads of 16 */
+    kiln_open_opts fo = {.dtype = KILN_F32, .config_path = golden_path("flux-tiny", "config.json")}, folder = {.dtype = KILN_F32};
+    kiln_model *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(kiln_model_open(file, &fo, &a));
+    CHECK_OK(kiln_model_open(golden_path("flux-tiny", NULL), &folder, &b));
+    kiln_open_opts bare = {.dtype = KILN_F32};
+    CHECK_FAILS(kiln_model_open(file, &bare, &c), KILN_ERR_CONFIG, "the rotary axes cannot be read");
+    golden_io io;
+    CHECK(io_open("flux-tiny", &io));
+    if (a && b && io.want) {
+        CHECK(!strcmp(kiln_model_family(a), "flux"));
+        kiln_model_info info;
+        CHECK_OK(kiln_model_get_info(a, &info));
+        CHECK_MSG(info.layout && !strcmp(info.layout, "flux-single-file"), "layout %s", info.layout ? info.layout : "?");
+        CHECK_OK(kiln_model_set_exec(a, "eager"));
+        CHECK_OK(kiln_model_set_exec(b, "eager"));
+        float *x = forward(a, &io), *y = forward(b, &io);
+        CHECK_MSG(!memcmp(x, y, sizeof(float) * io.n_out), "the single file's sample differs from the folder's (%.3g)",
+                  rel_l2(x, y, io.n_out));
+        free(x);
+        free(y);
+    }
+    kiln_model_free(a);
+    kiln_model_free(b);
+    kiln_tensors_free(io.t);
+    for (int i = 0; i < o->n; i++) {
+        free((char *)o->t[i].name);
+        free(o->data[i]);
+    }
+    free(o);
+    kiln_tensors_free(t);
+    test_rmrf(dir);
+}
+
 int main(void) {
     RUN(configs_are_read_and_checked);
     RUN(rotary_table_is_flux_pos_embed);
@@ -593,5 +779,6 @@ int main(void) {
     RUN(flux_pipeline_golden);
     RUN(flux_generate_cli);
     RUN(flux_quality_gate);
+    RUN(bfl_single_file);
     return TEST_SUMMARY();
 }

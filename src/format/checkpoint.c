@@ -57,23 +57,31 @@ static kiln_status swap_halves(kc_tensor *t) {
     return KILN_OK;
 }
 
-/* One original tensor as r says: renamed, split in r->n along dim 0, swapped. */
+/* One original tensor as r says: renamed, split in r->n along dim 0 (in
+ * equal parts or by r->ratio), swapped. */
 static kiln_status apply_rename(tlist *l, const kc_rename *r, const st_tensor *src) {
     int n = r->n < 1 ? 1 : r->n;
-    if (n > 3) return kb_fail(KILN_ERR_INVALID_ARG, "%s: a rename into %d tensors (at most 3)", src->name, n);
-    if (n > 1 && (src->ndim < 1 || src->shape[0] % n))
+    if (n > KC_RENAME_MAX) return kb_fail(KILN_ERR_INVALID_ARG, "%s: a rename into %d tensors (at most %d)", src->name, n, KC_RENAME_MAX);
+    int units = 0, ratio[KC_RENAME_MAX];
+    for (int i = 0; i < n; i++) {
+        units += ratio[i] = r->ratio[0] ? r->ratio[i] : 1;
+        if (ratio[i] < 1) return kb_fail(KILN_ERR_INVALID_ARG, "%s: part %d of a rename has no rows", src->name, i);
+    }
+    if (n > 1 && (src->ndim < 1 || units < 1 || src->shape[0] % units))
         return kb_fail(KILN_ERR_SHAPE, "%s: fused first dim %lld is not a multiple of %d", src->name,
-                       src->ndim ? (long long)src->shape[0] : 0LL, n);
-    size_t part = src->nbytes / (size_t)n;
+                       src->ndim ? (long long)src->shape[0] : 0LL, units);
+    int64_t unit_rows = n > 1 ? src->shape[0] / units : 0;
+    size_t row_bytes = n > 1 && src->shape[0] ? src->nbytes / (size_t)src->shape[0] : 0, at = 0;
     for (int i = 0; i < n; i++) {
         kiln_status st = tl_push(l, r->to[i], src);
         if (st) return st;
         kc_tensor *t = &l->t[l->n - 1];
         while (r->squeeze && t->ndim > 1 && t->shape[t->ndim - 1] == 1) t->shape[--t->ndim] = 0;
         if (n > 1) {
-            t->shape[0] = src->shape[0] / n;
-            t->part[0] = (const uint8_t *)src->data + part * (size_t)i;
-            t->part_bytes[0] = part;
+            t->shape[0] = unit_rows * ratio[i];
+            t->part[0] = (const uint8_t *)src->data + at;
+            t->part_bytes[0] = row_bytes * (size_t)t->shape[0];
+            at += t->part_bytes[0];
         }
         if (r->swap && (st = swap_halves(t))) return st;
     }

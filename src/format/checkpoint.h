@@ -24,11 +24,15 @@ typedef struct kc_tensor {
 } kc_tensor;
 
 /* What one original tensor becomes: n tensors (1, or a fused tensor split
- * in n equal parts along dim 0) named to[0..n), each with the two halves of
- * dim 0 swapped when swap is set ((shift, scale) -> (scale, shift)). */
+ * in n parts along dim 0: equal ones, or with ratio set part i's share
+ * ratio[i] / the ratios' sum, as Flux's linear1 holds q, k, v and the MLP's
+ * 4x wider input) named to[0..n), each with the two halves of dim 0 swapped
+ * when swap is set ((shift, scale) -> (scale, shift)). */
+#define KC_RENAME_MAX 4
 typedef struct kc_rename {
     int n;
-    char to[3][128];
+    char to[KC_RENAME_MAX][128];
+    int ratio[KC_RENAME_MAX]; /* all 0: equal parts */
     int swap;
     int squeeze; /* drop trailing dims of size 1: a 1x1 conv weight [C, C, 1, 1] read as a linear's [C, C] */
     int drop;    /* leave the tensor out (a tied copy of another one) */

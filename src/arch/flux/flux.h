@@ -52,6 +52,11 @@ kiln_status flux_config_parse(const char *json, flux_config *cfg);
 kiln_status flux_config_validate(const flux_config *cfg);
 char *flux_config_to_json(const flux_config *cfg);
 kiln_status flux_weight_spec(const flux_config *cfg, ka_spec **out, size_t *n);
+/* A config from the tensors' shapes (a single file without config.json;
+ * guided: the flux family's, with the guidance embedding), and the
+ * renamer of Black Forest Labs' original names (flux_names.c) */
+kiln_status flux_config_infer(const kc_checkpoint *c, flux_config *x, int guided);
+extern const kc_renamer flux_renamer;
 /* the latent's H and W (even, positive, within FLUX_MAX_TOKENS patches) */
 kiln_status flux_check_latent(const flux_config *cfg, int64_t H, int64_t W);
 /* Build the forward for symbol values s (FLUX_SYM_*); par NULL: one process

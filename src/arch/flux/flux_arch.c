@@ -34,6 +34,8 @@ static kiln_status parse_as(const char *json, flux_config *c, int guided) {
 static kiln_status parse_dev(const char *json, void *cfg) { return parse_as(json, cfg, 1); }
 static kiln_status parse_schnell(const char *json, void *cfg) { return parse_as(json, cfg, 0); }
 static kiln_status validate(const void *cfg) { return flux_config_validate(cfg); }
+static kiln_status infer_dev(const kc_checkpoint *c, void *cfg) { return flux_config_infer(c, cfg, 1); }
+static kiln_status infer_schnell(const kc_checkpoint *c, void *cfg) { return flux_config_infer(c, cfg, 0); }
 static char *to_json(const void *cfg) { return flux_config_to_json(cfg); }
 static kiln_status spec(const void *cfg, ka_spec **out, size_t *n) { return flux_weight_spec(cfg, out, n); }
 
@@ -96,11 +98,11 @@ static kiln_status build(const void *cfg, kg_graph *g, const int64_t *s, const k
     return flux_build_forward(cfg, g, s, par);
 }
 
-#define FLUX_TABLE(NAME, TITLE, CLAIMS, PARSE, NIN)                                                                    \
+#define FLUX_TABLE(NAME, TITLE, CLAIMS, PARSE, INFER, NIN)                                                                    \
     {                                                                                                                  \
         .name = NAME, .title = TITLE, .component = "transformer", .config_size = sizeof(flux_config),                 \
         .claims = CLAIMS, .config_parse = PARSE, .config_validate = validate, .config_to_json = to_json,              \
-        .weight_spec = spec,                                                                                           \
+        .weight_spec = spec, .config_infer = INFER, .renamer = &flux_renamer,                                          \
         /* the blocks' linears but their modulations; embedders, norm_out and proj_out stay bf16 */                   \
         .quant_layers = "transformer_blocks.*,single_transformer_blocks.*,!*.norm1.linear,!*.norm1_context.linear,"    \
                         "!*.norm.linear",                                                                              \
@@ -114,6 +116,6 @@ static kiln_status build(const void *cfg, kg_graph *g, const int64_t *s, const k
     }
 
 const ka_arch ka_flux = FLUX_TABLE("flux", "Flux.1 guidance-distilled (dev), diffusers FluxTransformer2DModel",
-                                   claims_dev, parse_dev, 5);
+                                   claims_dev, parse_dev, infer_dev, 5);
 const ka_arch ka_flux_schnell = FLUX_TABLE("flux-schnell", "Flux.1 without guidance (schnell), diffusers FluxTransformer2DModel",
-                                           claims_schnell, parse_schnell, 4);
+                                           claims_schnell, parse_schnell, infer_schnell, 4);

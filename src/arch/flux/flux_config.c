@@ -224,3 +224,54 @@ kiln_status flux_weight_spec(const flux_config *c, ka_spec **out, size_t *n) {
     *n = l.n;
     return KILN_OK;
 }
+
+/* ---- a config from the tensors (a single file without config.json) ------------ */
+
+static const kc_tensor *shape2(const kc_checkpoint *c, const char *name) {
+    const kc_tensor *t = kc_find(c, name);
+    return t && t->ndim == 2 ? t : NULL;
+}
+
+kiln_status flux_config_infer(const kc_checkpoint *c, flux_config *x, int guided) {
+    *x = flux_config_defaults();
+    const kc_tensor *xe = shape2(c, "x_embedder.weight"), *ce = shape2(c, "context_embedder.weight"),
+                    *te = shape2(c, "time_text_embed.text_embedder.linear_1.weight"), *po = shape2(c, "proj_out.weight");
+    if (!xe || !ce || !te || !po)
+        return kb_fail(KILN_ERR_CONFIG, "%s: no Flux transformer here (x_embedder, context_embedder, the text embedder and "
+                       "proj_out as [out, in] matrices)", c->path);
+    int has_guidance = kc_find(c, "time_text_embed.guidance_embedder.linear_1.weight") != NULL;
+    if (has_guidance != guided)
+        return kb_fail(KILN_ERR_CONFIG, "%s: %s a guidance embedding (guidance_in): the %s family's", c->path,
+                       has_guidance ? "has" : "has no", has_guidance ? "flux" : "flux-schnell");
+    int64_t D = xe->shape[0];
+    int layers = 0, singles = 0;
+    char name[128];
+    for (;;) {
+        snprintf(name, sizeof name, "transformer_blocks.%d.norm1.linear.weight", layers);
+        if (!kc_find(c, name) || layers >= FLUX_MAX_LAYERS) break;
+        layers++;
+    }
+    for (;;) {
+        snprintf(name, sizeof name, "single_transformer_blocks.%d.norm.linear.weight", singles);
+        if (!kc_find(c, name) || singles >= FLUX_MAX_LAYERS) break;
+        singles++;
+    }
+    const kc_tensor *nq = kc_find(c, layers ? "transformer_blocks.0.attn.norm_q.weight" : "single_transformer_blocks.0.attn.norm_q.weight");
+    if (!nq || nq->ndim != 1 || nq->shape[0] < 2 || D % nq->shape[0])
+        return kb_fail(KILN_ERR_CONFIG, "%s: the q norm's scale does not give a head width that divides %lld", c->path,
+                       (long long)D);
+    int64_t Dh = nq->shape[0];
+    if (Dh != 128)
+        return kb_fail(KILN_ERR_CONFIG, "%s: heads of %lld: the rotary axes cannot be read from the tensors (Flux.1's "
+                       "are 16, 56, 56 for heads of 128); give its config.json (--config)", c->path, (long long)Dh);
+    x->in_channels = (int)xe->shape[1];
+    x->out_channels = (int)po->shape[0];
+    x->joint_attention_dim = (int)ce->shape[1];
+    x->pooled_projection_dim = (int)te->shape[1];
+    x->num_layers = layers;
+    x->num_single_layers = singles;
+    x->attention_head_dim = (int)Dh;
+    x->num_attention_heads = (int)(D / Dh);
+    x->guidance_embeds = guided;
+    return flux_config_validate(x);
+}
