@@ -119,7 +119,9 @@ kiln_status kp_scheduler_parse_full(const char *text, size_t n, const char *wher
         st = kb_fail(KILN_ERR_CONFIG, "%s: base_image_seq_len %g and max_image_seq_len %g must be integers with "
                      "1 <= base < max, base_shift %g and max_shift %g numbers of at most 100", where, bl, ml, bs, ms);
     if (!st) {
-        *out = (kp_schedule){sh, (int)steps, dynamic, bs, ms, (int64_t)bl, (int64_t)ml};
+        /* the line's fields only matter (and were only checked) with dynamic shifting */
+        *out = dynamic ? (kp_schedule){sh, (int)steps, 1, bs, ms, (int64_t)bl, (int64_t)ml}
+                       : (kp_schedule){sh, (int)steps, 0, 0.5, 1.15, 256, 4096};
     }
     cJSON_Delete(sch);
     return st;

@@ -121,6 +121,8 @@ def pipeline_files():
             if os.path.exists(p):
                 put("pipeline_files", f"{case}-{os.path.basename(f)}", bytes([i]) + read(p))
     put("pipeline_files", "scheduler-karras", bytes([1]) + b'{"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0, "use_karras_sigmas": true}')
+    # a fuzzer's finding: an integer field past int64 with dynamic shifting off (fixed: read only with it on)
+    put("pipeline_files", "scheduler-huge-seq-len", bytes([1]) + b'{"base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 3333333333333333333333333333334096, "max_shift": 1.15}')
     put("pipeline_files", "index-bad-name", bytes([0]) + b'{"_class_name": "StableDiffusion3Pipeline", "../vae": ["diffusers", "AutoencoderKL"]}')
 
 
