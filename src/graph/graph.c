@@ -104,6 +104,13 @@ kg_id kg_weight(kg_graph *g, const char *name) {
     return id;
 }
 
+kg_id kg_linear_named(kg_graph *g, kg_id x, const char *name) {
+    char w[160], b[160];
+    snprintf(w, sizeof w, "%s.weight", name);
+    snprintf(b, sizeof b, "%s.bias", name);
+    return kg_linear(g, x, kg_weight(g, w), kg_weight(g, b));
+}
+
 kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b) {
     if (!ok(g, x, w, b) || w < 0) return -1;
     const kg_node *X = node(g, x), *W = node(g, w);

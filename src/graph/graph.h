@@ -143,6 +143,8 @@ int64_t kg_numel(const kg_node *n);
 kg_id kg_input(kg_graph *g, const char *name, int ndim, const int64_t *shape);
 kg_id kg_weight(kg_graph *g, const char *name);
 kg_id kg_linear(kg_graph *g, kg_id x, kg_id w, kg_id b /* -1: no bias */);
+/* the linear layer of a checkpoint's name: weights name.weight and name.bias */
+kg_id kg_linear_named(kg_graph *g, kg_id x, const char *name);
 /* a + b and a * b, b broadcast to a's shape (numpy rules, right-aligned) */
 kg_id kg_add(kg_graph *g, kg_id a, kg_id b);
 kg_id kg_mul(kg_graph *g, kg_id a, kg_id b);

@@ -359,18 +359,20 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
     *latents = NULL;
     const kiln_config *c = kiln_model_config(p->transformer);
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1;
-    if (p->flux) {
-        if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
-        if (ipp < 1 || n > KM_MAX_BATCH || ipp > KM_MAX_BATCH || n * ipp > KM_MAX_BATCH)
-            return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: %d prompts x %d images: at most %d images a call",
-                           n, ipp, KM_MAX_BATCH);
-        if (o->steps < 1 || o->steps > 100000)
-            return kb_fail(KILN_ERR_INVALID_ARG, "steps %d: must be between 1 and 100000", o->steps);
-        if (!isfinite(o->guidance)) return kb_fail(KILN_ERR_INVALID_ARG, "guidance must be a finite number");
-        int H = o->height ? o->height : p->sample_size * p->vae_scale, W = o->width ? o->width : p->sample_size * p->vae_scale;
-        int lh, lw;
-        kiln_status st = kiln_pipeline_check_size(p, H, W, &lh, &lw);
-        if (st) return st;
+    /* a request's limits, before any encoding (SD3's CFG batch holds two rows an image) */
+    int most = p->flux ? KM_MAX_BATCH : KM_MAX_BATCH / 2;
+    if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
+    if (ipp < 1 || n > most || ipp > most || n * ipp > most)
+        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: %d prompts x %d images: at most %d images a call",
+                       n, ipp, most);
+    if (o->steps < 1 || o->steps > 100000)
+        return kb_fail(KILN_ERR_INVALID_ARG, "steps %d: must be between 1 and 100000", o->steps);
+    if (!isfinite(o->guidance)) return kb_fail(KILN_ERR_INVALID_ARG, "guidance must be a finite number");
+    int H = o->height ? o->height : p->sample_size * p->vae_scale, W = o->width ? o->width : p->sample_size * p->vae_scale;
+    int lh, lw;
+    kiln_status st = kiln_pipeline_check_size(p, H, W, &lh, &lw);
+    if (st) return st;
+    if (p->flux) { /* FluxPipeline's own text side and sampler (flux_pipeline.c) */
         kiln_model *comps[4] = {p->transformer, p->vae, kp_flux_text_model(p->flux, 0), kp_flux_text_model(p->flux, 1)};
         for (int k = 0; k < 4; k++)
             if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
@@ -378,17 +380,6 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         shape[0] = (int64_t)n * ipp, shape[1] = config_int(p->transformer, "in_channels", 64) / 4, shape[2] = lh, shape[3] = lw;
         return KILN_OK;
     }
-    if (n < 1 || !o->prompts) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: no prompt");
-    if (ipp < 1 || n > KM_MAX_BATCH / 2 || ipp > KM_MAX_BATCH / 2 || n * ipp > KM_MAX_BATCH / 2) /* before any encoding */
-        return kb_fail(KILN_ERR_INVALID_ARG, "kiln_pipeline_generate: %d prompts x %d images: at most %d images a call",
-                       n, ipp, KM_MAX_BATCH / 2);
-    if (o->steps < 1 || o->steps > 100000)
-        return kb_fail(KILN_ERR_INVALID_ARG, "steps %d: must be between 1 and 100000", o->steps);
-    if (!isfinite(o->guidance)) return kb_fail(KILN_ERR_INVALID_ARG, "guidance must be a finite number");
-    int H = o->height ? o->height : c->sample_size * p->vae_scale, W = o->width ? o->width : c->sample_size * p->vae_scale;
-    int lh, lw;
-    kiln_status st = kiln_pipeline_check_size(p, H, W, &lh, &lw);
-    if (st) return st;
     if (o->max_batch < 0) return kb_fail(KILN_ERR_INVALID_ARG, "max_batch %d: images per backbone call, 1 or more", o->max_batch);
     if (!p->text) { /* released by low_memory after the last request: mapped again (cache hits) */
         double t1 = kb_now();

@@ -16,11 +16,9 @@ typedef struct {
 
 /* Linear layer by diffusers name: name.weight and name.bias */
 static kg_id lin(fwd *f, kg_id x, const char *fmt, int i) {
-    char w[128], b[128], base[112];
+    char base[112];
     snprintf(base, sizeof base, fmt, i);
-    snprintf(w, sizeof w, "%s.weight", base);
-    snprintf(b, sizeof b, "%s.bias", base);
-    return kg_linear(f->g, x, kg_weight(f->g, w), kg_weight(f->g, b));
+    return kg_linear_named(f->g, x, base);
 }
 
 /* A row-parallel linear (input features split across tensor-parallel
