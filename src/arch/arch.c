@@ -116,7 +116,7 @@ void ka_shard_spec(int tp, ka_spec *spec, size_t n) {
     if (tp <= 1) return;
     for (size_t i = 0; i < n; i++) {
         if (spec[i].split == KA_SPLIT_ROWS) spec[i].shape[0] /= tp;
-        if (spec[i].split == KA_SPLIT_COLS) spec[i].shape[1] /= tp;
+        if (spec[i].split == KA_SPLIT_COLS || spec[i].split == KA_SPLIT_COLS_1_4) spec[i].shape[1] /= tp;
     }
 }
 

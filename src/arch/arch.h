@@ -26,7 +26,10 @@
  * of output rows, row-parallel ones a block of input columns; a
  * row-parallel bias is added once, so rank 0's shard holds it and the
  * others hold zeros. Everything else is replicated. */
-enum { KA_SPLIT_NONE = 0, KA_SPLIT_ROWS, KA_SPLIT_COLS, KA_SPLIT_BIAS0 };
+enum { KA_SPLIT_NONE = 0, KA_SPLIT_ROWS, KA_SPLIT_COLS, KA_SPLIT_BIAS0, KA_SPLIT_COLS_1_4 };
+/* KA_SPLIT_COLS_1_4: a row-parallel linear whose input joins two
+ * column-parallel outputs of widths C/5 and 4C/5 (Flux's single-block
+ * proj_out over [attention, MLP]): each rank keeps its block of each part. */
 
 /* One expected weight: the diffusers (or transformers) name and exact shape. */
 typedef struct ka_spec {

@@ -16,10 +16,20 @@ kiln_status km_shard_weight(km_weight *w, int split, int tp, int index, int64_t 
         if (index) memset(w->data, 0, sizeof(float) * (size_t)R);
         return KILN_OK;
     }
-    int64_t r = split == KA_SPLIT_ROWS ? R / tp : R, c = split == KA_SPLIT_COLS ? C / tp : C;
+    int cols = split == KA_SPLIT_COLS || split == KA_SPLIT_COLS_1_4;
+    int64_t r = split == KA_SPLIT_ROWS ? R / tp : R, c = cols ? C / tp : C;
+    if (split == KA_SPLIT_COLS_1_4 && (C % 5 || (C / 5) % tp))
+        return kb_fail(KILN_ERR_SHAPE, "tensor parallel %d: %s's %lld columns are not [C/5 | 4C/5] blocks of %d", tp, w->name,
+                       (long long)C, tp);
     float *d = kb_alloc_aligned(sizeof(float) * (size_t)(r * c));
     if (!d) return kb_fail(KILN_ERR_NOMEM, "out of memory sharding %s", w->name);
     for (int64_t y = 0; y < r; y++) {
+        if (split == KA_SPLIT_COLS_1_4) { /* this rank's block of each part */
+            int64_t a = C / 5 / tp, b = 4 * (C / 5) / tp;
+            memcpy(d + y * c, w->data + y * C + (int64_t)index * a, sizeof(float) * (size_t)a);
+            memcpy(d + y * c + a, w->data + y * C + C / 5 + (int64_t)index * b, sizeof(float) * (size_t)b);
+            continue;
+        }
         const float *src = split == KA_SPLIT_ROWS ? w->data + ((int64_t)index * r + y) * C
                                                   : w->data + y * C + (int64_t)index * c;
         memcpy(d + y * c, src, sizeof(float) * (size_t)c);

@@ -60,8 +60,11 @@ extern const kc_renamer flux_renamer;
 /* the latent's H and W (even, positive, within FLUX_MAX_TOKENS patches) */
 kiln_status flux_check_latent(const flux_config *cfg, int64_t H, int64_t W);
 /* Build the forward for symbol values s (FLUX_SYM_*); par NULL: one process
- * (FSDP: each block's weights gathered before it; no tensor or sequence
- * parallel yet). */
+ * (tensor parallel: heads split, row-parallel outputs all-reduced; sequence
+ * parallel: the image tokens split, Ulysses all-to-alls in the attention;
+ * FSDP: each block's weights gathered before it). */
 kiln_status flux_build_forward(const flux_config *cfg, kg_graph *g, const int64_t *s, const ka_par *par);
+/* can this config run split this way (heads by tp, then by sp) */
+kiln_status flux_check_parallel(const flux_config *cfg, int tp, int sp);
 
 #endif

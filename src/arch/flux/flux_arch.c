@@ -94,6 +94,8 @@ static void example_input(const void *cfg, int k, float *x, size_t n) {
         for (size_t i = 0; i < n; i++) x[i] = k == 3 ? 0.5f : 3.5f;
 }
 
+static kiln_status check_parallel(const void *cfg, int tp, int sp) { return flux_check_parallel(cfg, tp, sp); }
+
 static kiln_status build(const void *cfg, kg_graph *g, const int64_t *s, const ka_par *par) {
     return flux_build_forward(cfg, g, s, par);
 }
@@ -112,7 +114,7 @@ static kiln_status build(const void *cfg, kg_graph *g, const int64_t *s, const k
         .in = {{"latents", 4}, {"encoder_hidden_states", 3}, {"pooled_projections", 2}, {"timestep", 1},               \
                {"guidance", 1}},                                                                                       \
         .out = {{"sample", 4}}, .io_shapes = io_shapes, .solve = solve, .check = check, .example = example,           \
-        .example_opts = example_opts, .example_input = example_input, .build = build,                                  \
+        .example_opts = example_opts, .example_input = example_input, .check_parallel = check_parallel, .build = build, \
     }
 
 const ka_arch ka_flux = FLUX_TABLE("flux", "Flux.1 guidance-distilled (dev), diffusers FluxTransformer2DModel",

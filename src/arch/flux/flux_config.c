@@ -151,16 +151,25 @@ typedef struct {
     int ok;
 } list;
 
+/* how tensor parallel splits a linear: replicated, column-parallel (output
+ * rows), row-parallel (input columns, the bias on rank 0), row-parallel over
+ * [attention | MLP] (a single block's proj_out) */
+enum { REP, COL, ROW, ROW_1_4 };
+
 /* a linear's weight [M, K] and bias [M] */
-static void lin(list *l, int block, int64_t M, int64_t K, const char *fmt, int i) {
+static void lin_split(list *l, int block, int split, int64_t M, int64_t K, const char *fmt, int i) {
+    static const int ws[4] = {KA_SPLIT_NONE, KA_SPLIT_ROWS, KA_SPLIT_COLS, KA_SPLIT_COLS_1_4},
+                     bs[4] = {KA_SPLIT_NONE, KA_SPLIT_ROWS, KA_SPLIT_BIAS0, KA_SPLIT_BIAS0};
     char base[112];
     snprintf(base, sizeof base, fmt, i);
     ka_spec *w = ka_spec_add(&l->s, &l->n, &l->cap, 2, (int64_t[]){M, K}, "%s.weight", base);
-    if (w) w->linear = 1, w->block = block;
+    if (w) w->linear = 1, w->block = block, w->split = ws[split];
     ka_spec *b = ka_spec_add(&l->s, &l->n, &l->cap, 1, (int64_t[]){M}, "%s.bias", base);
-    if (b) b->block = block;
+    if (b) b->block = block, b->split = bs[split];
     if (!w || !b) l->ok = 0;
 }
+
+static void lin(list *l, int block, int64_t M, int64_t K, const char *fmt, int i) { lin_split(l, block, REP, M, K, fmt, i); }
 
 static void vec(list *l, int block, int64_t n, const char *fmt, int i) {
     ka_spec *e = ka_spec_add(&l->s, &l->n, &l->cap, 1, (int64_t[]){n}, fmt, i);
@@ -188,7 +197,7 @@ kiln_status flux_weight_spec(const flux_config *c, ka_spec **out, size_t *n) {
         for (int k = 0; k < 6; k++) {
             char fmt[80];
             snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.attn.%s", proj[k]);
-            lin(&l, i, D, D, fmt, i);
+            lin_split(&l, i, COL, D, D, fmt, i);
         }
         const char *norms[4] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
         for (int k = 0; k < 4; k++) {
@@ -196,23 +205,23 @@ kiln_status flux_weight_spec(const flux_config *c, ka_spec **out, size_t *n) {
             snprintf(fmt, sizeof fmt, "transformer_blocks.%%d.attn.%s.weight", norms[k]);
             vec(&l, i, Dh, fmt, i);
         }
-        lin(&l, i, D, D, "transformer_blocks.%d.attn.to_out.0", i);
-        lin(&l, i, D, D, "transformer_blocks.%d.attn.to_add_out", i);
-        lin(&l, i, F, D, "transformer_blocks.%d.ff.net.0.proj", i);
-        lin(&l, i, D, F, "transformer_blocks.%d.ff.net.2", i);
-        lin(&l, i, F, D, "transformer_blocks.%d.ff_context.net.0.proj", i);
-        lin(&l, i, D, F, "transformer_blocks.%d.ff_context.net.2", i);
+        lin_split(&l, i, ROW, D, D, "transformer_blocks.%d.attn.to_out.0", i);
+        lin_split(&l, i, ROW, D, D, "transformer_blocks.%d.attn.to_add_out", i);
+        lin_split(&l, i, COL, F, D, "transformer_blocks.%d.ff.net.0.proj", i);
+        lin_split(&l, i, ROW, D, F, "transformer_blocks.%d.ff.net.2", i);
+        lin_split(&l, i, COL, F, D, "transformer_blocks.%d.ff_context.net.0.proj", i);
+        lin_split(&l, i, ROW, D, F, "transformer_blocks.%d.ff_context.net.2", i);
     }
     for (int j = 0; j < c->num_single_layers && l.ok; j++) {
         int blk = c->num_layers + j;
         lin(&l, blk, 3 * D, D, "single_transformer_blocks.%d.norm.linear", j);
-        lin(&l, blk, D, D, "single_transformer_blocks.%d.attn.to_q", j);
-        lin(&l, blk, D, D, "single_transformer_blocks.%d.attn.to_k", j);
-        lin(&l, blk, D, D, "single_transformer_blocks.%d.attn.to_v", j);
+        lin_split(&l, blk, COL, D, D, "single_transformer_blocks.%d.attn.to_q", j);
+        lin_split(&l, blk, COL, D, D, "single_transformer_blocks.%d.attn.to_k", j);
+        lin_split(&l, blk, COL, D, D, "single_transformer_blocks.%d.attn.to_v", j);
         vec(&l, blk, Dh, "single_transformer_blocks.%d.attn.norm_q.weight", j);
         vec(&l, blk, Dh, "single_transformer_blocks.%d.attn.norm_k.weight", j);
-        lin(&l, blk, F, D, "single_transformer_blocks.%d.proj_mlp", j);
-        lin(&l, blk, D, D + F, "single_transformer_blocks.%d.proj_out", j);
+        lin_split(&l, blk, COL, F, D, "single_transformer_blocks.%d.proj_mlp", j);
+        lin_split(&l, blk, ROW_1_4, D, D + F, "single_transformer_blocks.%d.proj_out", j);
     }
     lin(&l, -1, 2 * D, D, "norm_out.linear", 0);
     lin(&l, -1, c->out_channels, D, "proj_out", 0);
