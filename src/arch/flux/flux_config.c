@@ -4,6 +4,7 @@
 #include "base/base.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,8 +58,9 @@ kiln_status flux_config_parse(const char *json, flux_config *cfg) {
         }
         for (int i = 0; i < 3; i++) {
             const cJSON *v = cJSON_GetArrayItem(ax, i);
-            if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble) {
-                st = kb_fail(KILN_ERR_CONFIG, "config axes_dims_rope[%d] must be an integer", i);
+            /* range before the cast: a double past int is undefined to convert */
+            if (!cJSON_IsNumber(v) || !(fabs(v->valuedouble) <= 65536) || v->valuedouble != floor(v->valuedouble)) {
+                st = kb_fail(KILN_ERR_CONFIG, "config axes_dims_rope[%d] must be an integer (at most 65536)", i);
                 goto done;
             }
             cfg->axes_dims_rope[i] = (int)v->valuedouble;
@@ -252,6 +254,11 @@ kiln_status flux_config_infer(const kc_checkpoint *c, flux_config *x, int guided
     if (has_guidance != guided)
         return kb_fail(KILN_ERR_CONFIG, "%s: %s a guidance embedding (guidance_in): the %s family's", c->path,
                        has_guidance ? "has" : "has no", has_guidance ? "flux" : "flux-schnell");
+    const kc_tensor *all[4] = {xe, ce, te, po};
+    for (int k = 0; k < 4; k++)
+        if (all[k]->shape[0] > (1 << 20) || all[k]->shape[1] > (1 << 20))
+            return kb_fail(KILN_ERR_CONFIG, "%s: %s is [%lld, %lld]: no Flux transformer is that wide", c->path, all[k]->name,
+                           (long long)all[k]->shape[0], (long long)all[k]->shape[1]);
     int64_t D = xe->shape[0];
     int layers = 0, singles = 0;
     char name[128];
