@@ -558,6 +558,10 @@ TEST(flux_generate_cli) {
     CHECK_MSG(rc == 1 && o && strstr(o, "width 50 px: must be a multiple of 4"), "rc %d: %s", rc, o ? o : "");
     free(o);
     CHECK(access(png, F_OK) != 0);
+    /* kiln encode writes SD3's conditioning: a Flux folder is refused, saying where its embeddings are */
+    rc = run_kiln(&o, "encode '%s' --prompt x --output '%s/e.safetensors' --cache-dir '%s'", golden_path(c, NULL), dir, cache);
+    CHECK_MSG(rc == 1 && o && strstr(o, "is a FluxPipeline folder") && strstr(o, "--tensor-output"), "rc %d: %s", rc, o ? o : "");
+    free(o);
     kiln_tensors_free(t);
     test_rmrf(dir);
 }

@@ -3,6 +3,7 @@
  * it, under its names; the file kiln generate takes with --cond. */
 #include "base/base.h"
 #include "cli.h"
+#include "pipeline/pipeline_files.h"
 #include "pipeline/prompts.h"
 
 #include <stdlib.h>
@@ -96,6 +97,21 @@ int cmd_encode(int argc, char **argv) {
     if (sampler_keys)
         fprintf(stderr, "encode: %s: seed, steps, guidance, width and height are kiln generate's settings; encode "
                 "uses each line's prompt, negative_prompt and images_per_prompt\n", pfile);
+    /* a FluxPipeline folder: its conditioning is not SD3's (nothing converts first) */
+    char *ip = pipe && kb_is_dir(pipe) ? kb_path_join(pipe, "model_index.json") : NULL, *itext = NULL;
+    size_t ilen = 0;
+    kp_index ix;
+    int flux = ip && kb_is_file(ip) && !kb_read_file(ip, &itext, &ilen) && !kp_index_parse(itext, ilen, ip, &ix) &&
+               !strcmp(ix.cls, "FluxPipeline");
+    kb_clear_error();
+    free(ip);
+    free(itext);
+    if (flux) {
+        rc = cli_error("encode", "%s is a FluxPipeline folder: kiln encode writes SD3's conditioning (for kiln generate "
+                       "TRANSFORMER --cond); a Flux pipeline encodes inside kiln generate PIPELINE, whose --tensor-output "
+                       "keeps its prompt_embeds and pooled_prompt_embeds", pipe);
+        goto done;
+    }
     char name[128];
     kiln_load_opts o = cli_load_opts(pipe, &com, name, sizeof name);
     kiln_status s = kiln_sd3_text_open_file(pipe, com.tokenizers, &o, &t); /* a folder, or an all-in-one file */
