@@ -8,6 +8,7 @@
 #include "arch/t5/t5.h"
 #include "arch/vae/vae.h"
 #include "base/base.h"
+#include "dist/dist.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
@@ -110,6 +111,23 @@ const kc_renamer *const *ka_renamers(void) {
     g_ren[k] = NULL;
     pthread_mutex_unlock(&g_lock);
     return g_ren;
+}
+
+kg_id ka_linear_fmt(kg_graph *g, kg_id x, const char *fmt, int i) {
+    char base[112];
+    snprintf(base, sizeof base, fmt, i);
+    return kg_linear_named(g, x, base);
+}
+
+kg_id ka_row_linear_fmt(kg_graph *g, const ka_par *par, kg_id x, const char *fmt, int i) {
+    kg_id y = ka_linear_fmt(g, x, fmt, i);
+    return par && par->tp > 1 ? kg_allreduce(g, y, KD_TP) : y;
+}
+
+kg_id ka_weight_fmt(kg_graph *g, const char *fmt, int i) {
+    char name[128];
+    snprintf(name, sizeof name, fmt, i);
+    return kg_weight(g, name);
 }
 
 void ka_shard_spec(int tp, ka_spec *spec, size_t n) {

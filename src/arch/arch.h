@@ -140,6 +140,15 @@ const ka_arch *ka_for_config(const char *config_json);
 /* The renamers of every family, NULL-terminated (kc_open tries each). */
 const kc_renamer *const *ka_renamers(void);
 
+/* ---- graph building the diffusion transformers share (SD3, Flux) ---- */
+/* the linear layer named by fmt with %d = i (weights NAME.weight, NAME.bias) */
+kg_id ka_linear_fmt(kg_graph *g, kg_id x, const char *fmt, int i);
+/* the same as a row-parallel linear of tensor parallel (par NULL or tp 1:
+ * plain): partial sums all-reduced, rank 0's shard holding the bias */
+kg_id ka_row_linear_fmt(kg_graph *g, const ka_par *par, kg_id x, const char *fmt, int i);
+/* the weight named by fmt with %d = i */
+kg_id ka_weight_fmt(kg_graph *g, const char *fmt, int i);
+
 /* The shapes one of tp ranks holds of a full spec (by each entry's split). */
 void ka_shard_spec(int tp, ka_spec *spec, size_t n);
 /* Append a spec entry (grows *s; returns the entry, or NULL out of memory). */

@@ -14,25 +14,10 @@ typedef struct {
     ka_par par; /* factors 1 for a single process */
 } fwd;
 
-/* Linear layer by diffusers name: name.weight and name.bias */
-static kg_id lin(fwd *f, kg_id x, const char *fmt, int i) {
-    char base[112];
-    snprintf(base, sizeof base, fmt, i);
-    return kg_linear_named(f->g, x, base);
-}
-
-/* A row-parallel linear (input features split across tensor-parallel
- * ranks): partial sums, all-reduced. Rank 0's shard holds the bias. */
-static kg_id row_lin(fwd *f, kg_id x, const char *fmt, int i) {
-    kg_id y = lin(f, x, fmt, i);
-    return f->par.tp > 1 ? kg_allreduce(f->g, y, KD_TP) : y;
-}
-
-static kg_id weight(fwd *f, const char *fmt, int i) {
-    char name[128];
-    snprintf(name, sizeof name, fmt, i);
-    return kg_weight(f->g, name);
-}
+/* by diffusers name (fmt with %d = i): arch.c's builders */
+static kg_id lin(fwd *f, kg_id x, const char *fmt, int i) { return ka_linear_fmt(f->g, x, fmt, i); }
+static kg_id row_lin(fwd *f, kg_id x, const char *fmt, int i) { return ka_row_linear_fmt(f->g, &f->par, x, fmt, i); }
+static kg_id weight(fwd *f, const char *fmt, int i) { return ka_weight_fmt(f->g, fmt, i); }
 
 /* chunk k of width D from a modulation vector [B, n*D] */
 static kg_id chunk(fwd *f, kg_id emb, int k) { return kg_slice_cols(f->g, emb, k * f->D, f->D); }
