@@ -557,6 +557,14 @@ TEST(flux_generate_cli) {
                   golden_path(c, NULL), png, cache);
     CHECK_MSG(rc == 1 && o && strstr(o, "width 50 px: must be a multiple of 4"), "rc %d: %s", rc, o ? o : "");
     free(o);
+    /* ... from the configs, before anything converts: a fresh cache root stays empty */
+    char fresh[450];
+    snprintf(fresh, sizeof fresh, "%s/fresh-cache", dir);
+    rc = run_kiln(&o, "generate '%s' --prompt x --width 48 --height 30 --steps 1 --output '%s' --cache-dir '%s'",
+                  golden_path(c, NULL), png, fresh);
+    CHECK_MSG(rc == 1 && o && strstr(o, "height 30 px: must be a multiple of 4"), "rc %d: %s", rc, o ? o : "");
+    CHECK_MSG(!kb_is_dir(fresh), "a refused size converted components into %s", fresh);
+    free(o);
     CHECK(access(png, F_OK) != 0);
     /* kiln encode writes SD3's conditioning: a Flux folder is refused, saying where its embeddings are */
     rc = run_kiln(&o, "encode '%s' --prompt x --output '%s/e.safetensors' --cache-dir '%s'", golden_path(c, NULL), dir, cache);

@@ -267,18 +267,20 @@ static kiln_status check_size(const kiln_config *c, int vae_scale, int height, i
     return KILN_OK;
 }
 
-/* Flux: 2x2 latent patches of the VAE's cells, at most FLUX_MAX_TOKENS */
+/* Flux: 2x2 latent patches of the VAE's cells, at most FLUX_MAX_TOKENS (a
+ * dimension <= 0 is not checked) */
 static kiln_status check_size_flux(int vae_scale, int height, int width) {
     int f = 2 * vae_scale, hw[2] = {height, width};
     for (int k = 0; k < 2; k++) {
         const char *what = k ? "width" : "height";
+        if (hw[k] <= 0) continue;
         if (hw[k] < f)
             return kb_fail(KILN_ERR_SHAPE, "%s %d px: at least %d (VAE factor %d x 2x2 patches)", what, hw[k], f, vae_scale);
         if (hw[k] % f)
             return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x 2x2 patches); the nearest "
                            "are %d and %d", what, hw[k], f, vae_scale, hw[k] / f * f, hw[k] / f * f + f);
     }
-    if ((int64_t)(height / f) * (width / f) > FLUX_MAX_TOKENS)
+    if (height > 0 && width > 0 && (int64_t)(height / f) * (width / f) > FLUX_MAX_TOKENS)
         return kb_fail(KILN_ERR_SHAPE, "%d x %d px (width x height): %lld image tokens, at most %d", width, height,
                        (long long)(height / f) * (width / f), FLUX_MAX_TOKENS);
     return KILN_OK;
@@ -322,10 +324,12 @@ kiln_status kiln_pipeline_check_size_early(const char *path, const char *tokeniz
     void *tcfg = component_cfg(&src, "transformer", &ta), *vcfg = has_vae ? component_cfg(&src, "vae", &va) : NULL;
     char *vjs = vcfg ? va->config_to_json(vcfg) : NULL; /* block_out_channels, every default filled in */
     kiln_status st = KILN_OK;
-    /* only an SD3 transformer config says its patch and table (anything
-     * else is kiln_pipeline_open_file's error to give) */
+    /* an SD3 transformer config says its patch and table, a Flux one its
+     * 2x2 packing (anything else is kiln_pipeline_open_file's error to give) */
     if (tcfg && ta == ka_find("sd3") && (!has_vae || vjs))
         st = check_size((const kiln_config *)tcfg, scale_of(vjs), height, width);
+    else if (tcfg && (ta == ka_find("flux") || ta == ka_find("flux-schnell")) && (!has_vae || vjs))
+        st = check_size_flux(scale_of(vjs), height, width);
     else
         kb_clear_error();
     free(vjs);
