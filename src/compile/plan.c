@@ -30,28 +30,21 @@ kiln_status kx_plan_graph(const kg_graph *g, kx_plan *p) {
     memset(p, 0, sizeof *p);
     if (g->status) return kb_fail(g->status, "plan: the graph has an error");
     int n = g->n;
-    char *live = malloc((size_t)n + 1);
+    char *live = malloc((size_t)n + 1), *konst = malloc((size_t)n + 1);
     int *last = malloc(sizeof(int) * ((size_t)n + 1));
     interval *iv = malloc(sizeof *iv * ((size_t)n + 1));
     p->place = calloc((size_t)n + 1, sizeof *p->place);
     p->weights = malloc(sizeof *p->weights * ((size_t)n + 1));
     p->n = n;
-    if (!live || !last || !iv || !p->place || !p->weights) {
+    if (!live || !konst || !last || !iv || !p->place || !p->weights) {
         free(live);
+        free(konst);
         free(last);
         free(iv);
         kx_plan_free(p);
         return kb_fail(KILN_ERR_NOMEM, "plan: out of memory");
     }
     kg_liveness(g, live, last);
-    char *konst = malloc((size_t)n + 1);
-    if (!konst) {
-        free(live);
-        free(last);
-        free(iv);
-        kx_plan_free(p);
-        return kb_fail(KILN_ERR_NOMEM, "plan: out of memory");
-    }
     kg_shape_consts(g, live, konst);
     int ni = 0;
     for (int i = 0; i < n; i++) {

@@ -11,6 +11,7 @@
 #include "pipeline/pipeline_files.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,4 +279,24 @@ kiln_status kp_encode_ids(kiln_model *m, const kiln_tokenizer *tok, const char *
     free(ids);
     free(f);
     return st;
+}
+
+kiln_status kp_output_width(kiln_model *m, int len, const char *name, int64_t *w) {
+    float ids[512] = {0};
+    if (len < 1 || len > 512) return kb_fail(KILN_ERR_INVALID_ARG, "kp_output_width: %d tokens (1 to 512)", len);
+    kiln_tensor in = {"input_ids", KILN_F32, 2, {1, len}, ids};
+    kiln_output out = {name, NULL, 0, 0, {0}};
+    kiln_status st = kiln_run(m, &in, 1, &out, 1);
+    if (!st) *w = out.shape[out.ndim - 1];
+    return st;
+}
+
+int kp_config_int(const kiln_model *m, const char *key, int dflt) {
+    char *js = kiln_model_config_json(m);
+    cJSON *j = cJSON_Parse(js ? js : "");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    int r = cJSON_IsNumber(v) && fabs(v->valuedouble) <= 1 << 30 ? (int)v->valuedouble : dflt;
+    cJSON_Delete(j);
+    free(js);
+    return r;
 }

@@ -91,6 +91,12 @@ extern const char *const kp_sd3_parts[];
 /* The error for a tokenizer folder the source lacks: which one, and how to give it */
 kiln_status kp_missing_tokenizer(const kp_source *s, const char *tokenizer);
 
+/* The last dimension of encoder m's output name for input_ids [1, len]
+ * (len <= 512: a shape query, nothing runs) */
+kiln_status kp_output_width(kiln_model *m, int len, const char *name, int64_t *w);
+/* An integer of a model's config JSON (dflt when absent or not a number) */
+int kp_config_int(const kiln_model *m, const char *key, int dflt);
+
 /* n prompts through one text encoder m: tokenized by tok to len ids each
  * (padded, truncated; a prompt cut off gets a warning naming label, NULL:
  * none), input_ids [n, len] through kiln_run; the k_out outputs named

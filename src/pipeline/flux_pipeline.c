@@ -10,7 +10,6 @@
 #include "base/base.h"
 #include "tensor/dtype.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,27 +39,7 @@ void kp_flux_free(kp_flux *f) {
 
 kiln_model *kp_flux_text_model(kp_flux *f, int i) { return f && i >= 0 && i < 2 ? f->enc[i] : NULL; }
 int kp_flux_guided(const kp_flux *f) { return f ? f->guided : 0; }
-
-/* an output's last dimension for input_ids [1, len] (a shape query) */
-static kiln_status out_width(kiln_model *m, int len, const char *name, int64_t *w) {
-    float ids[CLIP_LEN] = {0};
-    kiln_tensor in = {"input_ids", KILN_F32, 2, {1, len}, ids};
-    kiln_output out = {name, NULL, 0, 0, {0}};
-    kiln_status st = kiln_run(m, &in, 1, &out, 1);
-    if (!st) *w = out.shape[out.ndim - 1];
-    return st;
-}
-
-/* an integer of a model's config JSON (0 when absent) */
-static int64_t config_int(const kiln_model *m, const char *key) {
-    char *js = kiln_model_config_json(m);
-    cJSON *j = cJSON_Parse(js ? js : "");
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    int64_t r = cJSON_IsNumber(v) ? (int64_t)v->valuedouble : 0;
-    cJSON_Delete(j);
-    free(js);
-    return r;
-}
+int kp_flux_channels(const kp_flux *f) { return f ? f->channels : 0; }
 
 kiln_status kp_flux_open(const kp_source *src, const char *where, const kiln_load_opts *base, kiln_model *transformer,
                          const kp_schedule *sched, kp_flux **out) {
@@ -90,12 +69,12 @@ kiln_status kp_flux_open(const kp_source *src, const char *where, const kiln_loa
     if (!st && strcmp(kiln_model_family(f->enc[1]), "t5"))
         st = kb_fail(KILN_ERR_CONFIG, "%s/text_encoder_2 is a %s model; Flux needs a T5 encoder", where,
                      kiln_model_family(f->enc[1]));
-    if (!st) st = out_width(f->enc[0], CLIP_LEN, "pooler_output", &pw);
-    if (!st) st = out_width(f->enc[1], 1, "last_hidden_state", &tw);
+    if (!st) st = kp_output_width(f->enc[0], CLIP_LEN, "pooler_output", &pw);
+    if (!st) st = kp_output_width(f->enc[1], 1, "last_hidden_state", &tw);
     /* the transformer's widths, from its config */
     if (!st) {
-        int64_t J = config_int(transformer, "joint_attention_dim"), P = config_int(transformer, "pooled_projection_dim");
-        f->channels = (int)(config_int(transformer, "in_channels") / 4);
+        int64_t J = kp_config_int(transformer, "joint_attention_dim", 0), P = kp_config_int(transformer, "pooled_projection_dim", 0);
+        f->channels = kp_config_int(transformer, "in_channels", 0) / 4;
         if (tw != J)
             st = kb_fail(KILN_ERR_CONFIG, "%s: T5 gives %lld features a token, the transformer takes joint_attention_dim "
                          "%lld", where, (long long)tw, (long long)J);

@@ -23,6 +23,8 @@ void kp_flux_free(kp_flux *f);
 kiln_model *kp_flux_text_model(kp_flux *f, int i);
 /* 1 for a guidance-distilled transformer (Flux.1-dev: a guidance input) */
 int kp_flux_guided(const kp_flux *f);
+/* the latent's channels (the transformer's in_channels / 4) */
+int kp_flux_channels(const kp_flux *f);
 
 /* FluxPipeline's schedule for steps steps over N packed image tokens: mu on
  * the scheduler's line, s = linspace(1, 1/steps, steps) in f32, sigma =

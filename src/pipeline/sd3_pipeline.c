@@ -76,18 +76,6 @@ static kiln_status open_model(kiln_pipeline *p, const char *component, kiln_mode
     return st ? kb_wrap(st, "%s", component) : KILN_OK;
 }
 
-/* an integer of a model's config JSON (dflt when absent) */
-static int config_int(const kiln_model *m, const char *key, int dflt) {
-    char *js = kiln_model_config_json(m);
-    cJSON *j = cJSON_Parse(js ? js : "");
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    int r = dflt;
-    if (cJSON_IsNumber(v)) r = v->valueint;
-    cJSON_Delete(j);
-    free(js);
-    return r;
-}
-
 /* the VAE factor of a VAE config (as diffusers' pipeline: 2^(blocks - 1);
  * 8 without one) */
 static int scale_of(const char *js) {
@@ -161,7 +149,7 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
         p->sample_size = FLUX_DEFAULT_SAMPLE;
         p->vae_scale = 8;
         if (!st && kp_has_component(&p->src, "vae") && !(st = open_model(p, "vae", &p->vae))) {
-            int lc = config_int(p->vae, "latent_channels", 4), tin = config_int(p->transformer, "in_channels", 64);
+            int lc = kp_config_int(p->vae, "latent_channels", 4), tin = kp_config_int(p->transformer, "in_channels", 64);
             char *js = kiln_model_config_json(p->vae);
             p->vae_scale = scale_of(js);
             free(js);
@@ -195,7 +183,7 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     p->vae_scale = 8;
     if (!st && kp_has_component(&p->src, "vae")) {
         if (!(st = open_model(p, "vae", &p->vae))) {
-            int lc = config_int(p->vae, "latent_channels", 4);
+            int lc = kp_config_int(p->vae, "latent_channels", 4);
             char *js = kiln_model_config_json(p->vae);
             p->vae_scale = scale_of(js);
             free(js);
@@ -213,7 +201,7 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
 }
 
 void kiln_pipeline_latent_shape(const kiln_pipeline *p, int *channels, int *default_cells) {
-    int c = !p ? 0 : p->flux ? config_int(p->transformer, "in_channels", 64) / 4 : kiln_model_config(p->transformer)->in_channels;
+    int c = !p ? 0 : p->flux ? kp_flux_channels(p->flux) : kiln_model_config(p->transformer)->in_channels;
     if (channels) *channels = c;
     if (default_cells) *default_cells = p ? p->sample_size : 0;
 }
@@ -381,7 +369,7 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         for (int k = 0; k < 4; k++)
             if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
         if ((st = kp_flux_generate(p->flux, p->transformer, o, lh, lw, latents))) return st;
-        shape[0] = (int64_t)n * ipp, shape[1] = config_int(p->transformer, "in_channels", 64) / 4, shape[2] = lh, shape[3] = lw;
+        shape[0] = (int64_t)n * ipp, shape[1] = kp_flux_channels(p->flux), shape[2] = lh, shape[3] = lw;
         return KILN_OK;
     }
     if (o->max_batch < 0) return kb_fail(KILN_ERR_INVALID_ARG, "max_batch %d: images per backbone call, 1 or more", o->max_batch);

@@ -120,22 +120,12 @@ kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir
 
 kiln_model *kiln_sd3_text_model(kiln_sd3_text *t, int i) { return t && i >= 0 && i < 3 ? t->enc[i] : NULL; }
 
-/* an output's last dimension for input_ids [1, len] (a shape query: nothing runs) */
-static kiln_status out_width(kiln_model *m, int len, const char *name, int64_t *w) {
-    float ids[512] = {0};
-    kiln_tensor in = {"input_ids", KILN_F32, 2, {1, len}, ids};
-    kiln_output out = {name, NULL, 0, 0, {0}};
-    kiln_status st = kiln_run(m, &in, 1, &out, 1);
-    if (!st) *w = out.shape[out.ndim - 1];
-    return st;
-}
-
 kiln_status kiln_sd3_text_widths(kiln_sd3_text *t, int64_t *t5_width, int64_t *pooled_width) {
     if (!t) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_sd3_text_widths: encoders required");
     int64_t pl = 0, pg = 0, w = t->joint;
-    kiln_status st = out_width(t->enc[0], CLIP_LEN, "text_embeds", &pl);
-    if (!st) st = out_width(t->enc[1], CLIP_LEN, "text_embeds", &pg);
-    if (!st && t->enc[2]) st = out_width(t->enc[2], 1, "last_hidden_state", &w);
+    kiln_status st = kp_output_width(t->enc[0], CLIP_LEN, "text_embeds", &pl);
+    if (!st) st = kp_output_width(t->enc[1], CLIP_LEN, "text_embeds", &pg);
+    if (!st && t->enc[2]) st = kp_output_width(t->enc[2], 1, "last_hidden_state", &w);
     if (st) return st;
     if (t5_width) *t5_width = w;
     if (pooled_width) *pooled_width = pl + pg;
