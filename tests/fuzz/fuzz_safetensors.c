@@ -1,7 +1,8 @@
 /* fuzz_safetensors.c - libFuzzer harness for the safetensors reader
  * (src/format/safetensors.c) and the checkpoint layer above it
- * (src/format/checkpoint.c: SD3 renames, fused qkv split) and config
- * inference from shapes (sd3_config_infer).
+ * (src/format/checkpoint.c: SD3 and Flux renames, fused qkv split, Flux's
+ * 1:1:1:4 linear1 split) and config inference from shapes
+ * (sd3_config_infer, flux_config_infer).
  *
  * The input is a whole file. Properties checked beyond "no crash, no
  * sanitizer report": a failure leaves a message; every view handed out lies
@@ -12,10 +13,11 @@
 #include "base/base.h"
 #include "format/checkpoint.h"
 #include "format/safetensors.h"
+#include "arch/flux/flux.h"
 #include "arch/sd3/sd3.h"
 
-/* SD3's original names: the renamer runs on every fuzzed file */
-static const kc_renamer *const k_renamers[] = {&sd3_renamer, NULL};
+/* SD3's and Flux's original names: the renamers run on every fuzzed file */
+static const kc_renamer *const k_renamers[] = {&sd3_renamer, &flux_renamer, NULL};
 
 static volatile uint8_t kfz_sink;
 
@@ -99,6 +101,17 @@ static void checkpoint(const char *path) {
         if (sd3_weight_spec(&cfg, &spec, &ns) == KILN_OK) free(spec);
     } else {
         KFZ_ASSERT(kiln_last_error()[0]);
+    }
+    for (int guided = 0; guided < 2; guided++) {
+        flux_config fc;
+        if (flux_config_infer(c, &fc, guided) == KILN_OK) {
+            KFZ_ASSERT(flux_config_validate(&fc) == KILN_OK && fc.guidance_embeds == guided);
+            ka_spec *spec = NULL;
+            size_t ns = 0;
+            if (flux_weight_spec(&fc, &spec, &ns) == KILN_OK) free(spec);
+        } else {
+            KFZ_ASSERT(kiln_last_error()[0]);
+        }
     }
     kc_close(c);
 }

@@ -60,8 +60,9 @@ def main():
     os.makedirs(cf, exist_ok=True)
     for case in sorted(os.listdir(ROOT)):
         d = os.path.join(ROOT, case)
-        if not os.path.isdir(d):
-            continue
+        if not all(os.path.isfile(os.path.join(d, f)) for f in
+                   ("io.safetensors", "config.json", "diffusion_pytorch_model.safetensors")):
+            continue  # the backbone cases only (the encoders' weights are model.safetensors)
         with open(os.path.join(d, "io.safetensors"), "rb") as f:
             write(f"safetensors/{case}-io.safetensors", f.read())
         with open(os.path.join(d, "config.json"), "rb") as f:
@@ -86,6 +87,12 @@ def main():
     single += [(p + "final_layer.adaLN_modulation.1.weight", "F32", [4, 2]),
                (p + "final_layer.linear.weight", "F32", [2, 2])]
     write("safetensors/sd3-single-file-small", pack(single))
+    # Black Forest Labs' Flux names: fused qkv, linear1 (q, k, v, MLP: 1:1:1:4), the final modulation, guidance_in
+    write("safetensors/flux-bfl-names", pack([
+        (p + "img_in.weight", "F32", [4, 8]), (p + "double_blocks.0.img_attn.qkv.weight", "F32", [12, 4]),
+        (p + "single_blocks.0.linear1.weight", "F32", [28, 4]), (p + "single_blocks.0.linear1.bias", "F32", [28]),
+        (p + "final_layer.adaLN_modulation.1.weight", "F32", [8, 4]),
+        (p + "guidance_in.in_layer.weight", "F32", [4, 256])]))
     write("safetensors/hand-empty", pack([]))
     write("safetensors/hand-metadata-only", pack([], {"format": "pt", "k": "v"}))
     write("safetensors/hand-every-dtype",
