@@ -316,7 +316,7 @@ typedef struct attn_case {
 static double attn_run(void *p) {
     attn_case *a = p;
     double t0 = kb_now();
-    a->be->attention(a->q, a->k, a->v, a->o, 1, a->N, a->N, a->H, a->Dh);
+    a->be->attention(a->q, a->k, a->v, a->o, 1, a->N, a->N, a->H, a->Dh, NULL);
     return (kb_now() - t0) * 1e3;
 }
 

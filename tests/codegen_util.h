@@ -5,13 +5,15 @@
 #ifndef KILN_CODEGEN_UTIL_H
 #define KILN_CODEGEN_UTIL_H
 
+#include "graph/graph.h"
+
 #include <stdio.h>
 #include <string.h>
 
 typedef struct gen_call {
     char op[32];
-    int absent[6];   /* source s is absent ("0") */
-    int fmt[7];      /* the sources' formats, then the output's */
+    int absent[KG_MAX_SRC];  /* source s is absent ("0") */
+    int fmt[KG_MAX_SRC + 1]; /* the sources' formats, then the output's (fmt[KG_Y]) */
     char ip[4][96];  /* the integer parameters as C expressions ("0LL", "(2LL*S[1])") */
 } gen_call;
 
@@ -42,11 +44,11 @@ static int gen_calls(const char *src, gen_call *out, int max) {
         memset(g, 0, sizeof *g);
         int id;
         if (sscanf(c, "/* %d %31s */", &id, g->op) != 2) continue;
-        char f[7][96];
-        if (!gen_fields(at, ".src = {", 6, &f[0][0], sizeof f[0])) continue;
-        for (int s = 0; s < 6; s++) g->absent[s] = !strcmp(f[s], "0");
-        if (!gen_fields(at, ".fmt = {", 7, &f[0][0], sizeof f[0])) continue;
-        for (int s = 0; s < 7; s++) g->fmt[s] = f[s][0] - '0';
+        char f[KG_MAX_SRC + 1][96];
+        if (!gen_fields(at, ".src = {", KG_MAX_SRC, &f[0][0], sizeof f[0])) continue;
+        for (int s = 0; s < KG_MAX_SRC; s++) g->absent[s] = !strcmp(f[s], "0");
+        if (!gen_fields(at, ".fmt = {", KG_MAX_SRC + 1, &f[0][0], sizeof f[0])) continue;
+        for (int s = 0; s <= KG_MAX_SRC; s++) g->fmt[s] = f[s][0] - '0';
         if (!gen_fields(at, ".ip = {", 4, &g->ip[0][0], sizeof g->ip[0])) continue;
         n++;
     }

@@ -13,6 +13,7 @@
 #include "base/base.h"
 #include "golden_util.h"
 #include "kernels/kernels.h"
+#include "model/model.h"
 #include "pipeline/flux_pipeline.h"
 #include "cli_util.h"
 #include "test.h"
@@ -325,6 +326,49 @@ TEST(one_package_serves_many_sizes) {
     kiln_model_free(planned);
     kiln_model_free(pk);
     test_rmrf(root);
+}
+
+/* The graph every planned and compiled executor runs: no rotation of its
+ * own left (each attention rotates q and k as its kernel loads them, from
+ * the table the symbols give), and each double block's attention reads the
+ * text and image segments in place (the concatenations folded in too), on
+ * one process and under sequence parallel's graph alike */
+TEST(rope_rides_in_the_attention) {
+    kiln_open_opts oo = {.dtype = KILN_F32};
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_open(golden_path("flux-tiny", NULL), &oo, &m));
+    if (!m) return;
+    const flux_config *c = m->cfg;
+    for (int sp = 1; sp <= 2; sp++) {
+        kg_graph g;
+        kg_init(&g, km_resolve, m);
+        int64_t s[FLUX_NSYM] = {[FLUX_SYM_BATCH] = 2, [FLUX_SYM_H] = 3, [FLUX_SYM_W] = 4, [FLUX_SYM_CTX] = 7};
+        ka_par par = {1, sp, 0, 0};
+        CHECK_OK(flux_build_forward(c, &g, s, &par));
+        kg_fuse(&g);
+        char *live = malloc((size_t)g.n);
+        int *last = malloc(sizeof(int) * (size_t)g.n), ropes = 0, attn = 0, rotating = 0, joint = 0;
+        kg_liveness(&g, live, last);
+        for (int i = 0; i < g.n; i++) {
+            const kg_node *n = &g.nodes[i];
+            if (!live[i]) continue;
+            ropes += n->op == KG_ROPE;
+            if (n->op != KG_ATTENTION) continue;
+            attn++;
+            rotating += n->src[KG_ATTN_ROPE] >= 0 && g.nodes[n->src[KG_ATTN_ROPE]].op == KG_ROPE_TABLE;
+            joint += n->iparam[1] != 0;
+        }
+        int blocks = c->num_layers + c->num_single_layers;
+        CHECK_MSG(!ropes && attn == blocks && rotating == blocks,
+                  "sp %d: %d rope ops left, %d of %d attentions (%d blocks) rotate q and k themselves", sp, ropes, rotating,
+                  attn, blocks);
+        /* the double blocks' always; the single blocks' too under sequence parallel (text and image apart) */
+        CHECK_MSG(joint == (sp > 1 ? blocks : c->num_layers), "sp %d: %d joint attentions", sp, joint);
+        free(live);
+        free(last);
+        kg_free(&g);
+    }
+    kiln_model_free(m);
 }
 
 /* wrong sizes and missing inputs are named */
@@ -786,6 +830,7 @@ int main(void) {
     RUN(flux_dev_golden_on_every_path);
     RUN(flux_schnell_golden_on_every_path);
     RUN(one_package_serves_many_sizes);
+    RUN(rope_rides_in_the_attention);
     RUN(bad_inputs_are_refused);
     RUN(flux_schedule_is_the_pipeline_s);
     RUN(flux_pipeline_golden);

@@ -80,7 +80,7 @@ static void prepare_exec(kiln_model *m, const mode *md, int B, int H, int W, int
             const gen_call *c = &calls[i];
             bf16_in |= !strcmp(c->op, "attention") && c->fmt[1] != 0;      /* k in bf16 rows */
             segs |= !strcmp(c->op, "linear") && strcmp(c->ip[3], "0LL");   /* x after a blocked segment's rows */
-            pairs += !strcmp(c->op, "slice_tokens") && c->fmt[6] != 0;    /* token slices of bf16 rows */
+            pairs += !strcmp(c->op, "slice_tokens") && c->fmt[KG_Y] != 0; /* token slices of bf16 rows */
         }
         CHECK_MSG(bf16_in == want, "package %s: attention with bf16 q, k, v %s, with%s qk-norm, %s bf16 backend", r.path,
                   bf16_in ? "planned" : "not planned", qk_norm ? "" : "out", be16 ? "a" : "no");

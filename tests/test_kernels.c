@@ -73,8 +73,8 @@ static void check_attention(kiln_dtype dt, int64_t B, int64_t Nq, int64_t Nk, in
     int64_t D = H * Dh;
     float *q = rnd(11, (size_t)(B * Nq * D), 1), *k = rnd(12, (size_t)(B * Nk * D), 1), *v = rnd(13, (size_t)(B * Nk * D), 1);
     float *o0 = rnd(14, (size_t)(B * Nq * D), 0), *o1 = rnd(15, (size_t)(B * Nq * D), 0);
-    ref->attention(q, k, v, o0, B, Nq, Nk, H, Dh);
-    fast->attention(q, k, v, o1, B, Nq, Nk, H, Dh);
+    ref->attention(q, k, v, o0, B, Nq, Nk, H, Dh, NULL);
+    fast->attention(q, k, v, o1, B, Nq, Nk, H, Dh, NULL);
     double err = rel_l2(o1, o0, (size_t)(B * Nq * D));
     CHECK_MSG(err <= tol_of(dt), "attention %s B %lld Nq %lld Nk %lld H %lld Dh %lld: error %.3g", kiln_dtype_name(dt),
               (long long)B, (long long)Nq, (long long)Nk, (long long)H, (long long)Dh, err);
@@ -116,8 +116,8 @@ static void check_rising_scores(int64_t Nq) {
     for (int64_t i = 0; i < Nq * D; i++) q[i] = (i % D % 3 ? 1.0f : -1.0f) * (i / D % 2 ? -1.0f : 1.0f);
     for (int64_t j = 0; j < Nk * D; j++) k[j] = (j % D % 3 ? 1.0f : -1.0f) * (float)(1 + 6 * (j / D / 64));
     for (int64_t j = 0; j < Nk * D; j++) v[j] = kt_bf16_to_f32(kt_f32_to_bf16(v[j]));
-    ref->attention(q, k, v, o0, 1, Nq, Nk, H, Dh);
-    fast->attention(q, k, v, o1, 1, Nq, Nk, H, Dh);
+    ref->attention(q, k, v, o0, 1, Nq, Nk, H, Dh, NULL);
+    fast->attention(q, k, v, o1, 1, Nq, Nk, H, Dh, NULL);
     double err = rel_l2(o1, o0, (size_t)(Nq * D));
     CHECK_MSG(err <= 1e-3, "attention with scores rising block by block, %lld queries: error %.3g", (long long)Nq, err);
     /* the softmax is that mean: check the reference's own answer too */
@@ -143,12 +143,26 @@ TEST(attention_rising_scores) {
     check_rising_scores(10); /* one: each step's products add to the block the next softmax rescales */
 }
 
+/* A rotary table [N, Dh]: random angles' (cos, sin) pairs, as kk_rope_table lays them out */
+static float *rope_table(uint64_t seed, int64_t N, int64_t Dh) {
+    float *t = rnd(seed, (size_t)(N * Dh), 3.0f);
+    for (int64_t i = 0; i < N * Dh; i += 2) {
+        float a = t[i];
+        t[i] = cosf(a);
+        t[i + 1] = sinf(a);
+    }
+    return t;
+}
+
 /* attention over two token segments against the reference attention of their concatenation */
 /* q_both 0: only the first segment's tokens are queries (qb NULL), o [B,Na,D]
- * and nothing written past it */
+ * and nothing written past it. rope: q and k rotated by a table (Flux's
+ * RoPE) inside the attention, which must give bit for bit what the same
+ * attention gives on q and k the rope op rotated */
 static void check_attention_joint(const kk_backend *be, double tol, int64_t B, int64_t Na, int64_t Nb, int64_t H,
-                                  int64_t Dh, int q_both) {
+                                  int64_t Dh, int q_both, int rope) {
     int64_t D = H * Dh, N = Na + Nb, Nq = q_both ? N : Na;
+    float *tab = rope ? rope_table(44, N, Dh) : NULL;
     float *seg[6], *cat[3];
     /* inputs bf16 can hold, so that attention_joint_bf16 (q, k, v in bf16 rows) gets the same ones */
     uint16_t *h[6];
@@ -164,20 +178,39 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
     }
     float *want = rnd(41, (size_t)(B * N * D), 0), *got = rnd(42, (size_t)(B * N * D + 1), 0);
     for (int64_t i = B * Nq * D; i <= B * N * D; i++) got[i] = 12345.0f;
-    kk_reference()->attention(q_both ? cat[0] : seg[0], cat[1], cat[2], want, B, Nq, N, H, Dh);
-    be->attention_joint(seg[0], seg[1], seg[2], q_both ? seg[3] : NULL, seg[4], seg[5], got, B, Na, Nb, H, Dh);
+    kk_reference()->attention(q_both ? cat[0] : seg[0], cat[1], cat[2], want, B, Nq, N, H, Dh, tab);
+    be->attention_joint(seg[0], seg[1], seg[2], q_both ? seg[3] : NULL, seg[4], seg[5], got, B, Na, Nb, H, Dh, tab);
     double err = rel_l2(got, want, (size_t)(B * Nq * D));
     int64_t past = 0;
     for (int64_t i = B * Nq * D; i <= B * N * D; i++) past += got[i] != 12345.0f;
     CHECK_MSG(err <= tol && !past,
-              "%s attention_joint B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s: error %.3g, %lld written past o",
-              be->name, (long long)B, (long long)Na, (long long)Nb, (long long)H, (long long)Dh,
-              q_both ? "both segments" : "the first segment", err, (long long)past);
+              "%s attention_joint%s B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s: error %.3g, %lld written past o",
+              be->name, rope ? " with RoPE" : "", (long long)B, (long long)Na, (long long)Nb, (long long)H,
+              (long long)Dh, q_both ? "both segments" : "the first segment", err, (long long)past);
+    if (rope) { /* the rope op first (kk_rope over the concatenations, split back), then no table */
+        float *r[2], *rs[4], *got2 = rnd(45, (size_t)(B * N * D + 1), 0);
+        for (int s = 0; s < 2; s++) {
+            r[s] = rnd(46, (size_t)(B * N * D), 0);
+            kk_rope(cat[s], tab, r[s], B, N, H, Dh);
+            rs[s] = rnd(47, (size_t)(B * Na * D), 0);
+            rs[s + 2] = rnd(48, (size_t)(B * Nb * D + 1), 0);
+            kk_slice_rows(r[s], rs[s], B, N * D, 0, Na * D);
+            kk_slice_rows(r[s], rs[s + 2], B, N * D, Na * D, Nb * D);
+        }
+        /* (with queries of the first segment alone, q is rotated by the table's first Na rows either way) */
+        be->attention_joint(rs[0], rs[1], seg[2], q_both ? rs[2] : NULL, rs[3], seg[5], got2, B, Na, Nb, H, Dh, NULL);
+        CHECK_MSG(!memcmp(got2, got, sizeof(float) * (size_t)(B * Nq * D)),
+                  "%s attention_joint B %lld Na %lld Nb %lld H %lld Dh %lld, queries of %s: RoPE inside differs from the "
+                  "rope op before", be->name, (long long)B, (long long)Na, (long long)Nb, (long long)H, (long long)Dh,
+                  q_both ? "both segments" : "the first segment");
+        for (int s = 0; s < 4; s++) kb_free_aligned(s < 2 ? r[s] : NULL), kb_free_aligned(rs[s]);
+        kb_free_aligned(got2);
+    }
     if (be->attention_joint_bf16) {
         /* from bf16 rows: the same numbers, bit for bit, as from those values in f32 */
         float *got16 = rnd(43, (size_t)(B * N * D + 1), 0);
         for (int64_t i = B * Nq * D; i <= B * N * D; i++) got16[i] = 12345.0f;
-        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], got16, KK_FMT_F32, B, Na, Nb, H, Dh);
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], got16, KK_FMT_F32, B, Na, Nb, H, Dh, tab);
         past = 0;
         for (int64_t i = B * Nq * D; i <= B * N * D; i++) past += got16[i] != 12345.0f;
         CHECK_MSG(!memcmp(got16, got, sizeof(float) * (size_t)(B * Nq * D)) && !past,
@@ -185,8 +218,8 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
                   "inputs, %lld written past o", be->name, (long long)B, (long long)Na, (long long)Nb, (long long)H,
                   (long long)Dh, q_both ? "both segments" : "the first segment", (long long)past);
         if (!Nb && Na) { /* plain attention (one segment, no second one named) against be->attention */
-            be->attention(seg[0], seg[1], seg[2], got, B, Na, Na, H, Dh);
-            be->attention_joint_bf16(h[0], h[1], h[2], NULL, NULL, NULL, got16, KK_FMT_F32, B, Na, 0, H, Dh);
+            be->attention(seg[0], seg[1], seg[2], got, B, Na, Na, H, Dh, tab);
+            be->attention_joint_bf16(h[0], h[1], h[2], NULL, NULL, NULL, got16, KK_FMT_F32, B, Na, 0, H, Dh, tab);
             CHECK_MSG(!memcmp(got16, got, sizeof(float) * (size_t)(B * Na * D)),
                       "%s attention_joint_bf16 as plain attention B %lld N %lld H %lld Dh %lld: differs from attention",
                       be->name, (long long)B, (long long)Na, (long long)H, (long long)Dh);
@@ -196,7 +229,7 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
         size_t no = (size_t)(B * Nq * D);
         uint16_t *o16 = malloc(2 * no + 64);
         for (size_t i = 0; i < no + 32; i++) o16[i] = 0x7777;
-        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], o16, KK_FMT_BF16, B, Na, Nb, H, Dh);
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], o16, KK_FMT_BF16, B, Na, Nb, H, Dh, tab);
         size_t bad = 0;
         for (size_t i = 0; i < no; i++) bad += o16[i] != kt_f32_to_bf16(got[i]);
         for (size_t i = no; i < no + 32; i++) bad += o16[i] != 0x7777;
@@ -211,7 +244,7 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
         size_t off2 = kk_blocked_elems(B * Na, D), nblk = off2 + kk_blocked_elems(B * nq2, D);
         uint16_t *ob = malloc(2 * nblk + 64);
         for (size_t i = 0; i < nblk + 32; i++) ob[i] = 0x7777;
-        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], ob, KK_FMT_BLOCKED, B, Na, Nb, H, Dh);
+        be->attention_joint_bf16(h[0], h[1], h[2], q_both ? h[3] : NULL, h[4], h[5], ob, KK_FMT_BLOCKED, B, Na, Nb, H, Dh, tab);
         bad = 0;
         for (int seg = 0; seg < 2; seg++) {
             int64_t n = seg ? nq2 : Na;
@@ -235,6 +268,7 @@ static void check_attention_joint(const kk_backend *be, double tol, int64_t B, i
         free(h[s]);
     }
     for (int s = 0; s < 3; s++) kb_free_aligned(cat[s]);
+    kb_free_aligned(tab);
     kb_free_aligned(want);
     kb_free_aligned(got);
 }
@@ -251,9 +285,10 @@ TEST(attention_joint_matches_reference) {
     for (int b = 0; b < 3; b++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int q_both = 0; q_both < 2; q_both++)
-                if (bes[b])
-                    check_attention_joint(bes[b], b == 2 ? 1e-2 : 1e-5, shapes[s][0], shapes[s][1], shapes[s][2],
-                                          shapes[s][3], shapes[s][4], q_both);
+                for (int rope = 0; rope < 2; rope++)
+                    if (bes[b])
+                        check_attention_joint(bes[b], b == 2 ? 1e-2 : 1e-5, shapes[s][0], shapes[s][1], shapes[s][2],
+                                              shapes[s][3], shapes[s][4], q_both, rope);
 }
 
 /* A fused attention kernel called directly (the fp16 one on CPUs with
@@ -268,27 +303,32 @@ static void *f16_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) 
 static void *bf16_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
     return kb_alloc_aligned(kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh));
 }
-#define FUSED_ATTENTION_BACKEND(kn)                                                                                  \
+/* ROPE: WITH_ROPE where the kernel takes a rotary table, NO_ROPE for the fp16 one (its rope is always NULL here) */
+#define FUSED_ATTENTION_BACKEND(kn, ROPE)                                                                            \
     static void kn##_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,     \
-                                 int64_t Nk, int64_t H, int64_t Dh) {                                                 \
+                                 int64_t Nk, int64_t H, int64_t Dh, const float *rope) {                              \
         void *w = kn##_work(B, Nq, Nk, H, Dh);                                   \
-        CHECK(kk_attention_##kn(q, k, v, o, B, Nq, Nk, H, Dh, w));                                                  \
+        (void)rope;                                                                                                   \
+        CHECK(kk_attention_##kn(q, k, v, o, B, Nq, Nk, H, Dh, ROPE(rope) w));                                             \
         kb_free_aligned(w);                                                                                           \
     }                                                                                                                 \
     /* (they decline only where no query asks) */                                                                     \
     static void kn##_attention_joint(const float *qa, const float *ka, const float *va, const float *qb,            \
                                        const float *kb, const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, \
-                                       int64_t H, int64_t Dh) {                                                       \
+                                       int64_t H, int64_t Dh, const float *rope) {                                    \
         void *w = kn##_work(B, Na + Nb, Na + Nb, H, Dh);                         \
-        CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, w) ||           \
+        (void)rope;                                                                                                   \
+        CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, ROPE(rope) w) ||      \
               Na + (qb ? Nb : 0) == 0);                                                                               \
         kb_free_aligned(w);                                                                                           \
     }                                                                                                                 \
     static void kn##_attention_joint_bf16(const uint16_t *qa, const uint16_t *ka, const uint16_t *va,               \
                                             const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, void *o,      \
-                                            int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {    \
+                                            int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,      \
+                                            const float *rope) {                                                      \
         void *w = kn##_work(B, Na + Nb, Na + Nb, H, Dh);                         \
-        CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, w) ||                \
+        (void)rope;                                                                                                   \
+        CHECK(kk_attention_##kn##_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, ROPE(rope) w) ||           \
               Na + (qb ? Nb : 0) == 0);                                                                               \
         kb_free_aligned(w);                                                                                           \
     }                                                                                                                 \
@@ -296,8 +336,10 @@ static void *bf16_work(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Dh)
                                                         .attention = kn##_attention,                                \
                                                         .attention_joint = kn##_attention_joint,                    \
                                                         .attention_joint_bf16 = kn##_attention_joint_bf16};
-FUSED_ATTENTION_BACKEND(f16)
-FUSED_ATTENTION_BACKEND(bf16)
+#define WITH_ROPE(r) r,
+#define NO_ROPE(r)
+FUSED_ATTENTION_BACKEND(f16, NO_ROPE)
+FUSED_ATTENTION_BACKEND(bf16, WITH_ROPE)
 
 /* the fused kernels' shapes: tiles of 6 queries and panels of 64 keys, partial ones; one query;
  * more work items (192 queries each) than heads; keys across the two segments inside one panel */
@@ -310,26 +352,28 @@ static const int64_t k_fused_shapes[][4] = {{1, 1, 1, 1},  {2, 37, 11, 2}, {1, 1
 TEST(bf16_attention_matches_reference) {
     for (size_t s = 0; s < sizeof k_fused_shapes / sizeof k_fused_shapes[0]; s++)
         for (int q_both = 0; q_both < 2; q_both++)
-            check_attention_joint(&bf16_attention_backend, 1e-2, k_fused_shapes[s][0], k_fused_shapes[s][1],
-                                  k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both);
+            for (int rope = 0; rope < 2; rope++)
+                check_attention_joint(&bf16_attention_backend, 1e-2, k_fused_shapes[s][0], k_fused_shapes[s][1],
+                                      k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both, rope);
     /* other head sizes: 128 with two heads; the VAE's one head of 512 (its key blocks of 128 keys:
      * 300 keys take three, the last partial); 1024, the largest; 96 and 2048 do not run here */
     int64_t wide[][5] = {{2, 37, 11, 2, 128}, {1, 200, 100, 1, 512}, {1, 13, 3, 1, 1024}};
     for (size_t s = 0; s < sizeof wide / sizeof wide[0]; s++)
         for (int q_both = 0; q_both < 2; q_both++)
-            check_attention_joint(&bf16_attention_backend, 1e-2, wide[s][0], wide[s][1], wide[s][2], wide[s][3],
-                                  wide[s][4], q_both);
+            for (int rope = 0; rope < 2; rope++) /* Flux's heads of 128 with RoPE */
+                check_attention_joint(&bf16_attention_backend, 1e-2, wide[s][0], wide[s][1], wide[s][2], wide[s][3],
+                                      wide[s][4], q_both, rope);
     float one[2048] = {0}, out[2048];
-    CHECK(!kk_attention_bf16(one, one, one, out, 1, 1, 1, 1, 96, out) && !kk_attention_bf16_work_bytes(1, 1, 1, 1, 96));
-    CHECK(!kk_attention_bf16(one, one, one, out, 1, 1, 1, 1, 2048, out));
+    CHECK(!kk_attention_bf16(one, one, one, out, 1, 1, 1, 1, 96, NULL, out) && !kk_attention_bf16_work_bytes(1, 1, 1, 1, 96));
+    CHECK(!kk_attention_bf16(one, one, one, out, 1, 1, 1, 1, 2048, NULL, out));
     int64_t Nq = 13, Nk = 300, H = 2, D = 128;
     float *q = rnd(81, (size_t)(Nq * D), 1), *k = rnd(82, (size_t)(Nk * D), 1), *v = rnd(83, (size_t)(Nk * D), 1);
     for (int64_t j = 0; j < Nk; j++)
         for (int64_t d = 0; d < D; d++) k[j * D + d] = q[d % 64] * (float)j / 40.0f + k[j * D + d] * 0.1f;
     k[(Nk - 1) * D] = 3000.0f; /* one key of head 0 far above the rest for query 0 */
     float *o0 = rnd(84, (size_t)(Nq * D), 0), *o1 = rnd(85, (size_t)(Nq * D), 0);
-    kk_reference()->attention(q, k, v, o0, 1, Nq, Nk, H, 64);
-    bf16_attention(q, k, v, o1, 1, Nq, Nk, H, 64);
+    kk_reference()->attention(q, k, v, o0, 1, Nq, Nk, H, 64, NULL);
+    bf16_attention(q, k, v, o1, 1, Nq, Nk, H, 64, NULL);
     double err = rel_l2(o1, o0, (size_t)(Nq * D));
     CHECK_MSG(err <= 1e-2, "bf16 attention, rising scores: error %.3g", err);
     kb_free_aligned(q);
@@ -343,7 +387,7 @@ TEST(f16_attention_matches_reference) {
     for (size_t s = 0; s < sizeof k_fused_shapes / sizeof k_fused_shapes[0]; s++)
         for (int q_both = 0; q_both < 2; q_both++)
             check_attention_joint(&f16_attention_backend, 1e-2, k_fused_shapes[s][0], k_fused_shapes[s][1],
-                                  k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both);
+                                  k_fused_shapes[s][2], k_fused_shapes[s][3], 64, q_both, 0);
     /* operands far outside fp16's range (q 1e4, k 1e-4, v 1e6; and the reverse): each token and
      * value dim is scaled into it, so the answer is the reference's within bf16's error */
     for (int flip = 0; flip < 2; flip++) {
@@ -356,8 +400,8 @@ TEST(f16_attention_matches_reference) {
         }
         for (int64_t i = 0; i < Nq * D; i++) q[i] = kt_bf16_to_f32(kt_f32_to_bf16(q[i]));
         float *o0 = rnd(74, (size_t)(Nq * D), 0), *o1 = rnd(75, (size_t)(Nq * D), 0);
-        kk_reference()->attention(q, k, v, o0, 1, Nq, Nk, H, 64);
-        f16_attention(q, k, v, o1, 1, Nq, Nk, H, 64);
+        kk_reference()->attention(q, k, v, o0, 1, Nq, Nk, H, 64, NULL);
+        f16_attention(q, k, v, o1, 1, Nq, Nk, H, 64, NULL);
         double err = rel_l2(o1, o0, (size_t)(Nq * D));
         CHECK_MSG(err <= 1e-2, "fp16 attention, q %g k %g v %g: error %.3g", sq, sk, sv, err);
         kb_free_aligned(q);
@@ -785,22 +829,40 @@ TEST(rows_do_not_depend_on_their_batch) {
         float *q = rnd(71, (size_t)(B * N * D), 1), *k = rnd(72, (size_t)(B * N * D), 1), *v = rnd(73, (size_t)(B * N * D), 1);
         float *o = rnd(74, (size_t)(B * N * D), 0), *o1 = rnd(75, (size_t)(N * D), 0);
         int same = 1;
-        be->attention(q, k, v, o, B, N, N, H, Dh);
+        be->attention(q, k, v, o, B, N, N, H, Dh, NULL);
         for (int64_t e = 0; e < B; e++) {
-            be->attention(q + e * N * D, k + e * N * D, v + e * N * D, o1, 1, N, N, H, Dh);
+            be->attention(q + e * N * D, k + e * N * D, v + e * N * D, o1, 1, N, N, H, Dh, NULL);
             same &= same_bits(o1, o + e * N * D, (size_t)(N * D));
         }
         CHECK_MSG(same, "attention %s: an entry's bits depend on its batch", kiln_dtype_name(dts[d]));
         /* joint: segment a [B, Na, D], segment b [B, Nb, D] */
         const float *qa = q, *ka = k, *va = v, *qb = q + B * Na * D, *kb = k + B * Na * D, *vb = v + B * Na * D;
-        be->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+        be->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, NULL);
         same = 1;
         for (int64_t e = 0; e < B; e++) {
             be->attention_joint(qa + e * Na * D, ka + e * Na * D, va + e * Na * D, qb + e * Nb * D, kb + e * Nb * D,
-                                vb + e * Nb * D, o1, 1, Na, Nb, H, Dh);
+                                vb + e * Nb * D, o1, 1, Na, Nb, H, Dh, NULL);
             same &= same_bits(o1, o + e * N * D, (size_t)(N * D)); /* o [B, Na + Nb, D] */
         }
         CHECK_MSG(same, "joint attention %s: an entry's bits depend on its batch", kiln_dtype_name(dts[d]));
+        /* both again with RoPE inside (Flux's) */
+        float *tab = rope_table(78, N, Dh);
+        be->attention(q, k, v, o, B, N, N, H, Dh, tab);
+        float *o2 = rnd(79, (size_t)(N * D), 0);
+        same = 1;
+        for (int64_t e = 0; e < B; e++) {
+            be->attention(q + e * N * D, k + e * N * D, v + e * N * D, o2, 1, N, N, H, Dh, tab);
+            same &= same_bits(o2, o + e * N * D, (size_t)(N * D));
+        }
+        be->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, tab);
+        for (int64_t e = 0; e < B; e++) {
+            be->attention_joint(qa + e * Na * D, ka + e * Na * D, va + e * Na * D, qb + e * Nb * D, kb + e * Nb * D,
+                                vb + e * Nb * D, o2, 1, Na, Nb, H, Dh, tab);
+            same &= same_bits(o2, o + e * N * D, (size_t)(N * D));
+        }
+        CHECK_MSG(same, "attention with RoPE %s: an entry's bits depend on its batch", kiln_dtype_name(dts[d]));
+        kb_free_aligned(o2);
+        kb_free_aligned(tab);
         int64_t bs[4] = {1, H, N, N};
         float *bias = rnd(76, (size_t)(H * N * N), 1);
         be->attention_ex(q, k, v, bias, bs, o, B, N, N, H, Dh, 0.125f, 1);

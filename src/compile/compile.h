@@ -24,8 +24,9 @@
 #define KX_MAX_SYMS 4
 #define KX_NMONO (1 << KX_MAX_SYMS)
 #define KX_FORMAT_VERSION 2 /* 2: shape constants (placement "const", const_bytes) */
-#define KX_ABI 12 /* 10: ops called through the op table (kg_call), kiln_pkg_ops; 11: named outputs;
-                   * 12: kiln_pkg_consts, the shape constants apart */
+#define KX_ABI 13 /* 10: ops called through the op table (kg_call), kiln_pkg_ops; 11: named outputs;
+                   * 12: kiln_pkg_consts, the shape constants apart; 13: an op's call has 7 sources
+                   * (an attention's rotary table) */
 
 /* A named dimension with a range; lo == hi is a static dimension. */
 typedef struct kx_sym {

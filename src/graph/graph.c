@@ -64,7 +64,7 @@ static kg_id push(kg_graph *g, kg_op op, int ndim, const int64_t *shape, kg_id a
     n->src[0] = a;
     n->src[1] = b;
     n->src[2] = c;
-    n->src[3] = n->src[4] = n->src[5] = -1;
+    for (int s = 3; s < KG_MAX_SRC; s++) n->src[s] = -1;
     return g->n++;
 }
 
@@ -561,6 +561,24 @@ void kg_fuse(kg_graph *g) {
             n->src[0] = p->src[0];
             uses[s0] = 0; /* the layernorm has no consumer left: executors skip it */
         }
+    }
+    /* the rotations of an attention's q and k by one table (Flux's RoPE),
+     * when nothing else reads them: the attention rotates them as its kernel
+     * loads them (src[KG_ATTN_ROPE]), no pass of their own; the concatenations
+     * before them then fold in below */
+    for (int i = 0; i < g->n; i++) {
+        kg_node *n = &g->nodes[i];
+        if (!plain_attention(n) || n->iparam[1] || n->src[KG_ATTN_ROPE] >= 0) continue;
+        kg_id q = n->src[0], k = n->src[1];
+        const kg_node *Q = &g->nodes[q], *K = &g->nodes[k];
+        if (Q->op != KG_ROPE || K->op != KG_ROPE || uses[q] != 1 || uses[k] != 1 || Q->src[1] != K->src[1] ||
+            Q->iparam[0] != n->iparam[0] || K->iparam[0] != n->iparam[0])
+            continue;
+        n->src[0] = Q->src[0];
+        n->src[1] = K->src[0];
+        n->src[KG_ATTN_ROPE] = Q->src[1];
+        uses[q] = uses[k] = 0; /* no consumer left: executors skip the rotations */
+        uses[Q->src[1]]--;
     }
     /* the concatenations of two token streams (image, context) into an
      * attention's k and v, and q, when nothing else reads them: the attention

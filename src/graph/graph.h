@@ -25,7 +25,9 @@ typedef enum kg_op {
 
 const char *kg_op_name(kg_op op);
 
-#define KG_MAX_SRC 6 /* sources of a node: 3; 5 for a linear with a gate_add folded in, 6 for a joint attention */
+#define KG_MAX_SRC 7 /* sources of a node: 3; 5 for a linear with a gate_add folded in, 6 for a joint attention,
+                      * 7 with a rotary table */
+#define KG_ATTN_ROPE 6 /* an attention's rotary table (kg_fuse folds the rope of its q and k in; -1: none) */
 
 /* One op call, as every executor makes it (eager and planned from a node's
  * concrete shapes, compiled packages from the shapes' expressions): the

@@ -145,14 +145,15 @@ static void kg_run_attention(const kg_ctx *x, const kg_call *c) {
                          (int)c->ip[3]);
         return;
     }
+    const float *rope = F(KG_ATTN_ROPE); /* q and k rotated as the kernel loads them */
     if (c->fmt[1]) /* q, k, v in bf16 rows (kg_plan_bf16); plain attention: one segment */
         be->attention_joint_bf16(c->src[0], c->src[1], c->src[2], joint ? c->src[3] : NULL, joint ? c->src[4] : NULL,
                                  joint ? c->src[5] : NULL, c->y, c->fmt[KG_Y], YS[0], c->sh[0][1],
-                                 joint ? c->sh[4][1] : 0, H, Dh);
+                                 joint ? c->sh[4][1] : 0, H, Dh, rope);
     else if (joint) /* joint: q, k, v of two token segments, read in place */
-        be->attention_joint(F(0), F(1), F(2), F(3), F(4), F(5), Y, YS[0], c->sh[0][1], c->sh[4][1], H, Dh);
+        be->attention_joint(F(0), F(1), F(2), F(3), F(4), F(5), Y, YS[0], c->sh[0][1], c->sh[4][1], H, Dh, rope);
     else
-        be->attention(F(0), F(1), F(2), Y, YS[0], YS[1], c->sh[1][1], H, Dh);
+        be->attention(F(0), F(1), F(2), Y, YS[0], YS[1], c->sh[1][1], H, Dh, rope);
 }
 
 static void kg_run_patchify(const kg_ctx *x, const kg_call *c) {

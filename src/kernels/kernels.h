@@ -156,16 +156,23 @@ typedef struct kk_backend {
     /* y [B,N,D] = res + gate [B,D] * v */
     void (*gate_add)(const float *res, const float *gate, const float *v, float *y, int64_t B,
                      int64_t N, int64_t D);
-    /* o [B,Nq,H*Dh] = softmax(q k^T / sqrt(Dh)) v, per batch and head */
+    /* o [B,Nq,H*Dh] = softmax(q k^T / sqrt(Dh)) v, per batch and head.
+     * rope (every attention slot's last argument; NULL: none): a rotary
+     * table [Nk, Dh] (kk_rope_table's) by which q and k are rotated
+     * (kk_rope's arithmetic, bitwise) as the kernel loads them: key j takes
+     * row j, query i row i (the queries are the first Nq tokens); so Flux's
+     * RoPE costs no pass over memory and its joint attention stays fused */
     void (*attention)(const float *q, const float *k, const float *v, float *o, int64_t B,
-                      int64_t Nq, int64_t Nk, int64_t H, int64_t Dh);
+                      int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, const float *rope);
     /* o [B,Na+Nb,H*Dh]: attention over two token segments read in place, q =
      * [qa; qb] along each batch's tokens (qa [B,Na,H*Dh], qb [B,Nb,H*Dh]), k
      * and v alike: the image and context streams, whose concatenations
      * kg_fuse folds in. qb NULL: only qa's tokens are queries, o [B,Na,H*Dh]
-     * (k and v still span both segments) */
+     * (k and v still span both segments); rope: [Na+Nb, Dh], token i of
+     * the concatenation (a, then b) taking row i */
     void (*attention_joint)(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                            const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh);
+                            const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                            const float *rope);
     /* Optional: attention_joint on q, k, v in bf16 rows (KK_FMT_BF16), as
      * the GEMMs making them wrote them, and o for the GEMMs after
      * (kg_plan_bf16) in o_fmt: f32 or bf16 rows, or KK_FMT_BLOCKED by token
@@ -175,7 +182,7 @@ typedef struct kk_backend {
      * plain attention, qb, kb and vb NULL and Nb 0 */
     void (*attention_joint_bf16)(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
                                  const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
-                                 int64_t Nb, int64_t H, int64_t Dh);
+                                 int64_t Nb, int64_t H, int64_t Dh, const float *rope);
     /* y [B,N,M] = res [B,N,M] + gate [B,M] * (x [B,N,K] . W^T + b): a gate_add
      * in the GEMM's epilogue (kg_fuse); gate's rows are gate_ld floats apart;
      * gate NULL: y = res + (x . W^T + b) with res [N,M], the same for every
@@ -375,6 +382,15 @@ void kk_rope_table(float *y, int64_t T, int64_t h, int64_t w, const int64_t axes
  * adjacent channel pair (x0, x1) -> (x0 c - x1 s, x1 c + x0 s), as
  * diffusers' apply_rotary_emb(use_real_unbind_dim=-1) */
 void kk_rope(const float *x, const float *table, float *y, int64_t B, int64_t N, int64_t H, int64_t Dh);
+/* kk_rope of one head's row x [Dh] by the table's row t [Dh] into y: what
+ * the attention kernels apply as they load q and k (the same arithmetic) */
+static inline void kk_rope_row(const float *x, const float *t, float *y, int64_t Dh) {
+    for (int64_t i = 0; i < Dh; i += 2) {
+        float x0 = x[i], x1 = x[i + 1], c = t[i], s = t[i + 1];
+        y[i] = x0 * c + -x1 * s;
+        y[i + 1] = x1 * c + x0 * s;
+    }
+}
 /* y [n] = a [n] + b [i % nb] */
 void kk_add_bcast(const float *a, const float *b, float *y, int64_t n, int64_t nb);
 /* y [rows,len] = x [rows, off .. off+len) of rows of stride floats */
@@ -417,7 +433,7 @@ void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, con
  * kernels without segmented reads */
 void kk_attention_joint_concat(const kk_backend *be, const float *qa, const float *ka, const float *va,
                                const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
-                               int64_t Nb, int64_t H, int64_t Dh, float *work);
+                               int64_t Nb, int64_t H, int64_t Dh, float *work, const float *rope);
 
 /* y [B,C,S] = group norm of x [B,C,S] (S: every position) over G groups of
  * C/G channels, * w [C] + b [C] (either may be NULL), then SiLU when silu:

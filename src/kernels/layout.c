@@ -110,12 +110,12 @@ void kk_concat_rows(const float *a, int64_t na, const float *b, int64_t nb, floa
 
 void kk_attention_joint_concat(const kk_backend *be, const float *qa, const float *ka, const float *va,
                                const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
-                               int64_t Nb, int64_t H, int64_t Dh, float *work) {
+                               int64_t Nb, int64_t H, int64_t Dh, float *work, const float *rope) {
     int64_t D = H * Dh, n = B * (Na + Nb) * D;
     if (qb) kk_concat_rows(qa, Na * D, qb, Nb * D, work, B);
     kk_concat_rows(ka, Na * D, kb, Nb * D, work + n, B);
     kk_concat_rows(va, Na * D, vb, Nb * D, work + 2 * n, B);
-    be->attention(qb ? work : qa, work + n, work + 2 * n, o, B, qb ? Na + Nb : Na, Na + Nb, H, Dh);
+    be->attention(qb ? work : qa, work + n, work + 2 * n, o, B, qb ? Na + Nb : Na, Na + Nb, H, Dh, rope);
 }
 
 void kk_linear_then_gate_add(const kk_backend *be, const void *x, int x_fmt, const kk_weight *w, const float *b,
@@ -484,12 +484,7 @@ void kk_rope(const float *x, const float *table, float *y, int64_t B, int64_t N,
             const float *t = table + n * Dh;
             for (int64_t hd = 0; hd < H; hd++) {
                 const float *xr = x + ((b * N + n) * H + hd) * Dh;
-                float *yr = y + ((b * N + n) * H + hd) * Dh;
-                for (int64_t i = 0; i < Dh; i += 2) {
-                    float x0 = xr[i], x1 = xr[i + 1], c = t[i], s = t[i + 1];
-                    yr[i] = x0 * c + -x1 * s;
-                    yr[i + 1] = x1 * c + x0 * s;
-                }
+                kk_rope_row(xr, t, y + ((b * N + n) * H + hd) * Dh, Dh);
             }
         }
 }

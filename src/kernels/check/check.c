@@ -206,17 +206,18 @@ static void c_gate_add(const float *res, const float *gate, const float *v, floa
     LEAVE();
 }
 static void c_attention(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                        int64_t H, int64_t Dh) {
+                        int64_t H, int64_t Dh, const float *rope) {
     ENTER("attention");
-    O(q), O(k), O(v), O(o);
-    R->attention(q, k, v, o, B, Nq, Nk, H, Dh);
+    O(q), O(k), O(v), O(o), O(rope);
+    R->attention(q, k, v, o, B, Nq, Nk, H, Dh, rope);
     LEAVE();
 }
 static void c_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                              const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+                              const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                              const float *rope) {
     ENTER("attention_joint");
-    O(qa), O(ka), O(va), O(qb), O(kb), O(vb), O(o);
-    R->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+    O(qa), O(ka), O(va), O(qb), O(kb), O(vb), O(o), O(rope);
+    R->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, rope);
     LEAVE();
 }
 static void c_linear_gate_add(const void *x, int x_fmt, const kk_weight *w, const float *b, const float *res,

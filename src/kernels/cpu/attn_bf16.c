@@ -6,7 +6,8 @@
  *
  * Per (batch, head), packed once (f32 rows rounded to bf16, nearest even, as
  * every bf16 kernel takes them; bf16 rows as they are; both token segments
- * read in place), NP = Dh / 2 dim pairs:
+ * read in place; q and k rotated in f32 first by a RoPE table where one is
+ * given, Flux's, so the rotation is no pass of its own), NP = Dh / 2 dim pairs:
  *   Q   [query][NP dim pairs] bf16
  *   K   panels of 64 keys, [NP dim pairs][64 keys][2] bf16
  *   V   panels of 64 keys, [32 key pairs][Dh dims][2] bf16
@@ -69,15 +70,35 @@ BF16_FN static inline __m512i load32(const kk_rows_of *r, const char *row, int64
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f));
 }
 
-/* batch entry b, head h's Q, K and V into their layouts (zeros past Nq, Nk) */
+/* x [16] rotated by the table's 16 values t (pairs (cos, sin)): kk_rope_row's
+ * arithmetic, lane for lane (x0 c + -(x1 s), x1 c + x0 s; no FMA) */
+BF16_FN static inline __m512 rotate16(__m512 x, const float *t) {
+    __m512 tv = _mm512_loadu_ps(t), c = _mm512_moveldup_ps(tv), sn = _mm512_movehdup_ps(tv);
+    __m512 xs = _mm512_mul_ps(_mm512_permute_ps(x, 0xb1), sn); /* x1 s, x0 s */
+    xs = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(xs), _mm512_set1_epi64(0x80000000LL)));
+    return _mm512_add_ps(_mm512_mul_ps(x, c), xs);
+}
+
+/* load32 of q or k rotated by the table's row t (RoPE) first, in f32 */
+BF16_FN static inline __m512i load32_rot(const kk_rows_of *r, const char *row, int64_t h, int64_t Dh, int64_t d,
+                                         const float *t) {
+    __m512 lo = rotate16(kk_load16(r, row, h * Dh + d), t + d);
+    __m512 hi = rotate16(kk_load16(r, row, h * Dh + d + 16), t + d + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* batch entry b, head h's Q, K and V into their layouts (zeros past Nq, Nk),
+ * Q and K rotated by the table rope [Nk, Dh] (row = token) where given */
 BF16_FN static void pack_head(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_of *v, int64_t b, int64_t h,
-                              int64_t H, const head_layout *L, char *base) {
+                              int64_t H, const head_layout *L, const float *rope, char *base) {
     int64_t Dh = L->Dh, NP = Dh / 2, D = H * Dh, Nq = q->na + q->nb, Nk = k->na + k->nb;
     uint32_t *qh = (uint32_t *)(base + L->q), *kh = (uint32_t *)(base + L->k), *vh = (uint32_t *)(base + L->v);
     for (int64_t i = 0; i < L->Nqp; i++) {
         const char *row = i < Nq ? kk_row_of(q, b, i, D) : NULL;
         for (int64_t d = 0; d < Dh; d += 32)
-            _mm512_storeu_si512(qh + i * NP + d / 2, row ? load32(q, row, h, Dh, d) : _mm512_setzero_si512());
+            _mm512_storeu_si512(qh + i * NP + d / 2, !row  ? _mm512_setzero_si512()
+                                                     : rope ? load32_rot(q, row, h, Dh, d, rope + i * Dh)
+                                                            : load32(q, row, h, Dh, d));
     }
     /* K: key j's dim pair p at [j / 64][p][j % 64], 16 keys x 16 pairs transposed at a time */
     for (int64_t j0 = 0; j0 < L->Nkp; j0 += 16) {
@@ -86,7 +107,10 @@ BF16_FN static void pack_head(const kk_rows_of *q, const kk_rows_of *k, const kk
         uint32_t *panel = kh + j0 / PK * PK * NP + j0 % PK;
         for (int64_t d = 0; d < Dh; d += 32) {
             __m512i t[16]; /* key j0 + u's pairs d/2 .. d/2 + 15 */
-            for (int u = 0; u < 16; u++) t[u] = rows[u] ? load32(k, rows[u], h, Dh, d) : _mm512_setzero_si512();
+            for (int u = 0; u < 16; u++)
+                t[u] = !rows[u] ? _mm512_setzero_si512()
+                       : rope   ? load32_rot(k, rows[u], h, Dh, d, rope + (j0 + u) * Dh)
+                                : load32(k, rows[u], h, Dh, d);
             kk_transpose16(t);
             for (int p = 0; p < 16; p++) _mm512_storeu_si512(panel + (d / 2 + p) * PK, t[p]);
         }
@@ -204,7 +228,7 @@ BF16_FN static void head(const head_layout *L, const char *base, const kk_out_of
 }
 
 BF16_FN static void run(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_of *v, void *o, int o_fmt, int64_t B,
-                        int64_t H, int64_t Dh, char *work, int nt) {
+                        int64_t H, int64_t Dh, const float *rope, char *work, int nt) {
     int64_t D = H * Dh, Nq = q->na + q->nb, Nk = k->na + k->nb;
     head_layout L = layout_of(Nq, Nk, Dh);
     float c = 1.4426950408889634f / sqrtf((float)Dh); /* log2 e / sqrt(Dh): softmax in base 2 */
@@ -219,7 +243,7 @@ BF16_FN static void run(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_
         _mm_setcsr(csr | 0x8040);
         char *st = states + (size_t)omp_get_thread_num() * state_bytes(Dh);
 #pragma omp for schedule(dynamic)
-        for (int64_t bh = 0; bh < B * H; bh++) pack_head(q, k, v, bh / H, bh % H, H, &L, work + bh * L.total);
+        for (int64_t bh = 0; bh < B * H; bh++) pack_head(q, k, v, bh / H, bh % H, H, &L, rope, work + bh * L.total);
 #pragma omp for schedule(dynamic)
         for (int64_t it = 0; it < B * H * nch; it++) {
             int64_t bh = it / nch, q0 = it % nch * QCHUNK, q1 = q0 + QCHUNK < Nq ? q0 + QCHUNK : Nq;
@@ -231,21 +255,21 @@ BF16_FN static void run(const kk_rows_of *q, const kk_rows_of *k, const kk_rows_
 
 int kk_attention_bf16_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb,
                             const void *vb, int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H,
-                            int64_t Dh, void *work) {
+                            int64_t Dh, const float *rope, void *work) {
     /* the check comes first, outside any function built for AVX512-BF16 */
     if (Dh < 64 || Dh > DMAX || Dh % 64 || Na < 0 || Nb < 0 || Na + (qb ? Nb : 0) < 1 || !work ||
         !kk_bf16_ready())
         return 0;
     int esz = bf16 ? 2 : 4;
     kk_rows_of rq = {qa, qb, Na, qb ? Nb : 0, esz}, rk = {ka, kb, Na, Nb, esz}, rv = {va, vb, Na, Nb, esz};
-    run(&rq, &rk, &rv, o, o_fmt, B, H, Dh, work, omp_get_max_threads());
+    run(&rq, &rk, &rv, o, o_fmt, B, H, Dh, rope, work, omp_get_max_threads());
     return 1;
 }
 
 int kk_attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq, int64_t Nk,
-                      int64_t H, int64_t Dh, void *work) {
+                      int64_t H, int64_t Dh, const float *rope, void *work) {
     if (Dh < 64 || Dh > DMAX || Dh % 64 || Nq < 1 || Nk < 1 || !work || !kk_bf16_ready()) return 0;
     kk_rows_of rq = {q, NULL, Nq, 0, 4}, rk = {k, NULL, Nk, 0, 4}, rv = {v, NULL, Nk, 0, 4};
-    run(&rq, &rk, &rv, o, KK_FMT_F32, B, H, Dh, work, omp_get_max_threads());
+    run(&rq, &rk, &rv, o, KK_FMT_F32, B, H, Dh, rope, work, omp_get_max_threads());
     return 1;
 }

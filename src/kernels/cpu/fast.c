@@ -1220,21 +1220,28 @@ static int reorder_run(const reorder_entry *r, const void *src, void *dst) {
 #define QT 256
 
 /* head (b, h)'s q (scaled by 1/sqrt(Dh)), k and v, dense, in dt (bf16 or
- * f32), into qh [Nq,Dh], kh and vh [Nk,Dh]; their rows shared out among
- * the threads when par (a caller outside a parallel region) */
+ * f32), into qh [Nq,Dh], kh and vh [Nk,Dh], q and k rotated by the table
+ * rope first where one is given (kk_rope_row: the rope op's values); their
+ * rows shared out among the threads when par (a caller outside a parallel
+ * region) */
 static void attn_pack_head(int bf, const float *q, const float *k, const float *v, int64_t b, int64_t h, int64_t Nq,
-                           int64_t Nk, int64_t H, int64_t Dh, uint8_t *qh, uint8_t *kh, uint8_t *vh, int par) {
+                           int64_t Nk, int64_t H, int64_t Dh, uint8_t *qh, uint8_t *kh, uint8_t *vh, int par,
+                           const float *rope) {
     const int64_t D = H * Dh;
     const float scale = 1.0f / sqrtf((float)Dh);
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t i = 0; i < Nq; i++) {
         const float *src = q + (b * Nq + i) * D + h * Dh;
+        float rot[rope ? Dh : 1];
+        if (rope) src = (kk_rope_row(src, rope + i * Dh, rot, Dh), rot);
         if (bf) to_bf16_scaled(src, (uint16_t *)qh + i * Dh, Dh, scale);
         else copy_scaled(src, (float *)qh + i * Dh, Dh, scale);
     }
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t j = 0; j < Nk; j++) {
         const float *ks = k + (b * Nk + j) * D + h * Dh, *vs = v + (b * Nk + j) * D + h * Dh;
+        float rot[rope ? Dh : 1];
+        if (rope) ks = (kk_rope_row(ks, rope + j * Dh, rot, Dh), rot);
         if (bf) {
             to_bf16_scaled(ks, (uint16_t *)kh + j * Dh, Dh, 1.0f);
             to_bf16_scaled(vs, (uint16_t *)vh + j * Dh, Dh, 1.0f);
@@ -1275,14 +1282,14 @@ static int attn_strip(kb_run *run, kiln_dtype dt, const uint8_t *qh, const void 
 }
 
 static void fast_attention(kiln_dtype dt, const float *q, const float *k, const float *v, float *o, int64_t B,
-                           int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+                           int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, const float *rope) {
     size_t esz = dt == KILN_BF16 ? 2 : 4;
     const int bf = dt == KILN_BF16;
     const reorder_entry *rk = get_reorder(Dh, Nk, dt, dnnl_ba); /* K^T [Dh, Nk] from K [Nk, Dh] */
     const reorder_entry *rv = get_reorder(Nk, Dh, dt, dnnl_ab); /* V [Nk, Dh] */
     if (!rk || !rv) {
         kb_log(KILN_LOG_WARN, "oneDNN cannot pack attention operands; using the reference attention");
-        kk_reference()->attention(q, k, v, o, B, Nq, Nk, H, Dh);
+        kk_reference()->attention(q, k, v, o, B, Nq, Nk, H, Dh, rope);
         return;
     }
     size_t kp_bytes = dnnl_memory_desc_get_size(&rk->dst), vp_bytes = dnnl_memory_desc_get_size(&rv->dst);
@@ -1297,7 +1304,7 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
         void *kp = scratch_must(5, kp_bytes), *vp = scratch_must(6, vp_bytes);
         for (int64_t b = 0; qh && kh && vh && kp && vp && b < B; b++)
             for (int64_t h = 0; h < H; h++) {
-                attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 1);
+                attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 1, rope);
                 if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
                     kb_defer_failure(KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
                     return;
@@ -1315,7 +1322,7 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
             uint8_t *vh = scratch_in(run, 2, esz * (size_t)(Nk * Dh));
             void *kp = scratch_in(run, 5, kp_bytes), *vp = scratch_in(run, 6, vp_bytes);
             if (!qh || !kh || !vh || !kp || !vp) continue;
-            attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 0);
+            attn_pack_head(bf, q, k, v, b, h, Nq, Nk, H, Dh, qh, kh, vh, 0, rope);
             if (!reorder_run(rk, kh, kp) || !reorder_run(rv, vh, vp)) {
                 kb_run_fail(run, KILN_ERR_UNSUPPORTED, "oneDNN could not pack an attention head's keys and values");
                 continue;
@@ -1326,8 +1333,8 @@ static void fast_attention(kiln_dtype dt, const float *q, const float *k, const 
 }
 
 static void attention_f32(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
-                          int64_t Nk, int64_t H, int64_t Dh) {
-    fast_attention(KILN_F32, q, k, v, o, B, Nq, Nk, H, Dh);
+                          int64_t Nk, int64_t H, int64_t Dh, const float *rope) {
+    fast_attention(KILN_F32, q, k, v, o, B, Nq, Nk, H, Dh, rope);
 }
 
 /* KILN_ATTENTION=strips turns the fused AMX, fp16 and AVX512-BF16 kernels off (read once: this runs every layer) */
@@ -1341,16 +1348,28 @@ static int attention_strips(void) {
 }
 
 static void attention_bf16(const float *q, const float *k, const float *v, float *o, int64_t B, int64_t Nq,
-                           int64_t Nk, int64_t H, int64_t Dh) {
-    /* a fused kernel where one applies: AMX, else fp16 on CPUs without AMX (head size 64), else
-     * AVX512-BF16 on CPUs with neither in the hardware (kk_bf16_only: KILN_F16=0 on an fp16 CPU
-     * keeps the strips; head sizes that are multiples of 64, the VAE's 512 too) */
+                           int64_t Nk, int64_t H, int64_t Dh, const float *rope) {
+    /* a fused kernel where one applies: AMX, else fp16 on CPUs without AMX (head size 64, no
+     * rotary table), else AVX512-BF16 on CPUs with neither in the hardware (kk_bf16_only:
+     * KILN_F16=0 on an fp16 CPU keeps the strips; head sizes that are multiples of 64, the VAE's
+     * 512 too; RoPE applied as it packs q and k) */
+    if (rope && Dh == 64 && !attention_strips() && (kk_amx_ready() || kk_f16_ready())) {
+        /* the AMX and fp16 kernels take no table: q and k rotated first (kk_rope: the same values), so
+         * a rotation folded into the attention gives what the rope op and this kernel give */
+        size_t nq = (size_t)(B * Nq * H * Dh), nk = (size_t)(B * Nk * H * Dh);
+        float *qr = scratch(KK_SCRATCH_ROPE, sizeof(float) * (nq + nk));
+        if (qr) {
+            kk_rope(q, rope, qr, B, Nq, H, Dh);
+            kk_rope(k, rope, qr + nq, B, Nk, H, Dh);
+            q = qr, k = qr + nq, rope = NULL;
+        }
+    }
     if (!attention_strips() &&
-        (kk_amx_ready()   ? Dh == 64 && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
-         : kk_f16_ready() ? Dh == 64 && kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))
-         : kk_bf16_only() && kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh)))))
+        (kk_amx_ready()   ? Dh == 64 && !rope && kk_attention_amx(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_amx_work_bytes(B, Nq, Nk, H)))
+         : kk_f16_ready() ? Dh == 64 && !rope && kk_attention_f16(q, k, v, o, B, Nq, Nk, H, Dh, scratch(12, kk_attention_f16_work_bytes(B, Nq, Nk, H)))
+         : kk_bf16_only() && kk_attention_bf16(q, k, v, o, B, Nq, Nk, H, Dh, rope, scratch(12, kk_attention_bf16_work_bytes(B, Nq, Nk, H, Dh)))))
         return;
-    fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh);
+    fast_attention(KILN_BF16, q, k, v, o, B, Nq, Nk, H, Dh, rope);
 }
 
 /* attention_joint on a fused kernel that reads both segments in place (f32
@@ -1358,9 +1377,11 @@ static void attention_bf16(const float *q, const float *k, const float *v, float
  * one on CPUs without AMX (head size 64), else the AVX512-BF16 one (head
  * sizes that are multiples of 64; slot 12); 0 where none ran */
 static int fused_joint(const void *qa, const void *ka, const void *va, const void *qb, const void *kb, const void *vb,
-                       int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+                       int bf16, void *o, int o_fmt, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                       const float *rope) {
     if (attention_strips()) return 0;
-    if (Dh != 64 && (kk_amx_ready() || kk_f16_ready())) return 0;
+    /* the AMX and fp16 kernels: head size 64, no rotary table (Flux's heads of 128 take the strips there) */
+    if ((Dh != 64 || rope) && (kk_amx_ready() || kk_f16_ready())) return 0;
     if (kk_amx_ready())
         return kk_attention_amx_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                       scratch(12, kk_attention_amx_work_bytes(B, Na + Nb, Na + Nb, H)));
@@ -1368,32 +1389,34 @@ static int fused_joint(const void *qa, const void *ka, const void *va, const voi
         return kk_attention_f16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
                                       scratch(12, kk_attention_f16_work_bytes(B, Na + Nb, Na + Nb, H)));
     return kk_bf16_only() &&
-           kk_attention_bf16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh,
+           kk_attention_bf16_joint(qa, ka, va, qb, kb, vb, bf16, o, o_fmt, B, Na, Nb, H, Dh, rope,
                                    scratch(12, kk_attention_bf16_work_bytes(B, Na + Nb, Na + Nb, H, Dh)));
 }
 
 /* the concatenations for kernels without segmented reads (slot 13) */
 static void attention_joint_concat(const kk_backend *be, const float *qa, const float *ka, const float *va,
                                    const float *qb, const float *kb, const float *vb, float *o, int64_t B, int64_t Na,
-                                   int64_t Nb, int64_t H, int64_t Dh) {
+                                   int64_t Nb, int64_t H, int64_t Dh, const float *rope) {
     float *work = scratch(13, sizeof(float) * 3 * (size_t)(B * (Na + Nb) * H * Dh));
     if (!work) {
         kb_log(KILN_LOG_WARN, "out of memory for attention; using the reference attention");
-        kk_reference()->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+        kk_reference()->attention_joint(qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, rope);
         return;
     }
-    kk_attention_joint_concat(be, qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work);
+    kk_attention_joint_concat(be, qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work, rope);
 }
 
 static void attention_joint_f32(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
-    attention_joint_concat(kk_fast(KILN_F32), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                                const float *rope) {
+    attention_joint_concat(kk_fast(KILN_F32), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, rope);
 }
 
 static void attention_joint_bf16(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                                 const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
-    if (fused_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh)) return;
-    attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh);
+                                 const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                                 const float *rope) {
+    if (fused_joint(qa, ka, va, qb, kb, vb, 0, o, KK_FMT_F32, B, Na, Nb, H, Dh, rope)) return;
+    attention_joint_concat(kk_fast(KILN_BF16), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, rope);
 }
 
 /* attention_joint on q, k, v that the GEMMs before wrote as bf16 rows, its
@@ -1403,8 +1426,8 @@ static void attention_joint_bf16(const float *qa, const float *ka, const float *
  * rounded from f32 rows there too */
 static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, const uint16_t *va, const uint16_t *qb,
                                     const uint16_t *kb, const uint16_t *vb, void *o, int o_fmt, int64_t B, int64_t Na,
-                                    int64_t Nb, int64_t H, int64_t Dh) {
-    if (fused_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh)) return;
+                                    int64_t Nb, int64_t H, int64_t Dh, const float *rope) {
+    if (fused_joint(qa, ka, va, qb, kb, vb, 1, o, o_fmt, B, Na, Nb, H, Dh, rope)) return;
     int64_t D = H * Dh, na = B * Na * D, nb = B * Nb * D, no = B * (Na + (qb ? Nb : 0)) * D;
     int o16 = o_fmt != KK_FMT_F32;
     float *f = scratch_must(16, sizeof(float) * (size_t)(3 * (na + nb) + (o16 ? no : 0)));
@@ -1417,9 +1440,9 @@ static void attention_joint_bf16_in(const uint16_t *qa, const uint16_t *ka, cons
         if (src[s]) kt_to_f32(KILN_BF16, src[s], dst[s], (size_t)(s < 3 ? na : nb));
     }
     if (!kb) /* one segment: plain attention */
-        attention_bf16(dst[0], dst[1], dst[2], of, B, Na, Na, H, Dh);
+        attention_bf16(dst[0], dst[1], dst[2], of, B, Na, Na, H, Dh, rope);
     else
-        attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], of, B, Na, Nb, H, Dh);
+        attention_joint_bf16(dst[0], dst[1], dst[2], qb ? dst[3] : NULL, dst[4], dst[5], of, B, Na, Nb, H, Dh, rope);
     if (o_fmt == KK_FMT_BF16) to_bf16_par(of, o, no);
     if (o_fmt == KK_FMT_BLOCKED) kk_block_segments(of, B, Na, qb ? Nb : 0, D, o);
 }

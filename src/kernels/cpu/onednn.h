@@ -17,6 +17,7 @@ dnnl_stream_t kk_dnnl_stream(void);
  * KK_SCRATCH_CONV. Each thread's buffers are freed when it exits. */
 enum {
     KK_SCRATCH_ATTN_EX = 17,
+    KK_SCRATCH_ROPE = 18, /* q and k rotated for the attention kernels that take no RoPE table */
     KK_SCRATCH_CONV = 21,
     KK_SCRATCH_CONV_N = 6,
     KK_SCRATCH_SLOTS = KK_SCRATCH_CONV + KK_SCRATCH_CONV_N

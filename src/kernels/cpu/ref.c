@@ -102,8 +102,21 @@ static void ref_gate_add(const float *res, const float *gate, const float *v, fl
 }
 
 static void ref_attention(const float *q, const float *k, const float *v, float *o, int64_t B,
-                          int64_t Nq, int64_t Nk, int64_t H, int64_t Dh) {
+                          int64_t Nq, int64_t Nk, int64_t H, int64_t Dh, const float *rope) {
     const int64_t D = H * Dh;
+    if (rope) { /* q and k rotated first (kk_rope), on copies */
+        float *qr = malloc(sizeof(float) * (size_t)(B * Nq * D) + 1), *kr = malloc(sizeof(float) * (size_t)(B * Nk * D) + 1);
+        if (qr && kr) {
+            kk_rope(q, rope, qr, B, Nq, H, Dh);
+            kk_rope(k, rope, kr, B, Nk, H, Dh);
+            ref_attention(qr, kr, v, o, B, Nq, Nk, H, Dh, NULL);
+        } else {
+            kb_defer_failure(KILN_ERR_NOMEM, "reference attention: out of memory");
+        }
+        free(qr);
+        free(kr);
+        return;
+    }
     const double scale = 1.0 / sqrt((double)Dh);
     kb_run *run = kb_run_current(); /* the forward's, for the worker threads' failures */
 #pragma omp parallel
@@ -149,13 +162,14 @@ static void ref_linear_gate_add(const void *x, int x_bf16, const kk_weight *w, c
 }
 
 static void ref_attention_joint(const float *qa, const float *ka, const float *va, const float *qb, const float *kb,
-                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh) {
+                                const float *vb, float *o, int64_t B, int64_t Na, int64_t Nb, int64_t H, int64_t Dh,
+                                const float *rope) {
     float *work = malloc(sizeof(float) * 3 * (size_t)(B * (Na + Nb) * H * Dh) + 1);
     if (!work) {
         kb_defer_failure(KILN_ERR_NOMEM, "reference attention: out of memory");
         return;
     }
-    kk_attention_joint_concat(kk_reference(), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work);
+    kk_attention_joint_concat(kk_reference(), qa, ka, va, qb, kb, vb, o, B, Na, Nb, H, Dh, work, rope);
     free(work);
 }
 
