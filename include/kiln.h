@@ -651,6 +651,13 @@ KILN_API kiln_status kiln_write_seeded_model(const char *dir, const kiln_config 
 KILN_API const char *kiln_config_family(const char *config_json);
 KILN_API kiln_status kiln_write_seeded_model_json(const char *dir, const char *config_json, uint64_t seed,
                                                   kiln_dtype dtype, const char **family);
+/* A safetensors file at path of the forward inputs, by name, of the family
+ * that claims config_json (its example values: seeded noise, fixed timesteps
+ * and guidance), for a batch (0: 1), a latent height x width and a context
+ * length (0: the family's example), checked as a request would be:
+ * `kiln make-model --inputs` (benchmarks, `kiln forward`). */
+KILN_API kiln_status kiln_write_example_inputs(const char *config_json, const char *path, int batch, int height,
+                                               int width, int context_len);
 
 /* ---- tensor files and images ------------------------------------------ */
 

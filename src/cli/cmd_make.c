@@ -1,6 +1,6 @@
 /* cmd_make.c - kiln make-model: a seeded model of any family's config (and
- * for SD3 matching inputs), for benchmarks, tests and trying kiln without
- * weights. */
+ * matching inputs; an SD3 conditioning file), for benchmarks, tests and
+ * trying kiln without weights. */
 #include "base/base.h"
 #include "cli.h"
 #include "arch/sd3/sd3.h"
@@ -20,10 +20,12 @@ static int help(void) {
            "for the transformers families CLIP and T5) with seeded\n"
            "random weights for the architecture in --config, a config.json of any family kiln runs:\n"
            "SD3Transformer2DModel (with diffusers' sin-cos position table), CLIPTextModelWithProjection,\n"
-           "T5EncoderModel, AutoencoderKL (its decoder); --demo: the demo's tiny SD3 model. For an SD3\n"
-           "config, with --inputs, also writes a `kiln forward` inputs file (hidden_states,\n"
-           "encoder_hidden_states, pooled_projections, timestep) of the given latent size, context\n"
-           "length and batch. With --cond, a `kiln generate` conditioning file (prompt_embeds,\n"
+           "T5EncoderModel, AutoencoderKL (its decoder), FluxTransformer2DModel; --demo: the demo's tiny\n"
+           "SD3 model. With --inputs, also writes a `kiln forward` inputs file: the family's inputs by name\n"
+           "(SD3: hidden_states, encoder_hidden_states, pooled_projections, timestep; Flux: latents [B,16,H,W]\n"
+           "unpacked, encoder_hidden_states, pooled_projections, timestep, guidance for dev), seeded, of the\n"
+           "given latent size, context length (defaults: the family's example) and batch.\n"
+           "With an SD3 config, --cond writes a `kiln generate` conditioning file (prompt_embeds,\n"
            "pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds) of T tokens.\n"
            "DIR must be new or empty: a folder that holds anything is refused (a mistyped path would lose\n"
            "a model), unless --force, which overwrites config.json and the weights file in it.\n",
@@ -46,32 +48,11 @@ static int dir_holds(const char *dir, char *first, size_t cap) {
     return any;
 }
 
-static kiln_status write_inputs(const char *path, const kiln_config *c, int B, int H, int W, int T, uint64_t seed) {
-    size_t nh = (size_t)B * c->in_channels * H * W, nc = (size_t)B * T * c->joint_attention_dim;
-    size_t np = (size_t)B * c->pooled_projection_dim;
-    float *buf = malloc(sizeof(float) * (nh + nc + np + (size_t)B));
-    if (!buf) return kb_fail(KILN_ERR_NOMEM, "out of memory");
-    kiln_noise(seed + 1, buf, nh);
-    kiln_noise(seed + 2, buf + nh, nc);
-    kiln_noise(seed + 3, buf + nh + nc, np);
-    for (int b = 0; b < B; b++) buf[nh + nc + np + (size_t)b] = 500.0f;
-    st_tensor t[4] = {
-        {.name = "hidden_states", .dtype = KILN_F32, .ndim = 4, .shape = {B, c->in_channels, H, W}, .data = buf, .nbytes = nh * 4},
-        {.name = "encoder_hidden_states", .dtype = KILN_F32, .ndim = 3, .shape = {B, T, c->joint_attention_dim},
-         .data = buf + nh, .nbytes = nc * 4},
-        {.name = "pooled_projections", .dtype = KILN_F32, .ndim = 2, .shape = {B, c->pooled_projection_dim},
-         .data = buf + nh + nc, .nbytes = np * 4},
-        {.name = "timestep", .dtype = KILN_F32, .ndim = 1, .shape = {B}, .data = buf + nh + nc + np, .nbytes = (size_t)B * 4},
-    };
-    kiln_status s = st_write(path, t, 4, NULL, 0);
-    free(buf);
-    return s;
-}
-
 int cmd_make(int argc, char **argv) {
     const char *dir = NULL, *config = NULL, *inputs = NULL, *cond = NULL, *v;
     int demo = 0, force = 0, H = 0, W = 0;
     long T = 77, B = 1;
+    int T_given = 0; /* --inputs: 0 takes the family's example context */
     uint64_t seed = 1;
     kiln_dtype wdt = KILN_BF16;
     for (int i = 1; i < argc; i++) {
@@ -101,6 +82,7 @@ int cmd_make(int argc, char **argv) {
             if (r < 0 || cli_parse_hw("make-model", "--latent", v, &H, &W)) return 2;
         } else if ((r = cli_opt("make-model", argc, argv, &i, "--context", &v))) {
             if (r < 0 || cli_parse_int("make-model", "--context", v, 1, 1 << 16, &T)) return 2;
+            T_given = 1;
         } else if ((r = cli_opt("make-model", argc, argv, &i, "--batch", &v))) {
             if (r < 0 || cli_parse_int("make-model", "--batch", v, 1, 64, &B)) return 2;
         } else if (argv[i][0] == '-') {
@@ -132,12 +114,12 @@ int cmd_make(int argc, char **argv) {
         if (!s) {
             const char *f = kiln_config_family(json);
             int sd3 = f && !strcmp(f, "sd3");
-            if (f && !sd3 && (inputs || cond)) {
+            if (f && !sd3 && cond) {
                 free(json);
-                return cli_usage_error("make-model", k_usage, "--inputs and --cond are for an SD3 transformer's config; %s "
+                return cli_usage_error("make-model", k_usage, "--cond is for an SD3 transformer's config; %s "
                                        "is another model's", config);
             }
-            if (sd3) s = sd3_config_parse(json, &c); /* the SD3 fields --inputs and --cond size */
+            if (sd3) s = sd3_config_parse(json, &c); /* the SD3 fields --cond sizes */
             if (!s) s = kiln_write_seeded_model_json(dir, json, seed, wdt, &family);
             if (s) s = kb_wrap(s, "%s", config);
         }
@@ -146,11 +128,17 @@ int cmd_make(int argc, char **argv) {
         s = kiln_write_seeded_model(dir, &c, seed, wdt);
     if (s) return cli_fail("make-model", s);
     printf("model: %s (%s, %s weights, seed %llu)\n", dir, family, kiln_dtype_name(wdt), (unsigned long long)seed);
-    if (inputs) {
-        if (!H) H = W = c.sample_size;
-        if ((s = sd3_check_latent(&c, H, W)) || (s = write_inputs(inputs, &c, (int)B, H, W, (int)T, seed)))
-            return cli_fail("make-model", s);
-        printf("inputs: %s (batch %ld, latent %dx%d, %ld context tokens)\n", inputs, B, H, W, T);
+    if (inputs) { /* the family's example inputs, sized as asked (read back from the config written) */
+        char *cp = kb_path_join(dir, "config.json"), *json = NULL;
+        s = cp ? kb_read_file(cp, &json, NULL) : KILN_ERR_NOMEM;
+        if (!s) s = kiln_write_example_inputs(json, inputs, (int)B, H, W, T_given ? (int)T : 0);
+        free(cp);
+        free(json);
+        if (s) return cli_fail("make-model", kb_wrap(s, "--inputs %s", inputs));
+        printf("inputs: %s (batch %ld", inputs, B);
+        if (H) printf(", latent %dx%d", H, W);
+        if (T_given) printf(", %ld context tokens", T);
+        printf(")\n");
     }
     if (cond) {
         if ((s = cli_write_seeded_cond(cond, &c, (int)T, seed + 100))) return cli_fail("make-model", s);

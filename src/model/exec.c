@@ -372,8 +372,9 @@ kiln_status km_compile(kiln_model *m, const kiln_compile_opts *o, double quality
     a->example(m->cfg, ex);
     kiln_status st = KILN_OK;
     if (o->batch) ex[0] = o->batch; /* symbol 0 is every family's batch */
-    if (a->example_opts) st = a->example_opts(m->cfg, o, ex);
-    else if (o->height || o->width || o->context_len)
+    if (a->example_opts) {
+        if ((st = a->example_opts(m->cfg, o, ex))) st = kb_wrap(st, "compile: the example request");
+    } else if (o->height || o->width || o->context_len)
         st = kb_fail(KILN_ERR_INVALID_ARG, "compile: %s models take no example height, width or context length; "
                      "give the dimensions with --dim (%s...)", a->name, a->sym[0]);
     if (st) return st;

@@ -104,3 +104,44 @@ const char *kiln_config_family(const char *config_json) {
     const ka_arch *a = config_json ? ka_for_config(config_json) : NULL;
     return a ? a->name : NULL;
 }
+
+kiln_status kiln_write_example_inputs(const char *config_json, const char *path, int batch, int height, int width,
+                                      int context_len) {
+    if (!config_json || !path) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_write_example_inputs: config and path are required");
+    const ka_arch *a = NULL;
+    void *cfg = NULL;
+    kiln_status st = km_config_parse(config_json, NULL, &a, &cfg);
+    if (st) return st;
+    int64_t s[KA_MAX_SYMS] = {0}, in[KA_MAX_IO][4], out[KA_MAX_OUT][4];
+    a->example(cfg, s);
+    if (batch > 0) s[0] = batch; /* symbol 0 is every family's batch */
+    kiln_compile_opts o = kiln_compile_defaults();
+    o.height = height, o.width = width, o.context_len = context_len;
+    if (a->example_opts) st = a->example_opts(cfg, &o, s);
+    else if (height || width || context_len)
+        st = kb_fail(KILN_ERR_INVALID_ARG, "%s models take no latent size or context length", a->name);
+    if (!st) st = a->check(cfg, s);
+    if (st) st = kb_wrap(st, "the inputs of a %s model", a->name);
+    st_tensor t[KA_MAX_IO];
+    memset(t, 0, sizeof t);
+    if (!st) {
+        memset(in, 0, sizeof in);
+        a->io_shapes(cfg, s, in, out);
+        for (int k = 0; k < a->n_in && !st; k++) {
+            size_t n = ka_numel(a->in[k].ndim, in[k]);
+            float *x = malloc(sizeof(float) * (n ? n : 1));
+            if (!x) {
+                st = kb_fail(KILN_ERR_NOMEM, "out of memory for input %s", a->in[k].name);
+                break;
+            }
+            a->example_input(cfg, k, x, n);
+            t[k] = (st_tensor){.name = a->in[k].name, .dtype = KILN_F32, .ndim = a->in[k].ndim, .data = x,
+                               .nbytes = n * sizeof(float)};
+            memcpy(t[k].shape, in[k], sizeof in[k]);
+        }
+    }
+    if (!st) st = st_write(path, t, (size_t)a->n_in, NULL, 0);
+    for (int k = 0; k < a->n_in; k++) free((void *)t[k].data);
+    free(cfg);
+    return st;
+}

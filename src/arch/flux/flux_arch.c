@@ -79,7 +79,7 @@ static void example(const void *cfg, int64_t *s) {
 static kiln_status example_opts(const void *cfg, const kiln_compile_opts *o, int64_t *s) {
     int64_t H = o->height ? o->height : 2 * s[FLUX_SYM_H], W = o->width ? o->width : 2 * s[FLUX_SYM_W];
     kiln_status st = flux_check_latent(cfg, H, W);
-    if (st) return kb_wrap(st, "compile: the example request");
+    if (st) return st;
     s[FLUX_SYM_H] = H / 2;
     s[FLUX_SYM_W] = W / 2;
     if (o->context_len) s[FLUX_SYM_CTX] = o->context_len;

@@ -104,7 +104,7 @@ static kiln_status example_opts(const void *cfg, const kiln_compile_opts *o, int
     const kiln_config *c = cfg;
     int64_t p = c->patch_size, H = o->height ? o->height : p * s[SD3_SYM_H], W = o->width ? o->width : p * s[SD3_SYM_W];
     kiln_status st = sd3_check_latent(c, H, W);
-    if (st) return kb_wrap(st, "compile: the example request");
+    if (st) return st;
     s[SD3_SYM_H] = H / p;
     s[SD3_SYM_W] = W / p;
     if (o->context_len) s[SD3_SYM_CTX] = o->context_len;

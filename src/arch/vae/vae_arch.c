@@ -57,7 +57,7 @@ static kiln_status example_opts(const void *cfg, const kiln_compile_opts *o, int
     if (o->height) s[VAE_SYM_H] = o->height;
     if (o->width) s[VAE_SYM_W] = o->width;
     kiln_status st = check(cfg, s);
-    return st ? kb_wrap(st, "compile: the example request") : KILN_OK;
+    return st;
 }
 
 static void example_input(const void *cfg, int k, float *x, size_t n) {
