@@ -14,8 +14,10 @@
 #include "golden_util.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "pipeline/component.h"
 #include "pipeline/flux_pipeline.h"
 #include "cli_util.h"
+#include "ldm_names.h"
 #include "test.h"
 
 #include <math.h>
@@ -660,8 +662,8 @@ static float *case_tensor(kiln_tensor *t, size_t n, const char *name, int64_t *r
 }
 
 typedef struct {
-    kiln_tensor t[160];
-    float *data[160];
+    kiln_tensor t[1024];
+    float *data[1024];
     int n;
 } out_file;
 
@@ -695,13 +697,10 @@ static void put(out_file *o, kiln_tensor *t, size_t n, const char *name, int k, 
     if (o->t[o->n - 1].ndim == 1) o->t[o->n - 1].shape[1] = 0;
 }
 
-/* flux-tiny's weights under BFL's names (fused qkv, linear1, swapped final
- * modulation) give bit for bit the diffusers folder's sample (f32) */
-TEST(bfl_single_file) {
-    kiln_tensor *t = NULL;
-    size_t n = 0;
-    CHECK_OK(kiln_tensors_read(golden_path("flux-tiny", "diffusion_pytorch_model.safetensors"), &t, &n));
-    if (!t) return;
+/* a case's transformer weights t (2 double and 2 single blocks) under BFL's
+ * names, model.diffusion_model.* (fused qkv, linear1, the final modulation
+ * swapped), as Black Forest Labs' flux1-dev.safetensors holds them */
+static out_file *bfl_tensors(kiln_tensor *t, size_t n) {
     out_file *o = calloc(1, sizeof *o);
     const char *wb[2] = {"weight", "bias"};
     for (int k = 0; k < 2; k++) {
@@ -784,6 +783,25 @@ TEST(bfl_single_file) {
             put(o, t, n, from, 1, pp, 0);
         }
     }
+    return o;
+}
+
+static void free_out(out_file *o) {
+    for (int i = 0; o && i < o->n; i++) {
+        free((char *)o->t[i].name);
+        free(o->data[i]);
+    }
+    free(o);
+}
+
+/* flux-tiny's weights under BFL's names give bit for bit the diffusers
+ * folder's sample (f32) */
+TEST(bfl_single_file) {
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(golden_path("flux-tiny", "diffusion_pytorch_model.safetensors"), &t, &n));
+    if (!t) return;
+    out_file *o = bfl_tensors(t, n);
     char dir[256], file[400];
     test_tmpdir(dir, sizeof dir, "fluxbfl");
     snprintf(file, sizeof file, "%s/flux1-tiny.safetensors", dir);
@@ -814,12 +832,125 @@ TEST(bfl_single_file) {
     kiln_model_free(a);
     kiln_model_free(b);
     kiln_tensors_free(io.t);
-    for (int i = 0; i < o->n; i++) {
-        free((char *)o->t[i].name);
-        free(o->data[i]);
-    }
-    free(o);
+    free_out(o);
     kiln_tensors_free(t);
+    test_rmrf(dir);
+}
+
+/* a model file's tensors into o, each under prefix; ldm: a VAE's, under
+ * its original (LDM) names, attention weights as 1x1 convolutions */
+static void add_part(out_file *o, const char *path, const char *prefix, int ldm) {
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(path, &t, &n));
+    int n_up = 0;
+    for (size_t i = 0; ldm && i < n; i++) {
+        int b;
+        if (sscanf(t[i].name, "decoder.up_blocks.%d.", &b) == 1 && b + 1 > n_up) n_up = b + 1;
+    }
+    for (size_t i = 0; i < n && o->n < 1024; i++) {
+        char name[256];
+        int conv = 0;
+        if (ldm) ldm_name(prefix, t[i].name, n_up, name, sizeof name, &conv);
+        else snprintf(name, sizeof name, "%s%s", prefix, t[i].name);
+        size_t bytes = ka_numel(t[i].ndim, t[i].shape) * (t[i].dtype == KILN_I64 ? 8 : 4);
+        void *d = malloc(bytes ? bytes : 1);
+        memcpy(d, t[i].data, bytes);
+        kiln_tensor x = t[i];
+        x.name = kb_strdup(name);
+        x.data = d;
+        if (conv) x.ndim = 4, x.shape[2] = x.shape[3] = 1;
+        o->data[o->n] = d;
+        o->t[o->n++] = x;
+    }
+    kiln_tensors_free(t);
+}
+
+/* The flux-pipeline-tiny case as one file the way ComfyUI saves Flux.1
+ * (model.diffusion_model.* in BFL's names, text_encoders.clip_l.* and
+ * text_encoders.t5xxl.*, vae.* in LDM's names) with its tokenizers and
+ * configs beside: `kiln generate FILE --tokenizers DIR` makes the folder's
+ * image bit for bit; the file says it is Flux's, its inferred VAE config
+ * takes FluxPipeline's latent scale and shift, and a tokenizers folder of
+ * another pipeline class is refused */
+TEST(all_in_one_file) {
+    const char *c = "flux-pipeline-tiny";
+    kiln_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tensors_read(golden_path(c, "transformer/diffusion_pytorch_model.safetensors"), &t, &n));
+    if (!t) return;
+    out_file *o = bfl_tensors(t, n);
+    kiln_tensors_free(t);
+    add_part(o, golden_path(c, "text_encoder/model.safetensors"), "text_encoders.clip_l.transformer.", 0);
+    add_part(o, golden_path(c, "text_encoder_2/model.safetensors"), "text_encoders.t5xxl.transformer.", 0);
+    add_part(o, golden_path(c, "vae/diffusion_pytorch_model.safetensors"), "vae.", 1);
+    char dir[256], file[400], tok[400], noise[400], png[2][400], cache[400];
+    test_tmpdir(dir, sizeof dir, "fluxaio");
+    snprintf(file, sizeof file, "%s/flux1-tiny-aio.safetensors", dir);
+    snprintf(tok, sizeof tok, "%s/tokenizers", dir);
+    snprintf(noise, sizeof noise, "%s/noise.safetensors", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    for (int k = 0; k < 2; k++) snprintf(png[k], sizeof png[k], "%s/out%d.png", dir, k);
+    CHECK_OK(kiln_tensors_write(file, (size_t)o->n, o->t));
+    free_out(o);
+    char cmd[2400];
+    const char *g = golden_path(c, NULL);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cd '%s' && cp -r tokenizer tokenizer_2 scheduler model_index.json '%s/' && "
+             "for d in transformer text_encoder text_encoder_2 vae; do mkdir -p '%s'/$d && cp $d/config.json '%s'/$d/; done",
+             tok, g, tok, tok, tok);
+    CHECK(system(cmd) == 0);
+    CHECK(kiln_is_single_file(file) && kp_file_is_flux(file));
+    const char *prefix = NULL, *fam = NULL;
+    CHECK(kp_part_lookup(file, "transformer", &prefix, &fam) && !strcmp(fam, "flux"));
+    CHECK(kp_part_lookup(file, "text_encoder_2", &prefix, &fam) && !strcmp(prefix, "text_encoders.t5xxl.transformer.") &&
+          !strcmp(fam, "t5"));
+    CHECK(!kp_part_lookup(file, "text_encoder_3", NULL, NULL));
+    char *json = NULL;
+    int inferred = 0;
+    CHECK_OK(kp_part_config(file, "vae", NULL, &json, &inferred));
+    CHECK_MSG(inferred && json && strstr(json, "0.3611") && strstr(json, "0.1159"), "%s", json ? json : "");
+    free(json);
+    /* the image: the folder's, bit for bit */
+    CHECK_OK(kiln_tensors_read(golden_path(c, "io.safetensors"), &t, &n));
+    const kiln_tensor *nu = t ? kiln_tensors_find(t, n, "noise_unpacked") : NULL;
+    CHECK(nu != NULL);
+    if (nu) {
+        kiln_tensor nt = *nu;
+        nt.name = "noise";
+        CHECK_OK(kiln_tensors_write(noise, 1, &nt));
+    }
+    kiln_tensors_free(t);
+    char *out = NULL;
+    for (int k = 0; k < 2; k++) {
+        char src[900];
+        if (k) snprintf(src, sizeof src, "'%s' --tokenizers '%s'", file, tok);
+        else snprintf(src, sizeof src, "'%s'", g);
+        int rc = run_kiln(&out, "generate %s --prompt 'a tiny astronaut hatching from an egg on the moon' --noise '%s' "
+                          "--steps 4 --max-sequence-length 32 --output '%s' --cache-dir '%s' --dtype f32", src, noise, png[k],
+                          cache);
+        CHECK_MSG(rc == 0, "%s: rc %d: %s", k ? "the file" : "the folder", rc, out ? out : "");
+        free(out);
+    }
+    uint8_t *rgb[2] = {NULL, NULL};
+    int h[2] = {0}, w[2] = {0};
+    for (int k = 0; k < 2; k++) CHECK_OK(kiln_png_read(png[k], &rgb[k], &h[k], &w[k]));
+    CHECK_MSG(rgb[0] && rgb[1] && h[0] == h[1] && w[0] == w[1] && !memcmp(rgb[0], rgb[1], (size_t)(h[0] * w[0] * 3)),
+              "the all-in-one file's image differs from the folder's");
+    free(rgb[0]);
+    free(rgb[1]);
+    /* kiln info lists its four parts */
+    int rc = run_kiln(&out, "info '%s' --tokenizers '%s' --cache-dir '%s'", file, tok, cache);
+    CHECK_MSG(rc == 0 && out && strstr(out, "vae.*") && strstr(out, "text_encoders.t5xxl.transformer.*") &&
+              !strstr(out, "text_encoder_3"), "rc %d: %s", rc, out ? out : "");
+    free(out);
+    /* an SD3 pipeline's tokenizers folder beside a Flux file: refused, nothing written */
+    unlink(png[1]);
+    rc = run_kiln(&out, "generate '%s' --tokenizers '%s' --prompt x --steps 1 --output '%s' --cache-dir '%s'", file,
+                  golden_path("sd3-pipeline-tiny", NULL), png[1], cache);
+    CHECK_MSG(rc == 1 && out && strstr(out, "holds a Flux transformer") && strstr(out, "StableDiffusion3Pipeline"),
+              "rc %d: %s", rc, out ? out : "");
+    CHECK(access(png[1], F_OK) != 0);
+    free(out);
     test_rmrf(dir);
 }
 
@@ -837,5 +968,6 @@ int main(void) {
     RUN(flux_generate_cli);
     RUN(flux_quality_gate);
     RUN(bfl_single_file);
+    RUN(all_in_one_file);
     return TEST_SUMMARY();
 }

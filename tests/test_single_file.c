@@ -10,6 +10,7 @@
  * file a miss; info, encode and the bad inputs, each a clear error. */
 #include "base/base.h"
 #include "cli_util.h"
+#include "ldm_names.h"
 #include "golden_util.h"
 #include "pipeline/component.h"
 #include "pipeline_util.h"
@@ -147,48 +148,6 @@ static void write_transformer(out_list *l, const st_file *f, int layers) {
     }
 }
 
-/* a diffusers VAE name as LDM's (n_up: the decoder's up blocks) */
-static void ldm_name(const char *d, int n_up, char *out, size_t cap, int *conv1x1) {
-    char buf[96];
-    snprintf(buf, sizeof buf, "%s", d);
-    *conv1x1 = 0;
-    char part[16];
-    snprintf(part, sizeof part, "%.7s", buf); /* encoder / decoder */
-    const char *s = buf + 8;
-    int i, j;
-    char rest[80];
-    if (sscanf(s, "down_blocks.%d.resnets.%d.%79s", &i, &j, rest) == 3 ||
-        sscanf(s, "up_blocks.%d.resnets.%d.%79s", &i, &j, rest) == 3) {
-        int up = s[0] == 'u';
-        if (!strncmp(rest, "conv_shortcut", 13)) {
-            char t[80];
-            snprintf(t, sizeof t, "nin_shortcut%s", rest + 13);
-            snprintf(rest, sizeof rest, "%s", t);
-        }
-        snprintf(out, cap, "first_stage_model.%s.%s.%d.block.%d.%s", part, up ? "up" : "down", up ? n_up - 1 - i : i, j,
-                 rest);
-    } else if (sscanf(s, "down_blocks.%d.downsamplers.0.conv.%79s", &i, rest) == 2) {
-        snprintf(out, cap, "first_stage_model.%s.down.%d.downsample.conv.%s", part, i, rest);
-    } else if (sscanf(s, "up_blocks.%d.upsamplers.0.conv.%79s", &i, rest) == 2) {
-        snprintf(out, cap, "first_stage_model.%s.up.%d.upsample.conv.%s", part, n_up - 1 - i, rest);
-    } else if (sscanf(s, "mid_block.resnets.%d.%79s", &i, rest) == 2) {
-        snprintf(out, cap, "first_stage_model.%s.mid.block_%d.%s", part, i + 1, rest);
-    } else if (!strncmp(s, "mid_block.attentions.0.", 23)) {
-        const char *a = s + 23;
-        static const char *const m[][2] = {{"group_norm.", "norm."}, {"to_q.", "q."}, {"to_k.", "k."},
-                                           {"to_v.", "v."}, {"to_out.0.", "proj_out."}};
-        for (size_t k = 0; k < 5; k++)
-            if (!strncmp(a, m[k][0], strlen(m[k][0]))) {
-                snprintf(out, cap, "first_stage_model.%s.mid.attn_1.%s%s", part, m[k][1], a + strlen(m[k][0]));
-                *conv1x1 = k > 0 && strstr(a, "weight") != NULL;
-            }
-    } else if (!strncmp(s, "conv_norm_out.", 14)) {
-        snprintf(out, cap, "first_stage_model.%s.norm_out.%s", part, s + 14);
-    } else {
-        snprintf(out, cap, "first_stage_model.%s", d); /* conv_in, conv_out, quant convs */
-    }
-}
-
 enum { OMIT_NONE = 0, OMIT_CLIP_L = 1 };
 
 /* the case's five components in one file at path */
@@ -236,7 +195,7 @@ static void write_all_in_one(const char *path, int omit) {
             for (size_t i = 0; i < st_count(f); i++) {
                 const st_tensor *t = st_at(f, i);
                 int conv = 0;
-                ldm_name(t->name, n_up, name, sizeof name, &conv);
+                ldm_name("first_stage_model.", t->name, n_up, name, sizeof name, &conv);
                 int64_t shape[4] = {t->shape[0], t->ndim > 1 ? t->shape[1] : 0, 1, 1};
                 if (conv) put(&l, name, t, t->data, t->nbytes, 4, shape); /* Linear [C, C] as a 1x1 conv */
                 else put_same(&l, name, t);
@@ -277,7 +236,7 @@ TEST(file_is_all_in_one) {
     static const char *const layout[] = {"sd3-single-file", "diffusers", "diffusers", "t5-embed-tokens", "ldm-vae"};
     for (int k = 0; k < 5; k++) {
         kc_checkpoint *c = NULL;
-        CHECK_OK(kc_open_part(g_file, kp_component_prefix(comps[k]), NULL, NULL, ka_renamers(), &c));
+        CHECK_OK(kc_open_part(g_file, kp_component_prefix(g_file, comps[k]), NULL, NULL, ka_renamers(), &c));
         if (c) CHECK_MSG(!strcmp(c->layout, layout[k]), "%s: layout %s", comps[k], c->layout);
         kc_close(c);
     }
@@ -617,7 +576,7 @@ TEST(bad_inputs) {
     CHECK_RUN_WITH(run_kiln, 1, "needs text_encoders.clip_l.transformer.* (text_encoder)",
                    "generate '%s' --tokenizers '%s' --prompt x --output '%s'", bad, g_full, png);
     /* a plain transformer file is no pipeline */
-    CHECK_RUN_WITH(run_kiln, 1, "is not an all-in-one SD3 file",
+    CHECK_RUN_WITH(run_kiln, 1, "is not an all-in-one file",
                    "generate '%s' --tokenizers '%s' --prompt x --output '%s'",
                    golden_path(PIPELINE_CASE, "transformer/diffusion_pytorch_model.safetensors"), g_full, png);
     /* a truncated file */

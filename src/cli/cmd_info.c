@@ -123,7 +123,8 @@ static int info_single_file(const char *file, const cli_common *com) {
            root ? root : "");
     int64_t total = 0;
     for (size_t k = 0; k < sizeof comps / sizeof comps[0]; k++) {
-        const char *prefix = kp_component_prefix(comps[k]);
+        const char *prefix = kp_component_prefix(file, comps[k]);
+        if (!prefix) continue; /* not a part of this kind of file (a Flux file has no text_encoder_3) */
         kc_checkpoint *c = NULL;
         if (!kp_has_component(&src, comps[k])) {
             printf("%-16s %s* (none)\n", comps[k], prefix);

@@ -30,6 +30,13 @@ void kp_component_done(const kiln_load_opts *base, const char *component, double
  *   text_encoder_3  text_encoders.t5xxl.transformer.    (transformers' T5 names)
  *   vae             first_stage_model.                  (original LDM names)
  *
+ * or as ComfyUI saves Flux.1 (told apart by the transformer's double_blocks):
+ *
+ *   transformer     model.diffusion_model.              (Black Forest Labs' names)
+ *   text_encoder    text_encoders.clip_l.transformer.   (CLIP-L)
+ *   text_encoder_2  text_encoders.t5xxl.transformer.    (T5)
+ *   vae             vae.                                (original LDM names)
+ *
  * Such a file has no configs and no tokenizers: aux (the --tokenizers DIR,
  * laid out as a diffusers pipeline folder) gives tokenizer*, and optionally
  * model_index.json, scheduler/ and <component>/config.json; a component
@@ -47,11 +54,17 @@ kiln_status kp_source_init(const char *path, const char *tokenizers_dir, kp_sour
 /* 1 when path is a safetensors file holding model.diffusion_model.* and at
  * least one other component prefix (a plain transformer checkpoint is not) */
 int kp_is_single_file(const char *path);
-/* A component of an all-in-one file: 1 and its name prefix and family
- * ("model.diffusion_model.", "sd3"), 0 for a name that is none */
-int kp_part_lookup(const char *component, const char **prefix, const char **family);
+/* A component of the all-in-one file (NULL: SD3's names): 1 and its name
+ * prefix and family ("model.diffusion_model.", "sd3"; a Flux file's
+ * transformer "flux" or, without a guidance embedding, "flux-schnell"), 0
+ * for a name that is none */
+int kp_part_lookup(const char *file, const char *component, const char **prefix, const char **family);
 /* The name prefix of a component inside an all-in-one file (NULL: unknown) */
-const char *kp_component_prefix(const char *component);
+const char *kp_component_prefix(const char *file, const char *component);
+/* 1 when the all-in-one file holds a Flux transformer (double_blocks in Black
+ * Forest Labs' names): a FluxPipeline's parts (text_encoder CLIP-L,
+ * text_encoder_2 T5, vae under vae.) */
+int kp_file_is_flux(const char *file);
 /* Does the source hold component (a folder: its sub-folder; a file: a tensor under its prefix) */
 int kp_has_component(const kp_source *s, const char *component);
 /* component as a model, as kp_open_component (through the cache with base,

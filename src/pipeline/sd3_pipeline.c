@@ -105,12 +105,14 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     kp_index index;
     int have_index = 0;
     if ((st = read_index(&src, src.dir != NULL, &index, &have_index))) return st;
-    int flux = have_index && !strcmp(index.cls, "FluxPipeline");
+    /* a file says its kind by its transformer's names (and its tokenizers folder's index must agree) */
+    int flux = have_index ? !strcmp(index.cls, "FluxPipeline") : src.file && kp_file_is_flux(src.file);
     if (have_index && !flux && strcmp(index.cls, "StableDiffusion3Pipeline"))
         return kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs "
                        "StableDiffusion3Pipeline (SD3, SD3.5) and FluxPipeline", src.aux, *index.cls ? index.cls : "(none)");
-    if (flux && !src.dir)
-        return kb_fail(KILN_ERR_UNSUPPORTED, "%s: an all-in-one Flux file is not read yet; give a FluxPipeline folder", dir);
+    if (src.file && flux != kp_file_is_flux(src.file))
+        return kb_fail(KILN_ERR_CONFIG, "%s holds %s transformer, but --tokenizers %s/model_index.json names %s", dir,
+                       kp_file_is_flux(src.file) ? "a Flux" : "an SD3", src.aux, index.cls);
     /* every file there, before any component loads */
     if ((st = kp_check_folder(&src, flux ? k_flux_parts : kp_sd3_parts))) return st;
     kiln_pipeline *p = kb_calloc(1, sizeof *p);

@@ -93,7 +93,7 @@ kiln_status kiln_sd3_text_open_file(const char *path, const char *tokenizers_dir
                          i == 2 ? " (or neither)" : "");
         } else if (!has_enc) {
             st = kb_fail(KILN_ERR_MISSING, "%s: an all-in-one SD3 file needs %s* (%s)", path,
-                         kp_component_prefix(k_enc[i]), k_enc[i]);
+                         kp_component_prefix(src.file, k_enc[i]), k_enc[i]);
         } else if (!td || !kb_is_dir(td)) {
             st = kp_missing_tokenizer(&src, k_tok[i]);
         } else if (!(st = kiln_tokenizer_open(td, &t->tok[i]))) {

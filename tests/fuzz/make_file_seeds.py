@@ -161,6 +161,18 @@ def single_file():
     t += [("first_stage_model.decoder.conv_in.weight", [8, 4, 3, 3]), ("first_stage_model.decoder.conv_out.weight", [3, 8, 3, 3])]
     put("single_file", "all-parts", pack(t))
     put("single_file", "transformer-and-vae", pack(t[:7] + t[-2:]))
+    # ComfyUI's Flux layout: BFL transformer names (double_blocks marks it; guidance_in: dev), CLIP-L, T5, vae.*
+    f = "model.diffusion_model."
+    fx = [(f + "img_in.weight", [8, 16]), (f + "txt_in.weight", [8, 8]), (f + "vector_in.in_layer.weight", [8, 4]),
+          (f + "time_in.in_layer.weight", [8, 256]), (f + "guidance_in.in_layer.weight", [8, 256]),
+          (f + "double_blocks.0.img_attn.qkv.weight", [24, 8]), (f + "double_blocks.0.img_attn.norm.query_norm.scale", [4]),
+          (f + "single_blocks.0.linear1.weight", [56, 8]), (f + "final_layer.linear.weight", [16, 8])]
+    fx += clip("text_encoders.clip_l.transformer.", 4, False)
+    fx += [(p + "shared.weight", [8, 4]), (p + "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", [4, 2]),
+           (p + "encoder.block.0.layer.0.SelfAttention.q.weight", [4, 4])]
+    fx += [("vae.decoder.conv_in.weight", [8, 4, 3, 3]), ("vae.decoder.conv_out.weight", [3, 8, 3, 3])]
+    put("single_file", "flux-all-parts", pack(fx))
+    put("single_file", "flux-schnell", pack([x for x in fx if "guidance_in" not in x[0]]))
 
 
 def trust_key():
