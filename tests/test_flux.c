@@ -612,6 +612,36 @@ TEST(flux_generate_cli) {
     CHECK_MSG(!kb_is_dir(fresh), "a refused size converted components into %s", fresh);
     free(o);
     CHECK(access(png, F_OK) != 0);
+    /* --low-memory: the text encoders go after each batch's encode and come back for the next (two
+     * batches: other step counts), the images those of a run that keeps them */
+    char pf[450], lm[2][450];
+    snprintf(pf, sizeof pf, "%s/prompts.txt", dir);
+    FILE *pfile = fopen(pf, "w");
+    if (pfile) {
+        fputs("a red fox\n{\"prompt\": \"a lighthouse\", \"steps\": 1}\n", pfile);
+        fclose(pfile);
+    }
+    for (int k = 0; k < 2; k++) {
+        snprintf(lm[k], sizeof lm[k], "%s/lm%d.png", dir, k);
+        rc = run_kiln(&o, "generate '%s' --prompts-file '%s' --steps 2 --max-sequence-length 16 --seed 3 --output '%s' "
+                      "--cache-dir '%s' --dtype f32 --timings%s", golden_path(c, NULL), pf, lm[k], cache,
+                      k ? " --low-memory" : "");
+        CHECK_MSG(rc == 0 && o && (!k || strstr(o, "load text encoders")), "rc %d: %s", rc, o ? o : "");
+        free(o);
+    }
+    for (int i = 0; i < 2; i++) {
+        char a[500], b[500];
+        snprintf(a, sizeof a, "%s/lm0-%d.png", dir, i);
+        snprintf(b, sizeof b, "%s/lm1-%d.png", dir, i);
+        uint8_t *x = NULL, *y = NULL;
+        int xh = 0, xw = 0, yh = 0, yw = 0;
+        CHECK_OK(kiln_png_read(a, &x, &xh, &xw));
+        CHECK_OK(kiln_png_read(b, &y, &yh, &yw));
+        CHECK_MSG(x && y && xh == yh && xw == yw && !memcmp(x, y, (size_t)(xh * xw * 3)),
+                  "image %d with --low-memory differs", i);
+        free(x);
+        free(y);
+    }
     /* kiln encode writes SD3's conditioning: a Flux folder is refused, saying where its embeddings are */
     rc = run_kiln(&o, "encode '%s' --prompt x --output '%s/e.safetensors' --cache-dir '%s'", golden_path(c, NULL), dir, cache);
     CHECK_MSG(rc == 1 && o && strstr(o, "is a FluxPipeline folder") && strstr(o, "--tensor-output"), "rc %d: %s", rc, o ? o : "");

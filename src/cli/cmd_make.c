@@ -12,7 +12,8 @@
 
 static const char k_usage[] =
     "kiln make-model DIR [--config FILE | --demo] [--weights bf16|f16|f32] [--seed N] [--force]\n"
-    "                     [--inputs FILE --latent HxW --context T --batch B] [--cond FILE --context T]";
+    "                     [--inputs FILE --latent HxW --context T --batch B] [--cond FILE --context T]\n"
+    "       kiln make-model DIR --inputs-only --inputs FILE [--latent HxW --context T --batch B]";
 
 static int help(void) {
     printf("usage: %s\n\n"
@@ -24,7 +25,8 @@ static int help(void) {
            "SD3 model. With --inputs, also writes a `kiln forward` inputs file: the family's inputs by name\n"
            "(SD3: hidden_states, encoder_hidden_states, pooled_projections, timestep; Flux: latents [B,16,H,W]\n"
            "unpacked, encoder_hidden_states, pooled_projections, timestep, guidance for dev), seeded, of the\n"
-           "given latent size, context length (defaults: the family's example) and batch.\n"
+           "given latent size, context length (defaults: the family's example) and batch; with\n"
+           "--inputs-only, for the model already in DIR (nothing else is written).\n"
            "With an SD3 config, --cond writes a `kiln generate` conditioning file (prompt_embeds,\n"
            "pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds) of T tokens.\n"
            "DIR must be new or empty: a folder that holds anything is refused (a mistyped path would lose\n"
@@ -48,9 +50,24 @@ static int dir_holds(const char *dir, char *first, size_t cap) {
     return any;
 }
 
+/* the family's example inputs for dir's config.json, sized as asked (context 0: the example's) */
+static int write_inputs(const char *dir, const char *inputs, int B, int H, int W, int T) {
+    char *cp = kb_path_join(dir, "config.json"), *json = NULL;
+    kiln_status s = cp ? kb_read_file(cp, &json, NULL) : KILN_ERR_NOMEM;
+    if (!s) s = kiln_write_example_inputs(json, inputs, B, H, W, T);
+    free(cp);
+    free(json);
+    if (s) return cli_fail("make-model", kb_wrap(s, "--inputs %s", inputs));
+    printf("inputs: %s (batch %d", inputs, B);
+    if (H) printf(", latent %dx%d", H, W);
+    if (T) printf(", %d context tokens", T);
+    printf(")\n");
+    return 0;
+}
+
 int cmd_make(int argc, char **argv) {
     const char *dir = NULL, *config = NULL, *inputs = NULL, *cond = NULL, *v;
-    int demo = 0, force = 0, H = 0, W = 0;
+    int demo = 0, force = 0, inputs_only = 0, H = 0, W = 0;
     long T = 77, B = 1;
     int T_given = 0; /* --inputs: 0 takes the family's example context */
     uint64_t seed = 1;
@@ -64,6 +81,10 @@ int cmd_make(int argc, char **argv) {
         }
         if (cli_flag(argv, i, "--force")) {
             force = 1;
+            continue;
+        }
+        if (cli_flag(argv, i, "--inputs-only")) {
+            inputs_only = 1;
             continue;
         }
         if ((r = cli_opt("make-model", argc, argv, &i, "--config", &config)) ||
@@ -92,6 +113,12 @@ int cmd_make(int argc, char **argv) {
         } else {
             dir = argv[i];
         }
+    }
+    if (inputs_only) { /* DIR's model stays as it is: only the inputs file is written */
+        if (!dir || !inputs || config || demo || cond || force)
+            return cli_usage_error("make-model", k_usage, "--inputs-only takes DIR (a model folder) and --inputs FILE, and "
+                                   "none of --config, --demo, --cond, --force");
+        return write_inputs(dir, inputs, (int)B, H, W, T_given ? (int)T : 0) ? 1 : 0;
     }
     if (!dir || (!config && !demo)) return cli_usage_error("make-model", k_usage, "DIR and --config (or --demo) are required");
     char first[256];
@@ -128,18 +155,7 @@ int cmd_make(int argc, char **argv) {
         s = kiln_write_seeded_model(dir, &c, seed, wdt);
     if (s) return cli_fail("make-model", s);
     printf("model: %s (%s, %s weights, seed %llu)\n", dir, family, kiln_dtype_name(wdt), (unsigned long long)seed);
-    if (inputs) { /* the family's example inputs, sized as asked (read back from the config written) */
-        char *cp = kb_path_join(dir, "config.json"), *json = NULL;
-        s = cp ? kb_read_file(cp, &json, NULL) : KILN_ERR_NOMEM;
-        if (!s) s = kiln_write_example_inputs(json, inputs, (int)B, H, W, T_given ? (int)T : 0);
-        free(cp);
-        free(json);
-        if (s) return cli_fail("make-model", kb_wrap(s, "--inputs %s", inputs));
-        printf("inputs: %s (batch %ld", inputs, B);
-        if (H) printf(", latent %dx%d", H, W);
-        if (T_given) printf(", %ld context tokens", T);
-        printf(")\n");
-    }
+    if (inputs && write_inputs(dir, inputs, (int)B, H, W, T_given ? (int)T : 0)) return 1;
     if (cond) {
         if ((s = cli_write_seeded_cond(cond, &c, (int)T, seed + 100))) return cli_fail("make-model", s);
         printf("cond: %s (%ld tokens, prompt and negative)\n", cond, T);

@@ -19,7 +19,10 @@
 
 struct kp_flux {
     kiln_tokenizer *tok[2];
-    kiln_model *enc[2]; /* CLIP-L (CLIPTextModel), T5 */
+    kiln_model *enc[2]; /* CLIP-L (CLIPTextModel), T5; NULL once released (low_memory) */
+    kp_source src;      /* where they are, to map them again (the pipeline's strings) */
+    kiln_load_opts base;
+    int has_base;
     kp_schedule sched;
     int guided;
     int channels; /* the latent's: the transformer's in_channels / 4 */
@@ -51,6 +54,8 @@ kiln_status kp_flux_open(const kp_source *src, const char *where, const kiln_loa
     if (!f) return KILN_ERR_NOMEM;
     f->sched = *sched;
     f->guided = !strcmp(fam, "flux");
+    f->src = *src;
+    if (base) f->base = *base, f->has_base = 1;
     kiln_status st = KILN_OK;
     for (int i = 0; i < 2 && !st; i++) {
         char *td = kp_aux_path(src, k_tok[i]);
@@ -112,7 +117,7 @@ kiln_status kp_flux_schedule(const kp_schedule *s, int steps, int64_t N, double 
 }
 
 kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
-                             float **latents) {
+                             int release, float **latents) {
     *latents = NULL;
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1, B = n * ipp;
     int msl = o->max_sequence_length > 0 ? o->max_sequence_length : f->guided ? 512 : 256;
@@ -129,8 +134,19 @@ kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pip
     static const char *const clip_out[1] = {"pooler_output"}, *t5_out[1] = {"last_hidden_state"};
     float *b[2] = {NULL, NULL};
     int64_t sh[2][1][3];
+    kiln_status st = KILN_OK;
+    if (!f->enc[0] || !f->enc[1]) { /* released by low_memory after the last request: mapped again (cache hits) */
+        double t1 = kb_now();
+        for (int i = 0; i < 2 && !st; i++)
+            if (!f->enc[i] && (st = kp_open_part(&f->src, k_enc[i], f->has_base ? &f->base : NULL, &f->enc[i])))
+                st = kb_wrap(st, "%s", k_enc[i]);
+            else
+                kiln_model_set_compile(f->enc[i], o->compile);
+        if (st) return st;
+        kb_ledger_add("load text encoders", kb_now() - t1, "again, after low_memory released them");
+    }
     double t0 = kb_now();
-    kiln_status st = kp_encode_ids(f->enc[0], f->tok[0], o->prompts, n, CLIP_LEN, "CLIP", 1, clip_out, &b[0], sh[0]);
+    st = kp_encode_ids(f->enc[0], f->tok[0], o->prompts, n, CLIP_LEN, "CLIP", 1, clip_out, &b[0], sh[0]);
     if (st) st = kb_wrap(st, "text_encoder");
     if (!st && (st = kp_encode_ids(f->enc[1], f->tok[1], o->prompts, n, msl, "T5 (max_sequence_length)", 1, t5_out, &b[1],
                                    sh[1])))
@@ -151,6 +167,11 @@ kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pip
         int64_t es[3] = {B, T, J}, ps[2] = {B, P};
         if (o->on_cond) o->on_cond(o->user, pe, es, pp, ps, NULL, NULL);
     }
+    if (!st && release) /* the encoders' mappings go before the backbone runs (T5-XXL: 9.5 GB in bf16) */
+        for (int i = 0; i < 2; i++) {
+            kiln_model_free(f->enc[i]);
+            f->enc[i] = NULL;
+        }
     size_t lat = (size_t)(C * lh * lw), nl = (size_t)B * lat;
     float *x = st ? NULL : malloc(sizeof(float) * nl), *v = st ? NULL : malloc(sizeof(float) * nl);
     float *ts = st ? NULL : malloc(sizeof(float) * ((size_t)o->steps + 1)), *sig = st ? NULL : malloc(sizeof(float) * ((size_t)o->steps + 1));

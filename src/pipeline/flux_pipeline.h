@@ -33,8 +33,10 @@ int kp_flux_channels(const kp_flux *f);
 kiln_status kp_flux_schedule(const kp_schedule *s, int steps, int64_t N, double *mu, float *timesteps, float *sigmas);
 
 /* prompt -> latents [B, C, lh, lw] (unpacked; the transformer packs them),
- * B = n_prompts x images_per_prompt; malloc'd */
+ * B = n_prompts x images_per_prompt; malloc'd. release: the text encoders
+ * are freed once the prompts are encoded (low_memory), and mapped again by
+ * the next request */
 kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
-                             float **latents);
+                             int release, float **latents);
 
 #endif

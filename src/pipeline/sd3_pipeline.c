@@ -334,8 +334,8 @@ kiln_status kiln_pipeline_check_size_early(const char *path, const char *tokeniz
 static int release_text(const kiln_pipeline *p, int low_memory) {
     if (low_memory) return low_memory > 0;
     uint64_t phys = kb_phys_bytes(), total = 0;
-    kiln_model *m[5] = {p->transformer, p->vae, kiln_sd3_text_model(p->text, 0), kiln_sd3_text_model(p->text, 1),
-                        kiln_sd3_text_model(p->text, 2)};
+    kiln_model *m[5] = {p->transformer, p->vae, NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) m[2 + k] = p->flux ? kp_flux_text_model(p->flux, k) : kiln_sd3_text_model(p->text, k);
     for (int k = 0; k < 5; k++) {
         kiln_model_info in;
         if (m[k] && !kiln_model_get_info(m[k], &in) && in.weight_bytes > 0) total += (uint64_t)in.weight_bytes;
@@ -370,7 +370,7 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         kiln_model *comps[4] = {p->transformer, p->vae, kp_flux_text_model(p->flux, 0), kp_flux_text_model(p->flux, 1)};
         for (int k = 0; k < 4; k++)
             if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
-        if ((st = kp_flux_generate(p->flux, p->transformer, o, lh, lw, latents))) return st;
+        if ((st = kp_flux_generate(p->flux, p->transformer, o, lh, lw, release_text(p, o->low_memory), latents))) return st;
         shape[0] = (int64_t)n * ipp, shape[1] = kp_flux_channels(p->flux), shape[2] = lh, shape[3] = lw;
         return KILN_OK;
     }
