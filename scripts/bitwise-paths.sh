@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run every golden case (the backbones, the text encoders, the VAE, the whole
-# pipeline) through every execution path and precision and
+# Run every golden case (the backbones, SD3's and Flux's, the text encoders, the
+# VAE, the whole pipelines) through every execution path and precision and
 # write the outputs under OUT, so a refactor that must not change a bit can be
 # checked: run it before and after, then `cmp` the two folders (or pass
 # --compare BEFORE to do it here).
@@ -50,6 +50,16 @@ for c in sd3-tiny sd35-tiny sd3-wide; do
         run "$c-$q-eager" forward "$M" --inputs "$IO" --quant $q --exec eager
     done
 done
+# the Flux backbones (their inputs named as the family takes them: the case's unpacked latents)
+for c in flux-tiny flux-schnell-tiny; do
+    M=$DATA/$c
+    "$KILN" make-model "$M" --inputs-only --inputs "$WORK/$c-in.safetensors" --latent 8x12 --context 7 --batch 2 >/dev/null
+    for dt in f32 bf16; do
+        for ex in eager planned; do
+            run "$c-$dt-$ex" forward "$M" --inputs "$WORK/$c-in.safetensors" --dtype $dt --exec $ex
+        done
+    done
+done
 # the text encoders and the VAE decoder, on each dtype and executor
 for c in clip-l-tiny clip-g-tiny t5-tiny; do
     for dt in f32 bf16; do
@@ -68,6 +78,10 @@ for dt in f32 bf16; do
         "$KILN" generate "$P" --prompt "a photo of a cat" --negative-prompt "blurry" --steps 3 --guidance 5 \
             --noise "$P/io.safetensors" --dtype $dt --exec $ex --quiet \
             --tensor-output "$OUT/pipeline-$dt-$ex.safetensors" --output "$WORK/pipe-$dt-$ex.png" >/dev/null 2>&1
+        F=$DATA/flux-pipeline-tiny
+        "$KILN" generate "$F" --prompt "a tiny astronaut hatching from an egg on the moon" --steps 3 --seed 5 \
+            --max-sequence-length 32 --width 48 --height 32 --dtype $dt --exec $ex --quiet \
+            --tensor-output "$OUT/flux-pipeline-$dt-$ex.safetensors" --output "$WORK/flux-$dt-$ex.png" >/dev/null 2>&1
     done
 done
 # parallel runs (when this build has MPI)

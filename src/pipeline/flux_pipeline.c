@@ -116,8 +116,9 @@ kiln_status kp_flux_schedule(const kp_schedule *s, int steps, int64_t N, double 
     return KILN_OK;
 }
 
-kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
-                             int release, float **latents) {
+static kiln_status flux_generate(void *impl, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
+                                 const kp_release *release, float **latents) {
+    kp_flux *f = impl;
     *latents = NULL;
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1, B = n * ipp;
     int msl = o->max_sequence_length > 0 ? o->max_sequence_length : f->guided ? 512 : 256;
@@ -167,7 +168,7 @@ kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pip
         int64_t es[3] = {B, T, J}, ps[2] = {B, P};
         if (o->on_cond) o->on_cond(o->user, pe, es, pp, ps, NULL, NULL);
     }
-    if (!st && release) /* the encoders' mappings go before the backbone runs (T5-XXL: 9.5 GB in bf16) */
+    if (!st && release->now(release->ctx)) /* the encoders' mappings go before the backbone runs (T5-XXL: 9.5 GB in bf16) */
         for (int i = 0; i < 2; i++) {
             kiln_model_free(f->enc[i]);
             f->enc[i] = NULL;
@@ -229,3 +230,61 @@ kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pip
     *latents = x;
     return KILN_OK;
 }
+
+/* ---- the row of the pipeline class table ---- */
+
+#define FLUX_DEFAULT_SAMPLE 128 /* FluxPipeline.default_sample_size, in latent cells */
+#define FLUX_MAX_TOKENS 65536   /* packed image tokens (src/arch/flux's limit) */
+
+static kiln_status flux_open(const kp_open_ctx *c, void **impl, int *sample_size) {
+    *sample_size = FLUX_DEFAULT_SAMPLE;
+    return kp_flux_open(c->src, c->path, c->base, c->transformer, c->sched, (kp_flux **)impl);
+}
+
+static void flux_free(void *impl) { kp_flux_free(impl); }
+static int flux_channels(const void *impl, const kiln_model *transformer) {
+    (void)transformer;
+    return ((const kp_flux *)impl)->channels;
+}
+static kiln_model *flux_text_model(void *impl, int i) { return kp_flux_text_model(impl, i); }
+
+/* FluxPipeline.__call__'s: 28 steps, guidance 3.5 (dev), T5's 512 tokens;
+ * schnell: 4 steps, 256 tokens, no guidance */
+static void flux_defaults(const void *impl, kiln_pipeline_opts *o) {
+    int guided = kp_flux_guided(impl);
+    o->guidance = guided ? 3.5 : 0.0;
+    o->max_sequence_length = guided ? 512 : 256;
+    if (!guided) o->steps = 4;
+}
+
+/* 2x2 latent patches of the VAE's cells, at most FLUX_MAX_TOKENS (a
+ * dimension <= 0 is not checked) */
+static kiln_status flux_check_size(const void *cfg, int vae_scale, int height, int width) {
+    (void)cfg;
+    int f = 2 * vae_scale, hw[2] = {height, width};
+    for (int k = 0; k < 2; k++) {
+        const char *what = k ? "width" : "height";
+        if (hw[k] <= 0) continue;
+        if (hw[k] < f)
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: at least %d (VAE factor %d x 2x2 patches)", what, hw[k], f, vae_scale);
+        if (hw[k] % f)
+            return kb_fail(KILN_ERR_SHAPE, "%s %d px: must be a multiple of %d (VAE factor %d x 2x2 patches); the nearest "
+                           "are %d and %d", what, hw[k], f, vae_scale, hw[k] / f * f, hw[k] / f * f + f);
+    }
+    if (height > 0 && width > 0 && (int64_t)(height / f) * (width / f) > FLUX_MAX_TOKENS)
+        return kb_fail(KILN_ERR_SHAPE, "%d x %d px (width x height): %lld image tokens, at most %d", width, height,
+                       (long long)(height / f) * (width / f), FLUX_MAX_TOKENS);
+    return KILN_OK;
+}
+
+/* a FluxPipeline folder's parts for kp_check_folder */
+static const char *const k_parts[] = {"transformer", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2",
+                                      "?vae",        "?scheduler",   NULL};
+static const char *const k_families[] = {"flux", "flux-schnell", NULL};
+
+/* without a scheduler config: FluxPipeline's dynamic shift */
+const kp_kind kp_flux_kind = {.cls = "FluxPipeline", .parts = k_parts, .families = k_families,
+                              .sched = {3.0, 1000, 1, 0.5, 1.15, 256, 4096}, .rows_per_image = 1,
+                              .open = flux_open, .free = flux_free, .channels = flux_channels,
+                              .check_size = flux_check_size, .defaults = flux_defaults, .text_model = flux_text_model,
+                              .generate = flux_generate};

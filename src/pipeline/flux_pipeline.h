@@ -2,14 +2,16 @@
  * Flux's own (flux_pipeline.c): its text side (CLIP-L's pooled output and
  * T5's hidden states) and its sampling (the dynamic shift from the image's
  * sequence length, the distilled guidance as an input, no CFG batch), as
- * FluxPipeline.__call__ does them. The pipeline object (sd3_pipeline.c)
- * opens a folder, finds its class and hands a FluxPipeline's requests here. */
+ * FluxPipeline.__call__ does them: the row kp_flux_kind of the pipeline
+ * class table (pipeline_kind.h), which the pipeline object (pipeline.c)
+ * hands a FluxPipeline's requests. */
 #ifndef KILN_FLUX_PIPELINE_H
 #define KILN_FLUX_PIPELINE_H
 
 #include "kiln.h"
 #include "pipeline/component.h"
 #include "pipeline/pipeline_files.h"
+#include "pipeline/pipeline_kind.h"
 
 typedef struct kp_flux kp_flux;
 
@@ -31,12 +33,5 @@ int kp_flux_channels(const kp_flux *f);
  * e^mu / (e^mu + (1/s - 1)) in numpy's f32 arithmetic, timesteps = 1000
  * sigma, a 0 appended to sigmas (steps + 1 values) */
 kiln_status kp_flux_schedule(const kp_schedule *s, int steps, int64_t N, double *mu, float *timesteps, float *sigmas);
-
-/* prompt -> latents [B, C, lh, lw] (unpacked; the transformer packs them),
- * B = n_prompts x images_per_prompt; malloc'd. release: the text encoders
- * are freed once the prompts are encoded (low_memory), and mapped again by
- * the next request */
-kiln_status kp_flux_generate(kp_flux *f, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
-                             int release, float **latents);
 
 #endif
