@@ -332,6 +332,58 @@ TEST(text_model_without_projection) {
     golden_close(&g);
 }
 
+/* transformers 5.25 saves a CLIPTextModel without the text_model. prefix
+ * (embeddings.*, encoder.layers.*, final_layer_norm.*): the case's weights
+ * written so read as the same model, bit for bit */
+TEST(names_without_text_model_prefix) {
+    golden g;
+    if (!golden_open("clip-l-tiny", &g)) return;
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/clip-unprefixed", g_tmp);
+    kb_mkdir_p(dir);
+    kiln_tensor *w = NULL;
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", case_dir("clip-l-tiny"));
+    CHECK_OK(kiln_tensors_read(path, &w, &n));
+    kiln_tensor *u = calloc(n + 1, sizeof *u);
+    for (size_t i = 0; u && i < n; i++) {
+        u[i] = w[i];
+        if (!strncmp(w[i].name, "text_model.", 11)) u[i].name = w[i].name + 11;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (u) CHECK_OK(kiln_tensors_write(path, n, u));
+    free(u);
+    kiln_tensors_free(w);
+    char *cfg = NULL;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", case_dir("clip-l-tiny"));
+    CHECK_OK(kb_read_file(path, &cfg, &len));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (cfg) CHECK_OK(kb_write_file_atomic(path, cfg, len));
+    free(cfg);
+    kiln_open_opts oo = {.dtype = KILN_F32};
+    kiln_model *a = NULL, *b = NULL;
+    CHECK_OK(kiln_model_open(dir, &oo, &a));
+    CHECK_OK(kiln_model_open(case_dir("clip-l-tiny"), &oo, &b));
+    if (a && b) {
+        kiln_model_info info;
+        CHECK_OK(kiln_model_get_info(a, &info));
+        CHECK_MSG(info.layout && !strcmp(info.layout, "clip-unprefixed"), "layout %s", info.layout ? info.layout : "?");
+        float *x[NOUT] = {0}, *y[NOUT] = {0};
+        CHECK_OK(run_ids(a, g.ids, g.B, g.T, 3, x));
+        CHECK_OK(run_ids(b, g.ids, g.B, g.T, 3, y));
+        for (int k = 0; k < 3; k++) {
+            size_t m = (size_t)(k == 2 ? g.B * 32 : g.B * g.T * 32); /* clip-l-tiny is 32 wide */
+            CHECK_MSG(x[k] && y[k] && !memcmp(x[k], y[k], sizeof(float) * m), "output %d differs", k);
+            free(x[k]);
+            free(y[k]);
+        }
+    }
+    kiln_model_free(a);
+    kiln_model_free(b);
+    golden_close(&g);
+}
+
 /* A copy of case c's folder whose config.json has from replaced by to
  * (once); the folder's path in dir. */
 static int edited_copy(const char *c, const char *tag, const char *from, const char *to, char *dir, size_t cap) {
@@ -611,6 +663,7 @@ int main(void) {
     RUN(two_models_keep_their_failures);
     RUN(fewer_tokens);
     RUN(text_model_without_projection);
+    RUN(names_without_text_model_prefix);
     RUN(eos_rule);
     RUN(clip_l_f32);
     RUN(clip_g_f32);

@@ -41,6 +41,9 @@ typedef struct clip_config {
 /* A config from the tensors' shapes (an all-in-one file's text encoder):
  * clip_config.c says which shape gives what and what no shape holds. */
 kiln_status clip_config_infer(const kc_checkpoint *c, clip_config *x);
+/* a CLIPTextModel saved without the text_model. prefix (transformers 5.25):
+ * the names given it (clip_names.c) */
+extern const kc_renamer clip_renamer;
 /* transformers' CLIPTextConfig defaults for keys missing from config.json */
 clip_config clip_config_defaults(void);
 /* Does this config.json describe a CLIP text model, and which kind:

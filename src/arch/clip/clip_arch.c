@@ -106,6 +106,7 @@ const ka_arch ka_clip = {
     .config_to_json = to_json,
     .config_infer = infer,
     .weight_spec = spec,
+    .renamer = &clip_renamer,
     .quant_layers = CLIP_QUANT_LAYERS,
     .nsym = CLIP_NSYM,
     .sym = {"batch", "tokens"},
