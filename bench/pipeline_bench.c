@@ -1,5 +1,6 @@
 /* pipeline_bench.c - kiln's warm side of bench/pipeline_bench.sh: one
- * process opens a diffusers StableDiffusion3Pipeline folder once (every
+ * process opens a diffusers pipeline folder (StableDiffusion3Pipeline,
+ * FluxPipeline; its class's defaults, --guidance over them) once (every
  * component through the weight cache under --name, as `kiln generate
  * PIPELINE --name NAME` opens it) and makes the same image --runs times:
  * encode the prompt and "" (CFG), sample, decode with the VAE, write the PNG.
@@ -92,7 +93,7 @@ int main(int argc, char **argv) {
     const char *dir = NULL, *cache = NULL, *name = NULL, *out = NULL, *dt = "bf16", *ledger = NULL;
     const char *prompt = "a photograph of an astronaut riding a horse";
     int size = 512, nsteps = 8, runs = 3;
-    double guidance = 7.0;
+    double guidance = -1; /* the class's default unless given */
     unsigned long long seed = 0;
     if (argc % 2 == 0) return usage(); /* every option takes a value */
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -142,12 +143,12 @@ int main(int argc, char **argv) {
     for (int r = 0; r < runs && !rc; r++) {
         kiln_timings_reset();
         steps st = {{0}, 0};
-        kiln_pipeline_opts po = kiln_pipeline_defaults();
+        kiln_pipeline_opts po = kiln_pipeline_defaults_of(p);
         po.prompts = prompts;
         po.n_prompts = 1;
         po.height = po.width = size;
         po.steps = nsteps;
-        po.guidance = guidance;
+        if (guidance >= 0) po.guidance = guidance;
         po.seed = seed;
         po.on_step = on_step;
         po.user = &st;
@@ -170,8 +171,9 @@ int main(int argc, char **argv) {
             break;
         }
         double c2 = now();
-        kiln_image_info info = {.prompt = prompt, .negative_prompt = guidance > 1 ? "" : NULL, .steps = nsteps,
-                                .guidance = guidance, .has_seed = 1, .seed = seed, .sampler = "Euler (flow matching)"};
+        int cfg = !strcmp(kiln_pipeline_class(p), "StableDiffusion3Pipeline") && po.guidance > 1;
+        kiln_image_info info = {.prompt = prompt, .negative_prompt = cfg ? "" : NULL, .steps = nsteps,
+                                .guidance = po.guidance, .has_seed = 1, .seed = seed, .sampler = "Euler (flow matching)"};
         if (out && kiln_image_write_png(out, rgb, (int)H, (int)W, &info)) rc = fail(out);
         double c3 = now();
         free(rgb);

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole SD3 pipeline, prompt to PNG, kiln against diffusers'
 # StableDiffusion3Pipeline (PyTorch bf16, eager) on the same SD3.5-medium-shaped
-# pipeline folder, the same prompt, seed, size, steps, guidance and threads:
+# pipeline folder, the same prompt, seed, size, steps, guidance and threads; with
+# --class flux, a FLUX.1-schnell-shaped FluxPipeline (CLIP-L, T5-XXL 4 of 24 layers,
+# the transformer at its real width with 2 double and 4 single blocks, FLUX.1's VAE;
+# default 4 steps, no guidance) against diffusers' FluxPipeline:
 #
-#   bench/pipeline_bench.sh [--rounds 3] [--calls 3] [--threads 2] [--size 512] [--steps 8]
-#                           [--guidance 7] [--skip-torch]
+#   bench/pipeline_bench.sh [--class sd3|flux] [--rounds 3] [--calls 3] [--threads 2] [--size 512]
+#                           [--steps 8] [--guidance 7] [--skip-torch]
 #
 # Once (kept under build/bench-pipeline): bench/pipeline_torch.py write seeds the
 # pipeline folder (CLIP-L full, CLIP-G 4 of 32 layers, T5-XXL 4 of 24, the
@@ -31,40 +34,47 @@
 # bench/.venv (bench/requirements.txt). A round takes several minutes on 2 threads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=3 CALLS=3 THREADS=2 SIZE=512 STEPS=8 GUIDANCE=7 SKIP_TORCH=0
+ROUNDS=3 CALLS=3 THREADS=2 SIZE=512 STEPS= GUIDANCE= SKIP_TORCH=0 CLASS=sd3
 PROMPT="a photograph of an astronaut riding a horse on the moon" SEED=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS=$2; shift 2 ;; --calls) CALLS=$2; shift 2 ;; --threads) THREADS=$2; shift 2 ;;
     --size) SIZE=$2; shift 2 ;; --steps) STEPS=$2; shift 2 ;; --guidance) GUIDANCE=$2; shift 2 ;;
-    --skip-torch) SKIP_TORCH=1; shift ;;
-    *) echo "usage: $0 [--rounds 3] [--calls 3] [--threads 2] [--size 512] [--steps 8] [--guidance 7] [--skip-torch]" >&2; exit 2 ;;
+    --skip-torch) SKIP_TORCH=1; shift ;; --class) CLASS=$2; shift 2 ;;
+    *) echo "usage: $0 [--class sd3|flux] [--rounds 3] [--calls 3] [--threads 2] [--size 512] [--steps 8] [--guidance 7] [--skip-torch]" >&2; exit 2 ;;
   esac
 done
+case "$CLASS" in
+  sd3) NAME=sd35m; STEPS=${STEPS:-8}; GUIDANCE=${GUIDANCE:-7}
+       DESC="SD3.5-medium-shaped pipeline (CLIP-L, CLIP-G 4/32, T5-XXL 4/24, transformer 4/24 blocks, SD3 VAE)" ;;
+  flux) NAME=flux-schnell; STEPS=${STEPS:-4}; GUIDANCE=${GUIDANCE:-0}
+       DESC="FLUX.1-schnell-shaped pipeline (CLIP-L, T5-XXL 4/24, transformer at width 3072 with 2/19 double + 4/38 single blocks, FLUX.1 VAE)" ;;
+  *) echo "--class $CLASS: sd3 or flux" >&2; exit 2 ;;
+esac
 [ "$CALLS" -ge 2 ] || { echo "--calls must be at least 2 (the first is the warm-up)" >&2; exit 2; }
 PY=bench/.venv/bin/python KILN=build/kiln BENCH=build/bench_pipeline
 [ -x $KILN ] && [ -x $BENCH ] || { echo "build kiln first (make build)" >&2; exit 1; }
 [ -x $PY ] || { echo "no bench/.venv: python3 -m venv bench/.venv && bench/.venv/bin/pip install -r bench/requirements.txt" >&2; exit 1; }
-D=build/bench-pipeline P=build/bench-pipeline/sd35m C=build/bench-pipeline/cache L=build/bench-pipeline/logs
+D=build/bench-pipeline P=build/bench-pipeline/$NAME C=build/bench-pipeline/cache L=build/bench-pipeline/logs-$NAME
 mkdir -p $D $L
 export OMP_NUM_THREADS=$THREADS KILN_THREADS=$THREADS KILN_LOG=error HF_HUB_OFFLINE=1
 ARGS=(--prompt "$PROMPT" --seed $SEED --steps $STEPS --guidance $GUIDANCE)
-KEY=(--cache-dir $C --name sd35m)
+KEY=(--cache-dir $C --name $NAME)
 
 if [ ! -f $P/model_index.json ]; then
   echo "writing the pipeline folder $P (once)" >&2
-  (cd bench && .venv/bin/python pipeline_torch.py write --out ../$P --threads $THREADS) > $L/write.log 2>&1 \
+  (cd bench && .venv/bin/python pipeline_torch.py write --class $CLASS --out ../$P --threads $THREADS) > $L/write.log 2>&1 \
     || { cat $L/write.log >&2; exit 1; }
 fi
 echo "kiln cache build (a hit does nothing) and kiln compile (once)" >&2
 $KILN cache build $P "${KEY[@]}" > $L/cache-build.log 2>&1 || { cat $L/cache-build.log >&2; exit 1; }
-if [ ! -f $D/compiled-$SIZE ]; then
+if [ ! -f $D/compiled-$NAME-$SIZE ]; then
   $KILN compile $P "${KEY[@]}" --width $SIZE --height $SIZE --guidance $GUIDANCE > $L/compile.log 2>&1 \
     || { cat $L/compile.log >&2; exit 1; }
-  touch $D/compiled-$SIZE
+  touch $D/compiled-$NAME-$SIZE
 fi
 
-RES=$D/results.txt; : > $RES
+RES=$D/results-$NAME.txt; : > $RES
 add() { echo "$1 $2 $3" >> $RES; }  # name value round
 now() { date +%s.%N; }
 warm_files() { find "$@" -type f -exec cat {} + > /dev/null; }  # a warm page cache: the disk is not measured
@@ -154,12 +164,12 @@ for round in $(seq $ROUNDS); do
   else torch_warm $round; kiln_warm $round; torch_cold $round; kiln_cold $round; fi
 done
 
-python3 - "$RES" "$ROUNDS" "$CALLS" "$THREADS" "$SIZE" "$STEPS" "$GUIDANCE" <<'PY'
+python3 - "$RES" "$ROUNDS" "$CALLS" "$THREADS" "$SIZE" "$STEPS" "$GUIDANCE" "$DESC" "$CLASS" <<'PY'
 import sys
 from collections import defaultdict
 sys.path.insert(0, "bench")
 from bench_util import median, ratios
-res, rounds, calls, thr, size, steps, g = sys.argv[1:]
+res, rounds, calls, thr, size, steps, g, desc, cls = sys.argv[1:]
 by = defaultdict(dict)  # name -> round -> value
 for line in open(res):
     if line.strip():
@@ -167,8 +177,8 @@ for line in open(res):
         by[name][rnd] = float(v)
 s = lambda name: median(by[name].values()) / 1e3 if by.get(name) else float("nan")
 per = lambda r: ", ".join(f"{x:.2f}" for x in r)
-print(f"\nSD3.5-medium-shaped pipeline (CLIP-L, CLIP-G 4/32, T5-XXL 4/24, transformer 4/24 blocks, SD3 VAE), "
-      f"{size}x{size}, {steps} steps, CFG {g}, {thr} threads, bf16; {rounds} rounds, warm = median of calls 2..{calls} "
+print(f"\n{desc}, "
+      f"{size}x{size}, {steps} steps, {'CFG ' + g if cls == 'sd3' else 'no CFG'}, {thr} threads, bf16; {rounds} rounds, warm = median of calls 2..{calls} "
       f"of one process; load average at each round's start: {per(by['load-average'][r] for r in sorted(by['load-average'], key=int))}")
 print("\n| | kiln s | diffusers s | kiln / diffusers (median of rounds) | per round | target |")
 print("|---|---|---|---|---|---|")
@@ -178,13 +188,13 @@ for what, k, t, target in (("warm image", "kiln-warm", "torch-warm", "<= 0.5x"),
     print(f"| {what} | {s(k):.1f} | {s(t):.1f} | {m if m is None else f'{m:.2f}x'} | {per(r)} | {target} |")
 r, m = ratios(by["kiln-cold"], by["kiln-warm"])
 print(f"\nkiln cold / kiln warm: {m:.2f}x (per round {per(r)}; target <= 1.3x)")
-print("\nPer component, seconds (medians over the rounds; a step is one CFG batch of 2):")
+print("\nPer component, seconds (medians over the rounds; a step is " + ("one CFG batch of 2):" if cls == "sd3" else "one backbone call):"))
 print("| part | kiln warm | diffusers warm | kiln cold | diffusers cold |")
 print("|---|---|---|---|---|")
 for part, kw, tw, kc, tc in (
         ("imports", None, None, None, "torch-cold-imports"),
         ("load (open / from_pretrained)", "kiln-open", "torch-load", "kiln-cold-open", "torch-cold-load"),
-        ("encode_prompt (prompt and \"\")", "kiln-warm-encode", "torch-warm-encode", "kiln-cold-encode", "torch-cold-encode"),
+        ("encode_prompt" + (" (prompt and \"\")" if cls == "sd3" else ""), "kiln-warm-encode", "torch-warm-encode", "kiln-cold-encode", "torch-cold-encode"),
         ("first step", None, None, "kiln-cold-step1", "torch-cold-step1"),
         ("a step (median)", "kiln-warm-step", "torch-warm-step", None, None),
         (f"sampling ({steps} steps)", "kiln-warm-sampling", "torch-warm-sampling", "kiln-cold-sampling", "torch-cold-sampling"),
