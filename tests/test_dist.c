@@ -176,8 +176,10 @@ static void run_packaged(const char *golden, const layout *l) {
     if (!m || !want) goto done;
     st_file *io = NULL;
     CHECK_OK(st_open(golden_path(golden, "io.safetensors"), &io));
-    const st_tensor *hs = golden_info(io, "hidden_states"), *ctx = golden_info(io, "encoder_hidden_states");
-    int p = kiln_model_config(m)->patch_size, w = (int)hs->shape[3] / p;
+    /* SD3: hidden_states, its patch; Flux: the unpacked latents in 2x2 patches, its RoPE tables from the symbols */
+    const st_tensor *hs = golden_info(io, is_flux(golden) ? "latents_unpacked" : "hidden_states"),
+                    *ctx = golden_info(io, "encoder_hidden_states");
+    int p = is_flux(golden) ? 2 : kiln_model_config(m)->patch_size, w = (int)hs->shape[3] / p;
     char dims[64];
     snprintf(dims, sizeof dims, "w_tok=%d:%d", w > 2 ? w - 2 : 1, w + 2);
     kiln_compile_opts co = kiln_compile_defaults();
@@ -198,7 +200,7 @@ static void run_packaged(const char *golden, const layout *l) {
     const char *steps[] = {"dynamic", "planned", "eager"};
     for (int k = 0; k < 3; k++) {
         CHECK_OK(kiln_model_set_exec(m, steps[k]));
-        float *got = golden_forward(m, golden, &n2);
+        float *got = case_forward(m, golden, &n2);
         double err = got && n1 == n2 ? rel_l2(got, want, n1) : INFINITY;
         if (g_rank == 0 && k == 0)
             fprintf(stderr, "  %-10s %-34s package %s: vs single rank %.3g\n", golden, l->label,
@@ -221,6 +223,8 @@ TEST(packages_per_rank) {
         {"FSDP 2 + sequence parallel 2", 1, 2, par(1, 0, 1, 1, 2, 1), 1},
     };
     for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) run_packaged("sd35-tiny", &ls[i]);
+    /* Flux: tensor and sequence parallel through packages (a rank's rotary table from the symbols) */
+    for (size_t i = 0; i < 2; i++) run_packaged("flux-tiny", &ls[i]);
 }
 
 /* the sampler with CFG parallel: uncond on one rank, cond on the other */

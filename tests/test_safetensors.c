@@ -616,6 +616,56 @@ TEST(test_writer_failures) {
     test_rmrf(dir);
 }
 
+/* st_write_stream: the bytes st_write writes from the same values, one
+ * tensor at a time from fill; a fill that fails leaves nothing at the path
+ * and an existing file as it was */
+typedef struct {
+    const st_tensor *t;
+    size_t fail_at; /* tensor index whose fill fails; (size_t)-1: none */
+} stream_src;
+
+static kiln_status fill_from(void *user, size_t i, void *buf) {
+    const stream_src *s = user;
+    if (i == s->fail_at) return kb_fail(KILN_ERR_IO, "fill %zu failed on purpose", i);
+    memcpy(buf, s->t[i].data, s->t[i].nbytes);
+    return KILN_OK;
+}
+
+TEST(test_stream_writer) {
+    char dir[4096], a[4200], b[4200], tmp[4300];
+    test_tmpdir(dir, sizeof dir, "st");
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    uint16_t h[3] = {0x3f80, 0x4000, 0x4040};
+    const int64_t s6[2] = {2, 3}, s3[1] = {3};
+    st_tensor t[2] = {mk("w", KILN_F32, 2, s6, w), mk("h", KILN_BF16, 1, s3, h)};
+    const char *meta[] = {"format", "pt"};
+    join(a, sizeof a, dir, "a.safetensors");
+    join(b, sizeof b, dir, "b.safetensors");
+    CHECK_OK(st_write(a, t, 2, meta, 1));
+    st_tensor hdr[2] = {t[0], t[1]};
+    hdr[0].data = hdr[1].data = NULL; /* the stream writer needs the shapes only */
+    stream_src src = {t, (size_t)-1};
+    CHECK_OK(st_write_stream(b, hdr, 2, meta, 1, fill_from, &src));
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    CHECK_OK(kb_read_file(a, &x, &nx));
+    CHECK_OK(kb_read_file(b, &y, &ny));
+    CHECK(x && y && nx == ny && !memcmp(x, y, nx));
+    free(x);
+    src.fail_at = 1;
+    CHECK_FAILS(st_write_stream(b, hdr, 2, meta, 1, fill_from, &src), KILN_ERR_IO, "fill 1 failed on purpose");
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", b, (long)getpid());
+    CHECK(!kb_is_file(tmp));
+    char *z = NULL;
+    size_t nz = 0;
+    CHECK_OK(kb_read_file(b, &z, &nz)); /* the earlier file, untouched */
+    CHECK(z && y && nz == ny && !memcmp(z, y, nz));
+    free(y);
+    free(z);
+    CHECK_FAILS(st_write_stream(b, hdr, 2, meta, 1, NULL, NULL), KILN_ERR_INVALID_ARG, "a fill function is required");
+    test_rmrf(dir);
+}
+
 /* ---- sets ------------------------------------------------------------------------- */
 
 static void write_shards(const char *dir, const char *weight_map) {
@@ -826,6 +876,7 @@ int main(void) {
     RUN(test_shape_overflow);
     RUN(test_bad_metadata);
     RUN(test_duplicate_names);
+    RUN(test_stream_writer);
     RUN(test_missing_file);
     RUN(test_corruption_never_crashes);
     RUN(test_writer_failures);

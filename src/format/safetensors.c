@@ -505,7 +505,7 @@ static cJSON *st_json_int(uint64_t v) {
 }
 
 static kiln_status st_check_write_args(const char *path, const st_tensor *tensors, size_t n,
-                                       const char *const *meta, size_t n_meta) {
+                                       const char *const *meta, size_t n_meta, int need_data) {
     for (size_t i = 0; i < n; i++) {
         const st_tensor *t = &tensors[i];
         if (!t->name)
@@ -534,7 +534,7 @@ static kiln_status st_check_write_args(const char *path, const st_tensor *tensor
                            "%s: tensor '%s': nbytes is %zu but shape %s of %s needs %zu", path,
                            t->name, t->nbytes, st_shape_str(t->shape, t->ndim, shs, sizeof shs),
                            kiln_dtype_name(t->dtype), need);
-        if (need && !t->data)
+        if (need && need_data && !t->data)
             return kb_fail(KILN_ERR_INVALID_ARG, "%s: tensor '%s' has no data", path, t->name);
     }
     for (size_t i = 0; i < 2 * n_meta; i++)
@@ -625,11 +625,12 @@ static kiln_status st_build_header(const char *path, const st_tensor *tensors, s
     return KILN_OK;
 }
 
-kiln_status st_write(const char *path, const st_tensor *tensors, size_t n,
-                     const char *const *meta, size_t n_meta) {
+/* st_write, each tensor's bytes from fill (NULL: from its data) */
+static kiln_status st_write_any(const char *path, const st_tensor *tensors, size_t n, const char *const *meta,
+                                size_t n_meta, st_fill_fn fill, void *user) {
     if (!path || (n && !tensors) || (n_meta && !meta))
         return kb_fail(KILN_ERR_INVALID_ARG, "st_write: NULL path, tensors or metadata");
-    kiln_status s = st_check_write_args(path, tensors, n, meta, n_meta);
+    kiln_status s = st_check_write_args(path, tensors, n, meta, n_meta, !fill);
     if (s != KILN_OK) return s;
 
     uint64_t *begins = kb_calloc(n ? n : 1, sizeof *begins);
@@ -656,8 +657,16 @@ kiln_status st_write(const char *path, const st_tensor *tensors, size_t n,
 
     /* Stream: header, then the tensors back to back. */
     s = st_write_all(fd, hdr, hdr_len, tmp);
-    for (size_t i = 0; s == KILN_OK && i < n; i++)
-        s = st_write_all(fd, tensors[i].data, tensors[i].nbytes, tmp);
+    for (size_t i = 0; s == KILN_OK && i < n; i++) {
+        if (!fill) {
+            s = st_write_all(fd, tensors[i].data, tensors[i].nbytes, tmp);
+            continue;
+        }
+        void *buf = kb_malloc(tensors[i].nbytes ? tensors[i].nbytes : 1); /* one tensor's bytes at a time */
+        if (!buf) s = kb_fail(KILN_ERR_NOMEM, "%s: out of memory for tensor '%s'", path, tensors[i].name);
+        else if (!(s = fill(user, i, buf))) s = st_write_all(fd, buf, tensors[i].nbytes, tmp);
+        free(buf);
+    }
     if (s == KILN_OK && fsync(fd) != 0)
         s = kb_fail(KILN_ERR_IO, "cannot flush %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && s == KILN_OK)
@@ -671,6 +680,16 @@ out:
     free(hdr);
     free(begins);
     return s;
+}
+
+kiln_status st_write(const char *path, const st_tensor *tensors, size_t n, const char *const *meta, size_t n_meta) {
+    return st_write_any(path, tensors, n, meta, n_meta, NULL, NULL);
+}
+
+kiln_status st_write_stream(const char *path, const st_tensor *tensors, size_t n, const char *const *meta,
+                            size_t n_meta, st_fill_fn fill, void *user) {
+    if (!fill) return kb_fail(KILN_ERR_INVALID_ARG, "st_write_stream: a fill function is required");
+    return st_write_any(path, tensors, n, meta, n_meta, fill, user);
 }
 
 /* ---- sets ---------------------------------------------------------------------- */

@@ -54,6 +54,13 @@ size_t st_file_size(const st_file *f);
  * back to back without gaps, as the reference implementation requires. */
 kiln_status st_write(const char *path, const st_tensor *tensors, size_t n,
                      const char *const *meta, size_t n_meta);
+/* st_write of tensors whose bytes fill makes one at a time (their data may
+ * be NULL): fill(user, i, buf) writes tensor i's nbytes into buf; a failure
+ * it returns leaves nothing at path. So a file larger than the memory is
+ * written in one tensor's memory. */
+typedef kiln_status (*st_fill_fn)(void *user, size_t i, void *buf);
+kiln_status st_write_stream(const char *path, const st_tensor *tensors, size_t n, const char *const *meta,
+                            size_t n_meta, st_fill_fn fill, void *user);
 
 /* ---- a set of files: one file, or shards named by an index.json ---------- */
 typedef struct st_set st_set;

@@ -16,6 +16,42 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
+/* what the stream writer needs to make tensor i's values */
+typedef struct seeded {
+    const ka_arch *a;
+    const void *cfg;
+    const ka_spec *spec;
+    uint64_t seed;
+    kiln_dtype dtype;
+} seeded;
+
+/* tensor i of the spec, seeded, into buf in the dtype: N(0, 1/fan_in)
+ * weights, biases 0.02 wide, norm scales about 1 (or the family's own
+ * values: a position table) */
+static kiln_status seeded_fill(void *user, size_t i, void *buf) {
+    const seeded *sd = user;
+    const ka_spec *t = &sd->spec[i];
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    float *v = kb_malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!v) return kb_fail(KILN_ERR_NOMEM, "out of memory for %s", t->name);
+    const char *name = t->name;
+    size_t len = strlen(name);
+    if (!sd->a->seed_tensor || !sd->a->seed_tensor(sd->cfg, name, v, (size_t)n)) {
+        kiln_noise(sd->seed ^ fnv1a(name), v, (size_t)n);
+        int is_bias = len > 5 && !strcmp(name + len - 5, ".bias");
+        int is_norm = strstr(name, ".norm_") && !strstr(name, "linear");
+        /* weights ~ N(0, 1/fan_in) keep activations O(1) through the layers */
+        double fan_in = 1;
+        for (int d = 1; d < t->ndim; d++) fan_in *= (double)t->shape[d];
+        double sdv = is_bias ? 0.02 : is_norm ? 0.1 : 1.0 / sqrt(fan_in);
+        for (int64_t k = 0; k < n; k++) v[k] = (float)((is_norm ? 1.0 : 0.0) + sdv * v[k]);
+    }
+    kt_from_f32(sd->dtype, v, buf, (size_t)n);
+    free(v);
+    return KILN_OK;
+}
+
 kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, uint64_t seed, kiln_dtype dtype) {
     if (!a || !dir || !cfg) return kb_fail(KILN_ERR_INVALID_ARG, "kiln_write_seeded_model: dir and cfg are required");
     if (!kt_dtype_is_float_source(dtype))
@@ -25,46 +61,25 @@ kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, 
     ka_spec *spec = NULL;
     size_t ns = 0;
     if ((st = a->weight_spec(cfg, &spec, &ns))) return st;
-    st_tensor *t = kb_calloc(ns, sizeof *t);
+    st_tensor *t = kb_calloc(ns ? ns : 1, sizeof *t);
     char *cfg_json = NULL, *path = NULL, *cfg_path = NULL;
     if (!t) {
         st = KILN_ERR_NOMEM;
         goto done;
     }
+    /* the header from the spec; each tensor's values made as the file is
+     * written (st_write_stream), so a model larger than the memory is
+     * written in one tensor's */
     size_t esz = kiln_dtype_size(dtype);
-    for (size_t i = 0; i < ns && !st; i++) {
+    for (size_t i = 0; i < ns; i++) {
         int64_t n = 1;
         for (int d = 0; d < spec[i].ndim; d++) n *= spec[i].shape[d];
-        float *v = kb_malloc(sizeof(float) * (size_t)(n ? n : 1));
-        void *out = kb_malloc(esz * (size_t)(n ? n : 1));
-        if (!v || !out) {
-            free(v);
-            free(out);
-            st = KILN_ERR_NOMEM;
-            break;
-        }
-        const char *name = spec[i].name;
-        size_t len = strlen(name);
-        if (!a->seed_tensor || !a->seed_tensor(cfg, name, v, (size_t)n)) {
-            kiln_noise(seed ^ fnv1a(name), v, (size_t)n);
-            int is_bias = len > 5 && !strcmp(name + len - 5, ".bias");
-            int is_norm = strstr(name, ".norm_") && !strstr(name, "linear");
-            /* weights ~ N(0, 1/fan_in) keep activations O(1) through the layers */
-            double fan_in = 1;
-            for (int d = 1; d < spec[i].ndim; d++) fan_in *= (double)spec[i].shape[d];
-            double sd = is_bias ? 0.02 : is_norm ? 0.1 : 1.0 / sqrt(fan_in);
-            for (int64_t k = 0; k < n; k++) v[k] = (float)((is_norm ? 1.0 : 0.0) + sd * v[k]);
-        }
-        kt_from_f32(dtype, v, out, (size_t)n);
-        free(v);
-        t[i].name = name;
+        t[i].name = spec[i].name;
         t[i].dtype = dtype;
         t[i].ndim = spec[i].ndim;
         memcpy(t[i].shape, spec[i].shape, sizeof spec[i].shape);
-        t[i].data = out;
         t[i].nbytes = esz * (size_t)n;
     }
-    if (st) goto done;
     if ((st = kb_mkdir_p(dir))) goto done;
     path = kb_path_join(dir, a->weights_file ? a->weights_file : "diffusion_pytorch_model.safetensors");
     cfg_path = kb_path_join(dir, "config.json");
@@ -74,11 +89,10 @@ kiln_status km_write_seeded(const ka_arch *a, const void *cfg, const char *dir, 
         goto done;
     }
     const char *meta[] = {"format", "pt"};
-    if ((st = st_write(path, t, ns, meta, 1))) goto done;
+    seeded sd = {a, cfg, spec, seed, dtype};
+    if ((st = st_write_stream(path, t, ns, meta, 1, seeded_fill, &sd))) goto done;
     st = kb_write_file_atomic(cfg_path, cfg_json, strlen(cfg_json));
 done:
-    if (t)
-        for (size_t i = 0; i < ns; i++) free((void *)t[i].data);
     free(t);
     free(spec);
     free(cfg_json);
