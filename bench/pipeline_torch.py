@@ -56,6 +56,32 @@ TINY = os.path.join(HERE, "..", "tests", "data", "goldens", "sd3-pipeline-tiny")
 TINY_FLUX = os.path.join(HERE, "..", "tests", "data", "goldens", "flux-pipeline-tiny")
 
 
+def clip_l_config(CLIPTextConfig, cls):
+    """CLIP-L at its real size (12 layers, 768 wide, 12 heads, projection 768) as class cls"""
+    return CLIPTextConfig(
+        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1, architectures=[cls])
+
+
+def t5_xxl_config(T5Config, layers):
+    """T5-XXL at its real width (d_model 4096, 64 heads, d_kv 64, d_ff 10240, vocab 32128), layers of 24"""
+    return T5Config(
+        vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=layers, num_heads=64,
+        relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False, use_cache=False, tie_word_embeddings=False, architectures=["T5EncoderModel"])
+
+
+def vae_16(AutoencoderKL, scaling, shift):
+    """the 16-channel AutoencoderKL of SD3 and FLUX.1 (128/256/512/512), with its latent scale and shift"""
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+        act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=scaling,
+        shift_factor=shift, use_quant_conv=False, use_post_quant_conv=False, force_upcast=True,
+        mid_block_add_attention=True)
+
+
 def save(pipe, out, tok, names):
     """pipe saved at out, whole or not at all, with the case's tokenizer folders as they are (kiln reads them)"""
     tmp = out.rstrip("/") + ".tmp"
@@ -74,25 +100,13 @@ def write_flux(a):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast
     torch.manual_seed(a.seed)
     bf = torch.bfloat16
-    clip_l = CLIPTextModel(CLIPTextConfig(
-        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-        max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768, bos_token_id=0, eos_token_id=2,
-        pad_token_id=1, architectures=["CLIPTextModel"])).to(bf).eval()
-    t5 = T5EncoderModel(T5Config(
-        vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=a.t5_layers, num_heads=64,
-        relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
-        is_encoder_decoder=False, use_cache=False, tie_word_embeddings=False,
-        architectures=["T5EncoderModel"])).to(bf).eval()
+    clip_l = CLIPTextModel(clip_l_config(CLIPTextConfig, "CLIPTextModel")).to(bf).eval()
+    t5 = T5EncoderModel(t5_xxl_config(T5Config, a.t5_layers)).to(bf).eval()
     transformer = FluxTransformer2DModel(
         patch_size=1, in_channels=64, num_layers=a.blocks // 2, num_single_layers=a.blocks, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=False,
         axes_dims_rope=(16, 56, 56)).to(bf).eval()
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-        act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=0.3611,
-        shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False, force_upcast=True,
-        mid_block_add_attention=True).to(bf).eval()
+    vae = vae_16(AutoencoderKL, 0.3611, 0.1159).to(bf).eval()
     sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False,
                                             base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                                             max_image_seq_len=4096)
@@ -114,30 +128,18 @@ def write(a):
                               T5EncoderModel, T5TokenizerFast)
     torch.manual_seed(a.seed)
     bf = torch.bfloat16
-    clip_l = CLIPTextModelWithProjection(CLIPTextConfig(
-        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-        max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768, bos_token_id=0, eos_token_id=2,
-        pad_token_id=1, architectures=["CLIPTextModelWithProjection"])).to(bf).eval()
+    clip_l = CLIPTextModelWithProjection(clip_l_config(CLIPTextConfig, "CLIPTextModelWithProjection")).to(bf).eval()
     clip_g = CLIPTextModelWithProjection(CLIPTextConfig(
         vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=a.clip_g_layers,
         num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu", projection_dim=1280,
         bos_token_id=0, eos_token_id=2, pad_token_id=1, architectures=["CLIPTextModelWithProjection"])).to(bf).eval()
-    t5 = T5EncoderModel(T5Config(
-        vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=a.t5_layers, num_heads=64,
-        relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
-        is_encoder_decoder=False, use_cache=False, tie_word_embeddings=False,
-        architectures=["T5EncoderModel"])).to(bf).eval()
+    t5 = T5EncoderModel(t5_xxl_config(T5Config, a.t5_layers)).to(bf).eval()
     transformer = SD3Transformer2DModel(
         sample_size=128, patch_size=2, in_channels=16, num_layers=a.blocks, attention_head_dim=64,
         num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
         out_channels=16, pos_embed_max_size=384, dual_attention_layers=tuple(range(a.blocks - 1)),
         qk_norm="rms_norm").to(bf).eval()
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-        act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=1.5305,
-        shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False, force_upcast=True,
-        mid_block_add_attention=True).to(bf).eval()
+    vae = vae_16(AutoencoderKL, 1.5305, 0.0609).to(bf).eval()
     sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
     tok = a.tokenizers
     pipe = StableDiffusion3Pipeline(
