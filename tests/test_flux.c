@@ -931,10 +931,10 @@ TEST(all_in_one_file) {
     CHECK(system(cmd) == 0);
     CHECK(kiln_is_single_file(file) && kp_file_is_flux(file));
     const char *prefix = NULL, *fam = NULL;
-    CHECK(kp_part_lookup(file, "transformer", &prefix, &fam) && !strcmp(fam, "flux"));
-    CHECK(kp_part_lookup(file, "text_encoder_2", &prefix, &fam) && !strcmp(prefix, "text_encoders.t5xxl.transformer.") &&
+    CHECK(kp_part_lookup(file, "transformer", &prefix, &fam, NULL) && !strcmp(fam, "flux"));
+    CHECK(kp_part_lookup(file, "text_encoder_2", &prefix, &fam, NULL) && !strcmp(prefix, "text_encoders.t5xxl.transformer.") &&
           !strcmp(fam, "t5"));
-    CHECK(!kp_part_lookup(file, "text_encoder_3", NULL, NULL));
+    CHECK(!kp_part_lookup(file, "text_encoder_3", NULL, NULL, NULL));
     char *json = NULL;
     int inferred = 0;
     CHECK_OK(kp_part_config(file, "vae", NULL, &json, &inferred));

@@ -120,17 +120,13 @@ kiln_status kp_check_folder(const kp_source *s, const char *const *need) {
 
 /* ---- an all-in-one file's components (single_file.c finds them) ---- */
 
-/* FluxPipeline's VAE latent scale and shift (FLUX.1's vae/config.json) */
-#define FLUX_VAE_SCALE 0.3611
-#define FLUX_VAE_SHIFT 0.1159
-
 /* the config of a file's component as kp_part_config says, and (when it
  * comes from aux) its path */
 static kiln_status part_config(const char *file, const char *component, const char *aux, char **json, char **path) {
     *json = NULL;
     if (path) *path = NULL;
-    const char *prefix = NULL, *family = NULL;
-    if (!kp_part_lookup(file, component, &prefix, &family))
+    const char *prefix = NULL, *family = NULL, *assume = NULL;
+    if (!kp_part_lookup(file, component, &prefix, &family, &assume))
         return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
     char *cp = aux ? kb_strfmt("%s/%s/config.json", aux, component) : NULL;
     if (aux && !cp) return KILN_ERR_NOMEM;
@@ -150,34 +146,22 @@ static kiln_status part_config(const char *file, const char *component, const ch
                                   : kb_fail(KILN_ERR_UNSUPPORTED, "the %s family infers no config", a->name);
     char *text = st ? NULL : a->config_to_json(x);
     if (!st && !text) st = KILN_ERR_NOMEM;
-    /* CLIP-L and CLIP-G have one width each, told apart by their prefix here */
-    if (!st && !strcmp(a->name, "clip")) {
-        cJSON *j = cJSON_Parse(text), *act = cJSON_CreateString(!strcmp(component, "text_encoder") ? "quick_gelu" : "gelu");
-        if (!j || !act || !cJSON_ReplaceItemInObjectCaseSensitive(j, "hidden_act", act)) { /* act not attached */
-            cJSON_Delete(act);
-            cJSON_Delete(j);
-            j = NULL;
+    /* what no shape tells (CLIP-L's and CLIP-G's activations, a Flux VAE's
+     * latent scale and shift): the part's assumptions over the inferred config */
+    if (!st && assume) {
+        cJSON *j = cJSON_Parse(text), *over = cJSON_Parse(assume);
+        int ok = j && over;
+        for (cJSON *it = over ? over->child : NULL; ok && it; it = it->next) {
+            cJSON *v = cJSON_Duplicate(it, 1);
+            ok = v && (cJSON_HasObjectItem(j, it->string) ? cJSON_ReplaceItemInObjectCaseSensitive(j, it->string, v)
+                                                           : cJSON_AddItemToObject(j, it->string, v));
+            if (!ok) cJSON_Delete(v); /* not attached */
         }
-        free(text);
-        text = j ? cJSON_Print(j) : NULL;
-        cJSON_Delete(j);
-        if (!text) st = KILN_ERR_NOMEM;
-    }
-    /* a Flux file's VAE is Flux's (AutoencoderKL with FluxPipeline's latent
-     * scale and shift; the inference gives SD3's) */
-    if (!st && !strcmp(a->name, "vae-decoder") && kp_file_is_flux(file)) {
-        cJSON *j = cJSON_Parse(text), *sc = cJSON_CreateNumber(FLUX_VAE_SCALE), *sh = cJSON_CreateNumber(FLUX_VAE_SHIFT);
-        int ok = j && sc && sh && cJSON_ReplaceItemInObjectCaseSensitive(j, "scaling_factor", sc);
-        if (ok) sc = NULL; /* attached */
-        ok = ok && cJSON_ReplaceItemInObjectCaseSensitive(j, "shift_factor", sh);
-        if (ok) sh = NULL;
-        cJSON_Delete(sc);
-        cJSON_Delete(sh);
         free(text);
         text = ok ? cJSON_Print(j) : NULL;
         cJSON_Delete(j);
-        if (!text) st = ok ? KILN_ERR_NOMEM : kb_fail(KILN_ERR_CONFIG, "the inferred VAE config has no scaling_factor "
-                                                                        "and shift_factor to set");
+        cJSON_Delete(over);
+        if (!text) st = KILN_ERR_NOMEM;
     }
     kc_close(c);
     free(x);
@@ -230,7 +214,7 @@ kiln_status kp_open_part(const kp_source *s, const char *component, const kiln_l
         return st;
     }
     const char *prefix = NULL;
-    if (!kp_part_lookup(s->file, component, &prefix, NULL))
+    if (!kp_part_lookup(s->file, component, &prefix, NULL, NULL))
         return kb_fail(KILN_ERR_INVALID_ARG, "%s is no component of an all-in-one file", component);
     double t0 = kp_component_start(base, component);
     char *json = NULL, *path = NULL;

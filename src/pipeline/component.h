@@ -56,9 +56,12 @@ kiln_status kp_source_init(const char *path, const char *tokenizers_dir, kp_sour
 int kp_is_single_file(const char *path);
 /* A component of the all-in-one file (NULL: SD3's names): 1 and its name
  * prefix and family ("model.diffusion_model.", "sd3"; a Flux file's
- * transformer "flux" or, without a guidance embedding, "flux-schnell"), 0
- * for a name that is none */
-int kp_part_lookup(const char *file, const char *component, const char **prefix, const char **family);
+ * transformer "flux" or, without a guidance embedding, "flux-schnell"), and
+ * what its inferred config assumes beyond the shapes (a JSON object: CLIP-L's
+ * quick_gelu, CLIP-G's gelu, a Flux VAE's scale and shift; NULL: nothing); 0
+ * for a name that is none. Any out pointer may be NULL. */
+int kp_part_lookup(const char *file, const char *component, const char **prefix, const char **family,
+                   const char **assume);
 /* The name prefix of a component inside an all-in-one file (NULL: unknown) */
 const char *kp_component_prefix(const char *file, const char *component);
 /* 1 when the all-in-one file holds a Flux transformer (double_blocks in Black

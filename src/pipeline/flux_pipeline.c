@@ -7,6 +7,8 @@
  * [B, 16, h, w], as the noise a caller gives. */
 #include "pipeline/flux_pipeline.h"
 
+#include "arch/flux/flux.h" /* FLUX_MAX_TOKENS: the family's limit on image patches */
+
 #include "base/base.h"
 #include "tensor/dtype.h"
 
@@ -20,9 +22,6 @@
 struct kp_flux {
     kiln_tokenizer *tok[2];
     kiln_model *enc[2]; /* CLIP-L (CLIPTextModel), T5; NULL once released (low_memory) */
-    kp_source src;      /* where they are, to map them again (the pipeline's strings) */
-    kiln_load_opts base;
-    int has_base;
     kp_schedule sched;
     int guided;
     int channels; /* the latent's: the transformer's in_channels / 4 */
@@ -54,8 +53,6 @@ kiln_status kp_flux_open(const kp_source *src, const char *where, const kiln_loa
     if (!f) return KILN_ERR_NOMEM;
     f->sched = *sched;
     f->guided = !strcmp(fam, "flux");
-    f->src = *src;
-    if (base) f->base = *base, f->has_base = 1;
     kiln_status st = KILN_OK;
     for (int i = 0; i < 2 && !st; i++) {
         char *td = kp_aux_path(src, k_tok[i]);
@@ -116,9 +113,10 @@ kiln_status kp_flux_schedule(const kp_schedule *s, int steps, int64_t N, double 
     return KILN_OK;
 }
 
-static kiln_status flux_generate(void *impl, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
+static kiln_status flux_generate(void *impl, const kp_open_ctx *c, const kiln_pipeline_opts *o, int lh, int lw,
                                  const kp_release *release, float **latents) {
     kp_flux *f = impl;
+    kiln_model *transformer = c->transformer;
     *latents = NULL;
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1, B = n * ipp;
     int msl = o->max_sequence_length > 0 ? o->max_sequence_length : f->guided ? 512 : 256;
@@ -139,7 +137,7 @@ static kiln_status flux_generate(void *impl, kiln_model *transformer, const kiln
     if (!f->enc[0] || !f->enc[1]) { /* released by low_memory after the last request: mapped again (cache hits) */
         double t1 = kb_now();
         for (int i = 0; i < 2 && !st; i++)
-            if (!f->enc[i] && (st = kp_open_part(&f->src, k_enc[i], f->has_base ? &f->base : NULL, &f->enc[i])))
+            if (!f->enc[i] && (st = kp_open_part(c->src, k_enc[i], c->base, &f->enc[i])))
                 st = kb_wrap(st, "%s", k_enc[i]);
             else
                 kiln_model_set_compile(f->enc[i], o->compile);
@@ -234,7 +232,6 @@ static kiln_status flux_generate(void *impl, kiln_model *transformer, const kiln
 /* ---- the row of the pipeline class table ---- */
 
 #define FLUX_DEFAULT_SAMPLE 128 /* FluxPipeline.default_sample_size, in latent cells */
-#define FLUX_MAX_TOKENS 65536   /* packed image tokens (src/arch/flux's limit) */
 
 static kiln_status flux_open(const kp_open_ctx *c, void **impl, int *sample_size) {
     *sample_size = FLUX_DEFAULT_SAMPLE;
@@ -257,8 +254,8 @@ static void flux_defaults(const void *impl, kiln_pipeline_opts *o) {
     if (!guided) o->steps = 4;
 }
 
-/* 2x2 latent patches of the VAE's cells, at most FLUX_MAX_TOKENS (a
- * dimension <= 0 is not checked) */
+/* 2x2 latent patches of the VAE's cells, at most FLUX_MAX_TOKENS (the
+ * family's limit; a dimension <= 0 is not checked) */
 static kiln_status flux_check_size(const void *cfg, int vae_scale, int height, int width) {
     (void)cfg;
     int f = 2 * vae_scale, hw[2] = {height, width};

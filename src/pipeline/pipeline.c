@@ -126,14 +126,15 @@ kiln_status kiln_pipeline_open_file(const char *dir, const char *tokenizers_dir,
     kp_index index;
     int have_index = 0;
     if ((st = read_index(&src, src.dir != NULL, &index, &have_index))) return st;
-    const kp_kind *kind = have_index ? kind_of_class(index.cls) : kp_file_is_flux(src.file) ? &kp_flux_kind : &kp_sd3_kind;
+    int file_flux = src.file && kp_file_is_flux(src.file); /* (reads the file's header) */
+    const kp_kind *kind = have_index ? kind_of_class(index.cls) : file_flux ? &kp_flux_kind : &kp_sd3_kind;
     char names[160];
     if (!kind)
         return kb_fail(KILN_ERR_UNSUPPORTED, "%s: model_index.json names the pipeline class %s; kiln runs %s (SD3, SD3.5 "
                        "and Flux.1)", src.aux, *index.cls ? index.cls : "(none)", class_names(names, sizeof names));
-    if (src.file && (kind == &kp_flux_kind) != kp_file_is_flux(src.file))
+    if (src.file && (kind == &kp_flux_kind) != file_flux)
         return kb_fail(KILN_ERR_CONFIG, "%s holds %s transformer, but --tokenizers %s/model_index.json names %s", dir,
-                       kp_file_is_flux(src.file) ? "a Flux" : "an SD3", src.aux, index.cls);
+                       file_flux ? "a Flux" : "an SD3", src.aux, index.cls);
     /* every file there, before any component loads */
     if ((st = kp_check_folder(&src, kind->parts))) return st;
     kiln_pipeline *p = kb_calloc(1, sizeof *p);
@@ -312,7 +313,8 @@ kiln_status kiln_pipeline_generate(kiln_pipeline *p, const kiln_pipeline_opts *o
         if (comps[k]) kiln_model_set_compile(comps[k], o->compile);
     release_ctx rc = {p, o->low_memory};
     kp_release rel = {release_text, &rc};
-    if ((st = p->kind->generate(p->impl, p->transformer, o, lh, lw, &rel, latents))) return st;
+    kp_open_ctx ctx = {&p->src, p->dir, p->tokenizers, p->has_base ? &p->base : NULL, p->transformer, NULL};
+    if ((st = p->kind->generate(p->impl, &ctx, o, lh, lw, &rel, latents))) return st;
     shape[0] = (int64_t)n * ipp, shape[1] = p->kind->channels(p->impl, p->transformer), shape[2] = lh, shape[3] = lw;
     return KILN_OK;
 }

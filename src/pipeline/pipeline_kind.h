@@ -15,9 +15,10 @@
 #include "pipeline/component.h"
 #include "pipeline/pipeline_files.h"
 
-/* What a row opens with: the source and the options every component loads
- * with, the transformer (open), the schedule of scheduler/ (or the row's
- * default, sched below) */
+/* What a row opens with, and generates with (to map its text encoders
+ * again after a release): the source and the options every component loads
+ * with, the transformer, the schedule of scheduler/ (or the row's default,
+ * sched below; at open only) */
 typedef struct kp_open_ctx {
     const kp_source *src;
     const char *path;             /* the folder or file, for messages */
@@ -60,7 +61,7 @@ typedef struct kp_kind {
      * request's common checks are done; once the prompts are encoded, when
      * release->now says so, the text encoders are freed (the next request
      * maps them again, text_model NULL meanwhile) */
-    kiln_status (*generate)(void *impl, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
+    kiln_status (*generate)(void *impl, const kp_open_ctx *c, const kiln_pipeline_opts *o, int lh, int lw,
                             const kp_release *release, float **latents);
 } kp_kind;
 

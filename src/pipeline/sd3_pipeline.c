@@ -15,9 +15,6 @@
 
 typedef struct sd3_row {
     kiln_sd3_text *text; /* NULL once released (kiln_pipeline_opts.low_memory) */
-    char *path, *tokenizers;
-    kiln_load_opts base;
-    int has_base;
     double shift; /* the scheduler config's */
     int num_train_timesteps;
     int channels; /* the transformer's in_channels */
@@ -27,8 +24,6 @@ static void row_free(void *impl) {
     sd3_row *r = impl;
     if (!r) return;
     kiln_sd3_text_free(r->text);
-    free(r->path);
-    free(r->tokenizers);
     free(r);
 }
 
@@ -40,11 +35,7 @@ static kiln_status row_open(const kp_open_ctx *c, void **impl, int *sample_size)
         return kb_fail(KILN_ERR_CONFIG, "%s: the transformer takes %d latent channels in and gives %d out", c->path,
                        tc->in_channels, tc->out_channels);
     sd3_row *r = kb_calloc(1, sizeof *r);
-    if (!r || !(r->path = kb_strdup(c->path)) || (c->tokenizers && !(r->tokenizers = kb_strdup(c->tokenizers)))) {
-        row_free(r);
-        return KILN_ERR_NOMEM;
-    }
-    if (c->base) r->base = *c->base, r->has_base = 1;
+    if (!r) return KILN_ERR_NOMEM;
     r->shift = c->sched->shift;
     r->num_train_timesteps = c->sched->num_train_timesteps;
     r->channels = tc->in_channels;
@@ -95,7 +86,7 @@ static kiln_status row_check_size(const void *cfg, int vae_scale, int height, in
     return KILN_OK;
 }
 
-static kiln_status row_generate(void *impl, kiln_model *transformer, const kiln_pipeline_opts *o, int lh, int lw,
+static kiln_status row_generate(void *impl, const kp_open_ctx *c, const kiln_pipeline_opts *o, int lh, int lw,
                                 const kp_release *release, float **latents) {
     sd3_row *r = impl;
     int n = o->n_prompts, ipp = o->images_per_prompt ? o->images_per_prompt : 1;
@@ -103,8 +94,8 @@ static kiln_status row_generate(void *impl, kiln_model *transformer, const kiln_
     if (o->max_batch < 0) return kb_fail(KILN_ERR_INVALID_ARG, "max_batch %d: images per backbone call, 1 or more", o->max_batch);
     if (!r->text) { /* released by low_memory after the last request: mapped again (cache hits) */
         double t1 = kb_now();
-        if ((st = kiln_sd3_text_open_file(r->path, r->tokenizers, r->has_base ? &r->base : NULL, &r->text)))
-            return kb_wrap(st, "%s: text encoders", r->path);
+        if ((st = kiln_sd3_text_open_file(c->path, c->tokenizers, c->base, &r->text)))
+            return kb_wrap(st, "%s: text encoders", c->path);
         for (int k = 0; k < KP_MAX_TEXT; k++)
             if (kiln_sd3_text_model(r->text, k)) kiln_model_set_compile(kiln_sd3_text_model(r->text, k), o->compile);
         kb_ledger_add("load text encoders", kb_now() - t1, "again, after low_memory released them");
@@ -161,7 +152,7 @@ static kiln_status row_generate(void *impl, kiln_model *transformer, const kiln_
         g.batch = B;
         g.max_batch = o->max_batch;
         g.memory_budget = o->memory_budget ? o->memory_budget : kb_default_budget();
-        st = kiln_generate(transformer, &g, lat);
+        st = kiln_generate(c->transformer, &g, lat);
     }
     free(pe); /* ne and np point into pe and pp */
     free(pp);

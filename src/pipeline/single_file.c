@@ -13,26 +13,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* a component under its prefix; assume: what its config takes that no
+ * shape tells (a JSON object over the inferred config; NULL: nothing) */
 typedef struct {
-    const char *component, *prefix, *family;
+    const char *component, *prefix, *family, *assume;
 } part;
 
 /* SD3 / SD3.5 (StableDiffusion3Pipeline's components) */
 static const part k_sd3[] = {
-    {"transformer", "model.diffusion_model.", "sd3"},
-    {"text_encoder", "text_encoders.clip_l.transformer.", "clip"},
-    {"text_encoder_2", "text_encoders.clip_g.transformer.", "clip"},
-    {"text_encoder_3", "text_encoders.t5xxl.transformer.", "t5"},
-    {"vae", "first_stage_model.", "vae-decoder"},
+    {"transformer", "model.diffusion_model.", "sd3", NULL},
+    {"text_encoder", "text_encoders.clip_l.transformer.", "clip", "{\"hidden_act\": \"quick_gelu\"}"},
+    {"text_encoder_2", "text_encoders.clip_g.transformer.", "clip", "{\"hidden_act\": \"gelu\"}"},
+    {"text_encoder_3", "text_encoders.t5xxl.transformer.", "t5", NULL},
+    {"vae", "first_stage_model.", "vae-decoder", NULL},
 };
 /* Flux.1 (FluxPipeline's components; ComfyUI's Flux checkpoints: Black
  * Forest Labs' transformer names, the VAE under vae.); the transformer is
  * "flux" with a guidance embedding (dev), else "flux-schnell" */
 static const part k_flux[] = {
-    {"transformer", "model.diffusion_model.", "flux"},
-    {"text_encoder", "text_encoders.clip_l.transformer.", "clip"},
-    {"text_encoder_2", "text_encoders.t5xxl.transformer.", "t5"},
-    {"vae", "vae.", "vae-decoder"},
+    {"transformer", "model.diffusion_model.", "flux", NULL},
+    {"text_encoder", "text_encoders.clip_l.transformer.", "clip", "{\"hidden_act\": \"quick_gelu\"}"},
+    {"text_encoder_2", "text_encoders.t5xxl.transformer.", "t5", NULL},
+    /* FluxPipeline's latent scale and shift (FLUX.1's vae/config.json; the inference gives SD3's) */
+    {"vae", "vae.", "vae-decoder", "{\"scaling_factor\": 0.3611, \"shift_factor\": 0.1159}"},
 };
 #define FLUX_MARK "model.diffusion_model.double_blocks."
 #define FLUX_GUIDANCE "model.diffusion_model.guidance_in."
@@ -78,7 +81,7 @@ int kp_file_is_flux(const char *file) { return file_kind(file, NULL); }
 
 const char *kp_component_prefix(const char *file, const char *component) {
     const char *prefix = NULL;
-    return kp_part_lookup(file, component, &prefix, NULL) ? prefix : NULL;
+    return kp_part_lookup(file, component, &prefix, NULL, NULL) ? prefix : NULL;
 }
 
 /* which prefixes the file's names use: bit i for the kind's part i */
@@ -192,7 +195,8 @@ kiln_status kp_check_tokenizers(const kp_source *s) {
     return KILN_OK;
 }
 
-int kp_part_lookup(const char *file, const char *component, const char **prefix, const char **family) {
+int kp_part_lookup(const char *file, const char *component, const char **prefix, const char **family,
+                   const char **assume) {
     int guided = 0, flux = file ? file_kind(file, &guided) : 0;
     size_t np;
     const part *t = parts_of(flux, &np);
@@ -200,5 +204,6 @@ int kp_part_lookup(const char *file, const char *component, const char **prefix,
     if (i < 0) return 0;
     if (prefix) *prefix = t[i].prefix;
     if (family) *family = flux && i == 0 && !guided ? "flux-schnell" : t[i].family;
+    if (assume) *assume = t[i].assume;
     return 1;
 }

@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const char *const parts[] = {"transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"};
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
         const char *prefix = NULL, *family = NULL;
-        if (!kp_part_lookup(path, parts[i], &prefix, &family)) { /* a Flux file has no third text encoder */
+        if (!kp_part_lookup(path, parts[i], &prefix, &family, NULL)) { /* a Flux file has no third text encoder */
             KFZ_ASSERT(kp_file_is_flux(path) && !strcmp(parts[i], "text_encoder_3") && !kp_has_component(&src, parts[i]));
             continue;
         }
