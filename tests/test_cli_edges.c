@@ -222,6 +222,14 @@ TEST(make_model_any_family) {
               g_dir);
     CHECK_RUN(1, "the inputs of a flux model: flux: the latent is 7x12", "$K make-model %s/fluxseeded --force --config %s/goldens/flux-tiny/config.json --weights f32 "
               "--inputs %s/flux-bad.safetensors --latent 7x12", g_dir, test_data_dir(), g_dir);
+    /* --inputs-only: another size for the model in DIR, nothing else written; misuse named */
+    CHECK_RUN(0, "latent 4x6", "$K make-model %s/fluxseeded --inputs-only --inputs %s/flux-in2.safetensors --latent 4x6 "
+              "--context 3", g_dir, g_dir);
+    CHECK_RUN(0, "forward: 1 output", "$K forward %s/fluxseeded --inputs %s/flux-in2.safetensors --output %s/o2.safetensors",
+              g_dir, g_dir, g_dir);
+    CHECK_RUN(2, "--inputs-only takes DIR (a model folder) and --inputs FILE", "$K make-model %s/fluxseeded --inputs-only "
+              "--config %s/goldens/flux-tiny/config.json --inputs %s/x.safetensors", g_dir, test_data_dir(), g_dir);
+    CHECK_RUN(1, "holds no model (no config.json)", "$K make-model %s/nomodel --inputs-only --inputs %s/x.safetensors", g_dir, g_dir);
     char x[600];
     snprintf(x, sizeof x, "%s/x", g_dir);
     CHECK(!kb_is_dir(x)); /* nothing written for the refused ones */

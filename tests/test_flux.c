@@ -642,6 +642,17 @@ TEST(flux_generate_cli) {
         free(x);
         free(y);
     }
+    /* a FluxPipeline folder whose transformer is SD3's: refused by its family, before a step runs */
+    char mixed[450], cmd[2600];
+    snprintf(mixed, sizeof mixed, "%s/mixed", dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm -rf '%s/transformer' && cp -r '%s' '%s/transformer'",
+             golden_path(c, NULL), mixed, mixed, golden_path("sd3-pipeline-tiny", "transformer"), mixed);
+    CHECK(system(cmd) == 0);
+    rc = run_kiln(&o, "generate '%s' --prompt x --steps 1 --output '%s' --cache-dir '%s'", mixed, png, cache);
+    CHECK_MSG(rc == 1 && o && strstr(o, "transformer is a sd3 model; a FluxPipeline runs flux"), "rc %d: %s", rc,
+              o ? o : "");
+    free(o);
+    CHECK(access(png, F_OK) != 0);
     /* kiln encode writes SD3's conditioning: a Flux folder is refused, saying where its embeddings are */
     rc = run_kiln(&o, "encode '%s' --prompt x --output '%s/e.safetensors' --cache-dir '%s'", golden_path(c, NULL), dir, cache);
     CHECK_MSG(rc == 1 && o && strstr(o, "is a FluxPipeline folder") && strstr(o, "--tensor-output"), "rc %d: %s", rc, o ? o : "");

@@ -118,6 +118,11 @@ int cmd_make(int argc, char **argv) {
         if (!dir || !inputs || config || demo || cond || force)
             return cli_usage_error("make-model", k_usage, "--inputs-only takes DIR (a model folder) and --inputs FILE, and "
                                    "none of --config, --demo, --cond, --force");
+        char *cp = kb_path_join(dir, "config.json");
+        int there = cp && kb_is_file(cp);
+        free(cp);
+        if (!there) return cli_error("make-model", "%s holds no model (no config.json): --inputs-only writes inputs for "
+                                     "the model already in DIR", dir);
         return write_inputs(dir, inputs, (int)B, H, W, T_given ? (int)T : 0) ? 1 : 0;
     }
     if (!dir || (!config && !demo)) return cli_usage_error("make-model", k_usage, "DIR and --config (or --demo) are required");
